@@ -1,0 +1,77 @@
+"""``energon-lite info``: what a prepared dataset holds."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import click
+
+from ..errors import EnergonLiteError
+from ..format.dataset_config import load_dataset_config
+from ..format.jsonl import JsonlReader
+from ..format.metadata import INDEX_SQLITE, meta_dir, read_info, read_split_config, resolve_split
+
+
+def _size(num_bytes: float) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    unit = 0
+    while num_bytes >= 1024 and unit < len(units) - 1:
+        num_bytes /= 1024
+        unit += 1
+    return f"{num_bytes:.1f} {units[unit]}"
+
+
+def _part_counts(root: Path) -> dict[str, int] | None:
+    path = meta_dir(root) / INDEX_SQLITE
+    if not path.is_file():
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT part_name, COUNT(*) FROM sample_parts GROUP BY part_name ORDER BY part_name").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+    return dict(rows)
+
+
+def _describe_config(root: Path, name: str | None) -> str:
+    try:
+        config = load_dataset_config(root, name, trust_dataset_code=False)
+    except EnergonLiteError as exc:
+        return str(exc).splitlines()[0]
+    if config.kind == "crude":
+        return "crude (CrudeWebdataset: samples are dicts, cooked by the task encoder)"
+    mapping = ", ".join(f"{k}: {v.expression}" for k, v in config.field_map.items())
+    return f"{config.sample_type.__name__} ({config.kind}{': ' + mapping if mapping else ''})"
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--split-config", default=None, help="Split file in .nv-meta/ (default split.yaml).")
+@click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")
+def info(path: Path, split_config: str | None, dataset_config: str | None) -> None:
+    """Print sample counts, sizes, splits, sample type and parts of the dataset at PATH."""
+    if path.is_file():
+        reader = JsonlReader(path)
+        click.echo(f"JSONL dataset {path}: {len(reader)} records, {_size(path.stat().st_size)}")
+        return
+    dataset_info = read_info(path)
+    counts = dataset_info.shard_counts
+    total = dataset_info.total_samples
+    size = sum((path / s).stat().st_size for s in counts if (path / s).is_file())
+    click.echo(f"Dataset {path}")
+    click.echo(f"  written by:  {dataset_info.energon_version or 'unknown'}")
+    click.echo(f"  shards:      {len(counts)}, samples: {total}, size: {_size(size)}")
+    splits = read_split_config(path, split_config)
+    for split in splits.split_parts:
+        resolved = resolve_split(path, split, split_config=split_config, info=dataset_info, allow_empty=True)
+        share = 100.0 * resolved.total_samples / total if total else 0.0
+        excluded = sum(len(keys) for keys in resolved.excluded_keys.values())
+        note = f", {excluded} samples excluded by key" if excluded else ""
+        click.echo(f"  split {split + ':':<6} {len(resolved.shards)} shards, {resolved.total_samples} samples ({share:.1f}%){note}")
+    click.echo(f"  sample type: {_describe_config(path, dataset_config)}")
+    parts = _part_counts(path)
+    if parts is not None:
+        click.echo("  parts:       " + ", ".join(f"{name} ({count})" for name, count in parts.items()))

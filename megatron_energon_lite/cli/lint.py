@@ -1,0 +1,132 @@
+"""``energon-lite lint``: check indexes against counts, then decode every sample of each split."""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+from tqdm import tqdm
+
+from ..decode import SampleDecoder
+from ..errors import EmptyDatasetError, EnergonLiteError
+from ..format.metadata import read_info, read_split_config
+from ..format.tar_index import read_tar_index
+from ..pipeline.load import SampleLoader
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: where it is and what is wrong."""
+
+    where: str
+    problem: str
+
+
+def check_indexes(root: Path) -> list[Finding]:
+    """Every shard's ``.tar.idx`` exists, matches ``.info.json`` and fits inside its tar."""
+    findings = []
+    for shard, count in read_info(root).shard_counts.items():
+        tar = root / shard
+        if not tar.is_file():
+            findings.append(Finding(shard, "shard file is missing"))
+            continue
+        try:
+            offsets = read_tar_index(tar, expected_samples=count)
+        except EnergonLiteError as exc:
+            findings.append(Finding(shard, str(exc).splitlines()[0] + " — " + " ".join(str(exc).splitlines()[1:]).strip()))
+            continue
+        if np.any(np.diff(offsets.astype(np.int64)) <= 0):
+            findings.append(Finding(shard, ".tar.idx offsets are not strictly increasing (corrupt index)"))
+        elif int(offsets[-1]) > tar.stat().st_size:
+            findings.append(Finding(shard, f".tar.idx ends at byte {int(offsets[-1])} but the tar has {tar.stat().st_size} bytes (truncated tar)"))
+    return findings
+
+
+@dataclass(frozen=True)
+class _Job:
+    root: Path
+    split: str
+    start: int
+    end: int
+    dataset_config: str | None
+    split_config: str | None
+    trust: bool
+
+
+def _decode_range(job: _Job) -> tuple[int, list[Finding]]:
+    """Decodes samples ``[start, end)`` of a split; one finding per bad sample."""
+    loader = SampleLoader(job.root, job.split, dataset_config=job.dataset_config, split_config=job.split_config, decoder=SampleDecoder(), trust_dataset_code=job.trust)
+    findings = []
+    try:
+        for index in range(job.start, job.end):
+            try:
+                loader.load(index)
+            except EnergonLiteError as exc:
+                shard, local = loader.reader.locate(index)
+                lines = str(exc).splitlines()
+                where = f"split {job.split}, {loader.reader.split.shards[shard].name} sample #{local}"
+                findings.append(Finding(where, " ".join(line.strip() for line in lines)))
+    finally:
+        loader.close()
+    return job.end - job.start, findings
+
+
+def check_samples(root: Path, split: str, *, parallel: int, progress: bool, dataset_config: str | None, split_config: str | None, trust: bool) -> list[Finding]:
+    loader = SampleLoader(root, split, dataset_config=dataset_config, split_config=split_config, trust_dataset_code=trust)
+    total = len(loader)
+    loader.close()
+    step = max(1, min(1000, -(-total // max(1, parallel * 4))))
+    jobs = [_Job(root, split, s, min(total, s + step), dataset_config, split_config, trust) for s in range(0, total, step)]
+    findings: list[Finding] = []
+    with tqdm(total=total, desc=f"Decoding {split}", unit="sample", disable=not progress) as bar:
+        if parallel <= 1:
+            results = map(_decode_range, jobs)
+        else:
+            pool = ProcessPoolExecutor(parallel, mp_context=multiprocessing.get_context("fork"))
+            results = pool.map(_decode_range, jobs)
+        for done, found in results:
+            findings += found
+            bar.update(done)
+        if parallel > 1:
+            pool.shutdown()
+    return findings
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--split-parts", default=None, help="Comma-separated splits to decode (default: all in split.yaml).")
+@click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")
+@click.option("--split-config", default=None, help="Split file in .nv-meta/ (default split.yaml).")
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Processes that decode in parallel.")
+@click.option("--progress/--no-progress", default=True)
+@click.option("--trust-dataset-code", is_flag=True, help="Allow dataset.yaml to run the dataset's sample_loader.py.")
+def lint(path: Path, split_parts: str | None, dataset_config: str | None, split_config: str | None, parallel: int, progress: bool, trust_dataset_code: bool) -> None:
+    """Check the dataset at PATH: indexes vs counts, then decode every sample.
+
+    Exits with status 1 and lists each bad shard or sample when anything is wrong.
+    """
+    findings = check_indexes(path)
+    splits = split_parts.split(",") if split_parts else list(read_split_config(path, split_config).split_parts)
+    checked = 0
+    if not findings:  # decoding against broken indexes would only repeat the index findings
+        for split in splits:
+            try:
+                split_findings = check_samples(path, split, parallel=parallel, progress=progress, dataset_config=dataset_config, split_config=split_config, trust=trust_dataset_code)
+            except EmptyDatasetError:
+                click.echo(f"split {split} is empty; nothing to decode")
+                continue
+            except EnergonLiteError as exc:
+                findings.append(Finding(f"split {split}", " ".join(line.strip() for line in str(exc).splitlines())))
+                continue
+            findings += split_findings
+            checked += 1
+    if findings:
+        for finding in findings:
+            click.echo(f"BAD {finding.where}: {finding.problem}", err=True)
+        click.echo(f"{len(findings)} problem(s) found in {path}", err=True)
+        raise SystemExit(1)
+    click.echo(f"OK: {path}, {checked} split(s) decoded, no problems found")

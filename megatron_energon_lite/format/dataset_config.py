@@ -1,0 +1,358 @@
+"""``.nv-meta/dataset.yaml`` -> a sample factory: which parts to read and how to build a sample.
+
+Three forms, as in Energon 7.4 (research/energon.md 2.1-2.6):
+
+* field map: ``sample_type: {__module__, __class__}`` and ``field_map: {field: expression}``
+  where an expression is ``part``, ``part[key][0]`` (JSON access) or alternatives ``jpg,png``;
+* crude: ``__class__: CrudeWebdataset`` -> a plain dict of decoded parts;
+* sample loader (legacy): ``sample_loader: file.py:function``.  This executes code shipped with
+  the dataset, so it only runs when the caller passes ``trust_dataset_code=True``.
+
+Class names under ``__module__: megatron.energon`` (or ``megatron_energon_lite``) are looked up
+in our sample registry; other modules must already be imported by the user's program (we never
+import a module because a data file names it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from ..errors import ConfigError, DecodeError, format_message
+from ..samples import CrudeSample, Sample, SourceInfo, registered_sample_types, sample_type_by_name
+from .metadata import DATASET_YAML, check_mapping, load_structured, meta_dir
+
+_OUR_MODULES = ("megatron.energon", "megatron_energon_lite")
+_CRUDE_CLASSES = ("CrudeWebdataset", "DefaultCrudeJsonlDatasetFactory", "CrudeJsonlDatasetFactory")
+_STANDARD_FACTORIES = ("StandardWebdatasetFactory", "DefaultDecoderWebdatasetFactory")
+# Legacy Energon factories: the class name implies the sample type.
+_LEGACY_FACTORIES = {
+    "CaptioningWebdataset": "CaptioningSample",
+    "ImageWebdataset": "ImageSample",
+    "TextWebdataset": "TextSample",
+    "VQAWebdataset": "VQASample",
+    "OCRWebdataset": "OCRSample",
+    "VidQAWebdataset": "VidQASample",
+    "InterleavedWebdataset": "InterleavedSample",
+    "MultiChoiceVQAWebdataset": "MultiChoiceVQASample",
+    "SimilarityInterleavedWebdataset": "SimilarityInterleavedSample",
+    "ImageClassificationWebdataset": "ImageClassificationSample",
+    "VQAOCRWebdataset": "VQAOCRSample",
+}
+# Keys every factory accepts besides its own; the loader reads them as defaults.
+_LOADER_KEYS = ("split_config", "shuffle_over_epochs", "parallel_shard_iters", "max_samples_per_sequence")
+
+_ACCESS_STEP = re.compile(r"\[([^\]]*)\]")
+
+
+@dataclass(frozen=True)
+class FieldAccess:
+    """One parsed field-map expression: alternatives of ``(part, path...)``."""
+
+    expression: str
+    alternatives: tuple[tuple[str, tuple[str, ...]], ...]
+
+    @classmethod
+    def parse(cls, expression: str, *, where: str) -> "FieldAccess":
+        alternatives = []
+        for alternative in expression.split(","):
+            alternative = alternative.strip()
+            part, _, rest = alternative.partition("[")
+            rest = "[" + rest if rest else ""
+            steps = tuple(_ACCESS_STEP.findall(rest))
+            if not part or _ACCESS_STEP.sub("", rest):
+                raise ConfigError(
+                    format_message(
+                        "invalid field_map expression",
+                        where=where,
+                        expected="PART, PART[key][0] or alternatives PART1,PART2",
+                        found=repr(expression),
+                    )
+                )
+            alternatives.append((part, steps))
+        return cls(expression, tuple(alternatives))
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(part for part, _ in self.alternatives)
+
+    def get(self, decoded: Mapping[str, Any]) -> Any:
+        """The value from the first alternative that exists; raises KeyError when none does."""
+        last_error: Exception | None = None
+        for part, steps in self.alternatives:
+            try:
+                value = decoded[part]
+                for step in steps:
+                    value = value[int(step)] if isinstance(value, (list, tuple)) else value[step]
+                return value
+            except (KeyError, IndexError, ValueError, TypeError) as exc:
+                last_error = exc
+        raise KeyError(f"{self.expression!r}: {last_error!r}")
+
+
+@dataclass
+class DatasetConfig:
+    """A parsed ``dataset.yaml``."""
+
+    path: Path
+    kind: str  # "field_map" | "crude" | "sample_loader"
+    sample_type: type | None = None
+    field_map: dict[str, FieldAccess] = field(default_factory=dict)
+    subflavors: dict[str, Any] = field(default_factory=dict)
+    part_filter: frozenset[str] | Callable[[str], bool] | None = None
+    sample_loader: Callable[[dict], dict] | None = None
+    loader_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def wanted_parts(self) -> frozenset[str] | None:
+        """Parts to copy out of the tar (None = all); parts nothing needs are never decoded."""
+        if isinstance(self.part_filter, frozenset) or self.part_filter is None:
+            return self.part_filter
+        return None
+
+    def keep_part(self, part: str) -> bool:
+        if self.part_filter is None:
+            return True
+        if isinstance(self.part_filter, frozenset):
+            return part in self.part_filter
+        return bool(self.part_filter(part))
+
+
+def resolve_class(spec: Any, *, file: str, key_path: str) -> tuple[str, str]:
+    """``{__module__, __class__}`` -> (module, class name), checked for shape."""
+    check_mapping(spec, file=file, key_path=key_path, allowed=("__module__", "__class__"), required=("__class__",))
+    return str(spec.get("__module__", "megatron.energon")), str(spec["__class__"])
+
+
+def _sample_class(module: str, name: str, *, where: str) -> type:
+    if module in _OUR_MODULES or module.startswith(tuple(m + "." for m in _OUR_MODULES)):
+        found = sample_type_by_name(name)
+        if found is None:
+            raise ConfigError(
+                format_message(
+                    f"unknown sample type {name!r}",
+                    where=where,
+                    expected=f"one of {', '.join(registered_sample_types())}",
+                    found=name,
+                    fix="fix the class name, or register your own type with register_sample_type",
+                )
+            )
+        return found
+    user_module = sys.modules.get(module)
+    cls = getattr(user_module, name, None) if user_module is not None else None
+    if not (isinstance(cls, type) and issubclass(cls, Sample)):
+        raise ConfigError(
+            format_message(
+                f"sample type {module}.{name} is not available",
+                where=where,
+                expected="a Sample subclass in a module your program has imported",
+                found="module not imported" if user_module is None else f"{name} is not a Sample subclass",
+                fix=f"import {module} in your training script before loading the dataset",
+            )
+        )
+    return cls
+
+
+def load_dataset_config(
+    root: str | Path,
+    name: str | None = None,
+    *,
+    trust_dataset_code: bool = False,
+) -> DatasetConfig:
+    """Parses ``.nv-meta/<name or dataset.yaml>`` of the dataset at ``root``."""
+    path = meta_dir(root) / (name or DATASET_YAML)
+    raw = load_structured(path)
+    file = str(path)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(format_message("expected a mapping", where=file, found=repr(raw)[:80]))
+    factory_module, factory = str(raw.get("__module__", "megatron.energon")), raw.get("__class__")
+    if factory in _CRUDE_CLASSES:
+        check_mapping(raw, file=file, key_path="", allowed=("__module__", "__class__", "subflavors", "part_filter", *_LOADER_KEYS))
+        return DatasetConfig(
+            path=path,
+            kind="crude",
+            subflavors=_subflavors(raw, file),
+            part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code),
+            loader_options=_loader_options(raw),
+        )
+    if factory is not None and factory not in _STANDARD_FACTORIES and factory not in _LEGACY_FACTORIES:
+        raise ConfigError(
+            format_message(
+                f"unknown dataset factory {factory_module}.{factory}",
+                where=f"{file}: __class__",
+                expected=f"CrudeWebdataset, {', '.join(_STANDARD_FACTORIES)}, or a legacy XxxWebdataset",
+                found=str(factory),
+            )
+        )
+    allowed = ["__module__", "__class__", "sample_type", "field_map", "sample_loader", "part_filter", "subflavors", *_LOADER_KEYS]
+    if factory in _LEGACY_FACTORIES:
+        check_mapping(raw, file=file, key_path="", allowed=allowed, required=())
+        sample_type = sample_type_by_name(_LEGACY_FACTORIES[factory])
+    else:
+        check_mapping(raw, file=file, key_path="", allowed=allowed, required=("sample_type",))
+        module, name_ = resolve_class(raw["sample_type"], file=file, key_path="sample_type")
+        sample_type = _sample_class(module, name_, where=f"{file}: sample_type")
+    has_map, has_loader = "field_map" in raw, "sample_loader" in raw
+    if has_map == has_loader:
+        raise ConfigError(
+            format_message(
+                "dataset.yaml needs exactly one of field_map and sample_loader",
+                where=file,
+                found="both" if has_map else "neither",
+                fix="add a field_map such as {image: jpg, caption: txt}",
+            )
+        )
+    common = dict(path=path, sample_type=sample_type, subflavors=_subflavors(raw, file), loader_options=_loader_options(raw))
+    if has_map:
+        field_map = _field_map(raw["field_map"], sample_type, file)
+        parts = frozenset(p for access in field_map.values() for p in access.parts)
+        return DatasetConfig(kind="field_map", field_map=field_map, part_filter=parts, **common)
+    if "part_filter" not in raw:
+        raise ConfigError(
+            format_message(
+                "a sample_loader needs a part_filter",
+                where=file,
+                fix="add part_filter: [jpg, txt] or part_filter: sample_loader.py:part_filter",
+            )
+        )
+    return DatasetConfig(
+        kind="sample_loader",
+        sample_loader=_load_function(raw["sample_loader"], path, trust_dataset_code, "sample_loader"),
+        part_filter=_part_filter(raw["part_filter"], path, trust_dataset_code),
+        **common,
+    )
+
+
+def _subflavors(raw: Mapping, file: str) -> dict[str, Any]:
+    value = raw.get("subflavors") or {}
+    check_mapping(value, file=file, key_path="subflavors", allowed=list(value))
+    return dict(value)
+
+
+def _loader_options(raw: Mapping) -> dict[str, Any]:
+    return {k: raw[k] for k in _LOADER_KEYS if k in raw}
+
+
+def _field_map(raw: Any, sample_type: type, file: str) -> dict[str, FieldAccess]:
+    names = [f.name for f in dataclasses.fields(sample_type) if not f.name.startswith("__")]
+    check_mapping(raw, file=file, key_path="field_map", allowed=names)
+    result = {}
+    for field_name, expression in raw.items():
+        if not isinstance(expression, str):
+            raise ConfigError(
+                format_message(
+                    "field_map values must be strings",
+                    where=f"{file}: field_map.{field_name}",
+                    found=repr(expression),
+                )
+            )
+        result[field_name] = FieldAccess.parse(expression, where=f"{file}: field_map.{field_name}")
+    return result
+
+
+def _part_filter(value: Any, path: Path, trust: bool) -> frozenset[str] | Callable[[str], bool] | None:
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return frozenset(value)
+    if isinstance(value, str):
+        return _load_function(value, path, trust, "part_filter")
+    raise ConfigError(
+        format_message(
+            "invalid part_filter",
+            where=f"{path}: part_filter",
+            expected="a list of part names or FILE.py:FUNCTION",
+            found=repr(value),
+        )
+    )
+
+
+def _load_function(spec: Any, path: Path, trust: bool, key: str) -> Callable:
+    if not isinstance(spec, str):
+        raise ConfigError(format_message(f"invalid {key}", where=f"{path}: {key}", expected="FILE.py:FUNCTION", found=repr(spec)))
+    file_name, _, function = spec.partition(":")
+    function = function or key
+    if not trust:
+        raise ConfigError(
+            format_message(
+                f"dataset.yaml uses {key} from {file_name}, which runs Python code shipped with the dataset",
+                where=f"{path}: {key}",
+                fix="if you trust this dataset, pass trust_dataset_code=True (CLI: --trust-dataset-code); "
+                "otherwise convert it to a field_map",
+            )
+        )
+    module_path = path.parent / file_name
+    module_spec = importlib.util.spec_from_file_location(f"_dataset_code_{abs(hash(module_path))}", module_path)
+    if module_spec is None or not module_path.is_file():
+        raise ConfigError(format_message(f"{key} file not found", where=str(module_path)))
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ConfigError(format_message(f"{module_path} has no function {function!r}", where=f"{path}: {key}"))
+    return fn
+
+
+def make_sample(
+    config: DatasetConfig,
+    *,
+    key: str,
+    decoded: dict[str, Any],
+    restore_key: tuple,
+    source: SourceInfo,
+    subflavors: dict[str, Any] | None = None,
+) -> Sample | CrudeSample:
+    """Builds the typed (or crude) sample from decoded parts."""
+    flavors = {**config.subflavors, **(subflavors or {})}
+    if config.kind == "crude":
+        sample = CrudeSample(decoded)
+        sample.update(__key__=key, __restore_key__=restore_key, __sources__=(source,), __subflavors__=flavors)
+        return sample
+    if config.kind == "sample_loader":
+        raw = {"__key__": key, "__shard__": source.shard_name, "__restore_key__": restore_key, **decoded}
+        fields = {"__key__": key, **config.sample_loader(raw), "__restore_key__": restore_key}
+    else:
+        fields = {"__key__": key, "__restore_key__": restore_key}
+        for name, access in config.field_map.items():
+            try:
+                fields[name] = access.get(decoded)
+            except KeyError as exc:
+                raise DecodeError(
+                    format_message(
+                        f"field {name!r} cannot be filled",
+                        where=f"{source.dataset_path} shard {source.shard_name} sample {key!r}",
+                        expected=f"field_map {name}: {access.expression}",
+                        found=f"parts {', '.join(sorted(decoded)) or 'none'} ({exc.args[0]})",
+                        fix="fix field_map in dataset.yaml or exclude the sample in split.yaml",
+                    )
+                ) from None
+    fields["__subflavors__"] = flavors
+    fields["__sources__"] = (source,)
+    try:
+        return config.sample_type(**fields)
+    except TypeError as exc:
+        raise DecodeError(
+            format_message(
+                f"cannot build {config.sample_type.__name__}",
+                where=f"{source.dataset_path} shard {source.shard_name} sample {key!r}",
+                found=str(exc),
+                fix="map every required field in field_map",
+            )
+        ) from None
+
+
+def render_dataset_yaml(sample_type: str, field_map: Mapping[str, str] | None) -> str:
+    """The text of a ``dataset.yaml`` that both Energon and we load."""
+    if sample_type in _CRUDE_CLASSES:
+        return yaml.safe_dump({"__module__": "megatron.energon", "__class__": "CrudeWebdataset"}, sort_keys=False)
+    data: dict[str, Any] = {"sample_type": {"__module__": "megatron.energon", "__class__": sample_type}}
+    if field_map is not None:
+        data["field_map"] = dict(field_map)
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,347 @@
+"""The ``.nv-meta/`` files: ``.info.json`` (or legacy ``.info.yaml``) and ``split.yaml``.
+
+Both are parsed strictly, like Energon: an unknown key is an error (Energon itself refuses extra
+keys in these files, so we never write any).  Errors name the file and the key path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+from braceexpand import braceexpand
+
+from .._version import __version__
+from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
+from ..storage import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+META_DIR = ".nv-meta"
+INFO_JSON = ".info.json"
+INFO_YAML = ".info.yaml"
+SPLIT_YAML = "split.yaml"
+SPLIT_JSON = "split.json"
+DATASET_YAML = "dataset.yaml"
+INDEX_SQLITE = "index.sqlite"
+INDEX_UUID = "index.uuid"
+
+WRITER_VERSION = f"megatron-energon-lite {__version__}"
+
+
+def load_structured(path: Path) -> Any:
+    """Reads a YAML or JSON file; a syntax error becomes a :class:`ConfigError` with the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(format_message("file not found", where=str(path))) from None
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            format_message(
+                "cannot parse file",
+                where=str(path),
+                found=str(exc).replace("\n", " "),
+                fix="fix the syntax at the position shown",
+            )
+        ) from None
+
+
+def check_mapping(
+    value: Any,
+    *,
+    file: Path | str,
+    key_path: str,
+    allowed: Iterable[str],
+    required: Iterable[str] = (),
+) -> Mapping[str, Any]:
+    """Checks that ``value`` is a mapping with only ``allowed`` keys and all ``required`` ones."""
+    where = f"{file}: {key_path or '<top level>'}"
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            format_message(
+                "expected a mapping",
+                where=where,
+                expected="a mapping of keys to values",
+                found=f"{type(value).__name__} {value!r:.80}",
+            )
+        )
+    allowed = list(allowed)
+    unknown = [k for k in value if k not in allowed]
+    if unknown:
+        raise ConfigError(
+            format_message(
+                f"unknown key {unknown[0]!r}",
+                where=f"{file}: {key_path + '.' if key_path else ''}{unknown[0]}",
+                expected=f"one of {', '.join(allowed)}",
+                found=", ".join(map(repr, unknown)),
+                fix="remove or rename the key",
+            )
+        )
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise ConfigError(
+            format_message(
+                f"missing key {missing[0]!r}",
+                where=where,
+                expected=f"keys {', '.join(required)}",
+                found=f"keys {', '.join(map(str, value)) or 'none'}",
+            )
+        )
+    return value
+
+
+def meta_dir(root: str | os.PathLike) -> Path:
+    return Path(root) / META_DIR
+
+
+def is_prepared(root: str | os.PathLike) -> bool:
+    meta = meta_dir(root)
+    return (meta / INFO_JSON).is_file() or (meta / INFO_YAML).is_file()
+
+
+def require_prepared(root: str | os.PathLike) -> None:
+    if not is_prepared(root):
+        found = "no folder" if not Path(root).exists() else f"no {META_DIR}/{INFO_JSON}"
+        raise DatasetError(
+            format_message(
+                "not a prepared dataset",
+                where=str(root),
+                expected=f"a folder with {META_DIR}/{INFO_JSON} (or {INFO_YAML})",
+                found=found,
+                fix=f"run `energon-lite prepare {root}` first",
+            )
+        )
+
+
+@dataclass
+class DatasetInfo:
+    """``.info.json``: per-shard sample counts, in shard order (the order defines shard ids)."""
+
+    shard_counts: dict[str, int]
+    energon_version: str | None = WRITER_VERSION
+
+    @property
+    def total_samples(self) -> int:
+        return sum(self.shard_counts.values())
+
+
+def read_info(root: str | os.PathLike) -> DatasetInfo:
+    require_prepared(root)
+    meta = meta_dir(root)
+    path = meta / INFO_JSON if (meta / INFO_JSON).is_file() else meta / INFO_YAML
+    raw = check_mapping(
+        load_structured(path),
+        file=path,
+        key_path="",
+        allowed=("energon_version", "shard_counts"),
+        required=("shard_counts",),
+    )
+    counts = raw["shard_counts"]
+    check_mapping(counts, file=path, key_path="shard_counts", allowed=list(counts))
+    for shard, count in counts.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ConfigError(
+                format_message(
+                    "invalid sample count",
+                    where=f"{path}: shard_counts.{shard}",
+                    expected="a non-negative integer",
+                    found=repr(count),
+                    fix="run `energon-lite prepare` again",
+                )
+            )
+    version = raw.get("energon_version")
+    return DatasetInfo(shard_counts=dict(counts), energon_version=None if version is None else str(version))
+
+
+def write_info(root: str | os.PathLike, info: DatasetInfo) -> None:
+    """Writes ``.info.json`` exactly as Energon does (indent 2, no trailing newline)."""
+    data = {"energon_version": info.energon_version, "shard_counts": info.shard_counts}
+    atomic_write_text(meta_dir(root) / INFO_JSON, json.dumps(data, indent=2))
+
+
+@dataclass
+class SplitConfig:
+    """``split.yaml``: split name -> shard patterns, plus shard and ``shard/key`` excludes."""
+
+    split_parts: dict[str, list[str]]
+    exclude: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+    def expanded_split(self, split_part: str) -> list[str]:
+        if split_part not in self.split_parts:
+            raise ConfigError(
+                format_message(
+                    f"split {split_part!r} does not exist",
+                    where=str(self.path),
+                    expected=f"one of {', '.join(self.split_parts) or '(no splits)'}",
+                    found=split_part,
+                    fix="pass another split_part, or re-run prepare with --split-parts",
+                )
+            )
+        return [s for pattern in self.split_parts[split_part] for s in braceexpand(pattern)]
+
+    def expanded_excludes(self) -> list[str]:
+        return [s for pattern in self.exclude for s in braceexpand(pattern)]
+
+
+def resolve_split_config_path(root: str | os.PathLike, name: str | None = None) -> Path:
+    meta = meta_dir(root)
+    if name is not None:
+        return meta / name
+    if (meta / SPLIT_YAML).is_file() or not (meta / SPLIT_JSON).is_file():
+        return meta / SPLIT_YAML
+    return meta / SPLIT_JSON
+
+
+def read_split_config(root: str | os.PathLike, name: str | None = None) -> SplitConfig:
+    path = resolve_split_config_path(root, name)
+    raw = check_mapping(
+        load_structured(path),
+        file=path,
+        key_path="",
+        allowed=("split_parts", "exclude"),
+        required=("split_parts",),
+    )
+    parts = raw["split_parts"]
+    check_mapping(parts, file=path, key_path="split_parts", allowed=list(parts))
+    split_parts: dict[str, list[str]] = {}
+    for name_, patterns in parts.items():
+        split_parts[str(name_)] = _string_list(patterns, path, f"split_parts.{name_}")
+    exclude = _string_list(raw.get("exclude") or [], path, "exclude")
+    return SplitConfig(split_parts=split_parts, exclude=exclude, path=path)
+
+
+def _string_list(value: Any, path: Path, key_path: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(
+            format_message(
+                "expected a list of shard paths",
+                where=f"{path}: {key_path}",
+                expected="a YAML list of strings",
+                found=repr(value)[:120],
+            )
+        )
+    return list(value)
+
+
+def write_split_config(root: str | os.PathLike, config: SplitConfig, name: str = SPLIT_YAML) -> None:
+    data = {"split_parts": config.split_parts, "exclude": config.exclude}
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    atomic_write_text(meta_dir(root) / name, text)
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One shard of a split: its path relative to the dataset and its sample count."""
+
+    name: str
+    count: int
+
+
+@dataclass
+class ResolvedSplit:
+    """A split's shards in read order and the sample keys excluded inside them."""
+
+    root: Path
+    split_part: str
+    shards: list[ShardSpec]
+    excluded_keys: dict[str, frozenset[str]]  # shard name -> keys skipped when read
+
+    @property
+    def total_samples(self) -> int:
+        return sum(s.count for s in self.shards)
+
+
+def resolve_split(
+    root: str | os.PathLike,
+    split_part: str,
+    *,
+    split_config: str | None = None,
+    info: DatasetInfo | None = None,
+    allow_empty: bool = False,
+) -> ResolvedSplit:
+    """Lists the shards of ``split_part`` in order, with shard excludes applied.
+
+    Sample excludes (``shard/key``) do not change counts: the sample is skipped when read, as in
+    Energon, so sharding is the same with and without them.
+    """
+    root = Path(root)
+    info = info or read_info(root)
+    config = read_split_config(root, split_config)
+    shard_names = config.expanded_split(split_part)
+    known = info.shard_counts
+    excluded_shards: set[str] = set()
+    excluded_keys: dict[str, set[str]] = {}
+    for entry in config.expanded_excludes():
+        if entry in known:
+            excluded_shards.add(entry)
+            continue
+        shard = _shard_prefix(entry, known)
+        if shard is None:
+            logger.warning(
+                "%s: exclude entry %r names no shard of this dataset; it has no effect",
+                config.path,
+                entry,
+            )
+            continue
+        excluded_keys.setdefault(shard, set()).add(entry[len(shard) + 1 :])
+    shards = []
+    for name in shard_names:
+        if name not in known:
+            raise DatasetError(
+                format_message(
+                    f"split {split_part!r} names a shard that is not in the index",
+                    where=f"{config.path}: split_parts.{split_part}",
+                    expected=f"one of the {len(known)} shards listed in {META_DIR}/{INFO_JSON}",
+                    found=name,
+                    fix="fix split.yaml, or run `energon-lite prepare` again to index the shard",
+                )
+            )
+        if name not in excluded_shards:
+            shards.append(ShardSpec(name, known[name]))
+    for shard in shards:
+        if not (root / shard.name).is_file():
+            raise DatasetError(
+                format_message(
+                    "shard listed in the dataset's index is missing on disk",
+                    where=str(root / shard.name),
+                    fix="restore the shard, or run `energon-lite prepare --force-overwrite` "
+                    "to re-index the dataset without it",
+                )
+            )
+    resolved = ResolvedSplit(
+        root=root,
+        split_part=split_part,
+        shards=shards,
+        excluded_keys={k: frozenset(v) for k, v in excluded_keys.items()},
+    )
+    if not allow_empty and resolved.total_samples == 0:
+        raise EmptyDatasetError(
+            format_message(
+                f"split {split_part!r} has no samples",
+                where=str(config.path),
+                fix="choose another split or re-run prepare with a split ratio that gives it shards",
+            )
+        )
+    return resolved
+
+
+def _shard_prefix(entry: str, shards: Mapping[str, int]) -> str | None:
+    """For ``"a/b.tar/key"`` returns ``"a/b.tar"`` when that is a shard (keys may hold ``/``)."""
+    pos = entry.find("/")
+    while pos != -1:
+        if entry[:pos] in shards:
+            return entry[:pos]
+        pos = entry.find("/", pos + 1)
+    return None

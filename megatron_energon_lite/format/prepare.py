@@ -1,0 +1,420 @@
+"""``prepare``: index tar shards and write ``.nv-meta/`` the way Energon 7.4 does.
+
+Differences from Energon, on purpose:
+
+* Shards are scanned in parallel processes with a progress bar, and a re-run only re-scans shards
+  whose size or modification time changed (rows of unchanged shards are copied from the previous
+  ``index.sqlite``).  What was scanned is remembered in ``.nv-meta/.lite-prepare.json``, a file
+  Energon ignores.
+* Split ratios are turned into shard counts with the largest-remainder method, so every shard
+  lands in exactly one split (Energon's float cut points can drop one: 7,2,1 over 10 shards gives
+  it 7/2/0; we give 7/2/1).
+* Nothing is written when a duplicate key, an empty shard or a corrupt tar is found: every
+  metadata file is written through a temporary file and a rename, ``.info.json`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import multiprocessing
+import os
+import random
+import re
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from braceexpand import braceexpand
+from tqdm import tqdm
+
+from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
+from ..storage import atomic_write_text
+from .metadata import (
+    INDEX_SQLITE,
+    INDEX_UUID,
+    META_DIR,
+    DatasetInfo,
+    SplitConfig,
+    is_prepared,
+    meta_dir,
+    read_info,
+    read_split_config,
+    write_info,
+    write_split_config,
+)
+from .sqlite_index import DuplicateKey, SqliteIndexWriter
+from .tar_index import index_path, write_tar_index
+from .tar_reader import SampleEntry, group_samples, iter_members
+
+logger = logging.getLogger(__name__)
+
+PREPARE_STATE = ".lite-prepare.json"
+PREPARE_STATE_VERSION = 1
+DEFAULT_SPLIT_NAMES = ("train", "val", "test")
+
+
+@dataclass
+class ShardScan:
+    """What scanning one tar found."""
+
+    name: str
+    size: int
+    mtime_ns: int
+    offsets: list[int]  # N+1 entries, Energon's .tar.idx content
+    samples: list[SampleEntry]
+
+
+@dataclass
+class PrepareResult:
+    """Summary of a prepare run, for the CLI and tests."""
+
+    root: Path
+    shard_counts: dict[str, int]
+    scanned: list[str]  # shards that were (re-)indexed in this run
+    reused: list[str]  # shards whose previous index was kept
+    splits: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(self.shard_counts.values())
+
+
+def discover_shards(root: Path, exclude: str | None = None) -> list[str]:
+    """Tar paths under ``root``, relative and posix, sorted like Energon (plain string order)."""
+    found = [p for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
+    names = sorted(p.relative_to(root).as_posix() for p in found)
+    names = [n for n in names if not n.startswith(META_DIR + "/")]
+    if exclude:
+        pattern = _compile(exclude, "--exclude")
+        names = [n for n in names if not pattern.search(n)]
+    return names
+
+
+def _compile(regex: str, option: str) -> re.Pattern:
+    try:
+        return re.compile(regex)
+    except re.error as exc:
+        raise ConfigError(
+            format_message(
+                f"invalid regular expression for {option}",
+                found=f"{regex!r} ({exc})",
+                fix="pass a Python regular expression, e.g. 'shards/train/.*'",
+            )
+        ) from None
+
+
+def scan_shard(root: Path, name: str) -> ShardScan:
+    """Reads every header of one tar once and groups members into samples."""
+    path = root / name
+    with open(path, "rb") as f:
+        stat = os.fstat(f.fileno())
+        if stat.st_size == 0:
+            raise EmptyDatasetError(
+                format_message(
+                    "empty shard", where=str(path), fix="remove the file or re-create it"
+                )
+            )
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            members = iter_members(mapped, where=str(path), verify_checksums=True)
+            collected = []
+            while True:
+                try:
+                    collected.append(next(members))
+                except StopIteration as stop:
+                    end = stop.value
+                    break
+            del members
+    samples = list(group_samples(collected))
+    if not samples:
+        raise EmptyDatasetError(
+            format_message(
+                "shard holds no samples",
+                where=str(path),
+                expected="members named KEY.PART (e.g. 000001.jpg)",
+                found=f"{len(collected)} regular files, none named like a sample part",
+                fix="remove the shard or exclude it with --exclude",
+            )
+        )
+    offsets = [s.offset for s in samples] + [end]
+    return ShardScan(name, stat.st_size, stat.st_mtime_ns, offsets, samples)
+
+
+def _scan_task(args: tuple[Path, str]) -> ShardScan:
+    return scan_shard(*args)
+
+
+def split_counts_by_ratio(num_shards: int, ratio: Sequence[float]) -> list[int]:
+    """Shard counts per split, summing to ``num_shards`` (largest remainder, ties to the first)."""
+    total = float(sum(ratio))
+    if len(ratio) == 0 or any(r < 0 for r in ratio) or total <= 0:
+        raise ConfigError(
+            format_message(
+                "invalid split ratio",
+                expected="non-negative numbers with a positive sum, e.g. 8,1,1",
+                found=",".join(map(str, ratio)),
+            )
+        )
+    exact = [num_shards * r / total for r in ratio]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(ratio)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in by_remainder[: num_shards - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def splits_by_ratio(
+    shards: Sequence[str], ratio: Sequence[float], *, shuffle: bool = False
+) -> dict[str, list[str]]:
+    names = list(shards)
+    if shuffle:
+        random.Random(42).shuffle(names)  # Energon's seed, so the same shards go to each split
+    counts = split_counts_by_ratio(len(names), ratio)
+    result, start = {}, 0
+    for split_name, count in zip(DEFAULT_SPLIT_NAMES, counts):
+        result[split_name] = names[start : start + count]
+        start += count
+    return result
+
+
+def splits_by_patterns(
+    shards: Sequence[str], patterns: Sequence[tuple[str, str]]
+) -> dict[str, list[str]]:
+    """``[("train", "shards/train/.*"), ...]``: brace-expanded regexes matched at the start."""
+    result: dict[str, list[str]] = {}
+    for split_name, pattern in patterns:
+        regexes = [_compile(p, f"--split-parts {split_name}") for p in braceexpand(pattern)]
+        matched = [s for s in shards if any(r.match(s) for r in regexes)]
+        if not matched:
+            raise ConfigError(
+                format_message(
+                    f"split pattern for {split_name!r} matches no shard",
+                    found=repr(pattern),
+                    expected=f"a regex matching the start of shard paths such as {shards[0]!r}",
+                    fix="fix the pattern (it is a regular expression, not a glob)",
+                )
+            )
+        result.setdefault(split_name, []).extend(m for m in matched if m not in result.get(split_name, ()))
+    return result
+
+
+def _load_prepare_state(root: Path) -> dict:
+    path = meta_dir(root) / PREPARE_STATE
+    try:
+        state = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return state if state.get("version") == PREPARE_STATE_VERSION else {}
+
+
+def _file_stamp(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _unchanged_shards(root: Path, names: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """Shards whose tar and index are as the previous run left them -> (old shard id, count).
+
+    The previous run's record is trusted only if ``index.sqlite`` is the very file it wrote, so
+    an interrupted run or an index rebuilt by another tool leads to a full re-scan.
+    """
+    state = _load_prepare_state(root)
+    try:
+        if not state or state.get("index_stamp") != _file_stamp(meta_dir(root) / INDEX_SQLITE):
+            return {}
+    except FileNotFoundError:
+        return {}
+    recorded = state.get("shards", {})
+    unchanged = {}
+    for name in names:
+        entry = recorded.get(name)
+        if entry is None:
+            continue
+        try:
+            stamps = _file_stamp(root / name) + _file_stamp(index_path(root / name))
+        except FileNotFoundError:
+            continue
+        if entry["stamps"] == stamps:
+            unchanged[name] = (entry["id"], entry["count"])
+    return unchanged
+
+
+def _duplicate_error(duplicates: list[DuplicateKey], names: list[str]) -> DatasetError:
+    shown = "\n".join(
+        f"    {d.key!r}: {names[d.first[0]]} sample {d.first[1]} and {names[d.again[0]]} sample {d.again[1]}"
+        for d in duplicates[:10]
+    )
+    more = f"\n    ... and {len(duplicates) - 10} more" if len(duplicates) > 10 else ""
+    return DatasetError(
+        format_message(
+            f"the data contains {len(duplicates)} duplicate sample key(s); nothing was written",
+            expected="every sample key unique over all shards",
+            found=f"\n{shown}{more}",
+            fix="rename the samples (e.g. prefix keys with the shard name) or exclude one copy "
+            "with --exclude",
+        )
+    )
+
+
+def prepare_dataset(
+    root: str | os.PathLike,
+    *,
+    split_ratio: Sequence[float] | None = None,
+    split_parts: Sequence[tuple[str, str]] | None = None,
+    exclude: str | None = None,
+    num_workers: int | None = None,
+    progress: bool = True,
+    tar_index_only: bool = False,
+    shuffle_tars: bool = False,
+    force_overwrite: bool = False,
+    dataset_yaml: str | None = None,
+    dataset_yaml_name: str = "dataset.yaml",
+    confirm_overwrite: Callable[[], bool] | None = None,
+) -> PrepareResult:
+    """Indexes the tars under ``root`` and writes Energon-compatible metadata.
+
+    Exactly one of ``split_ratio`` (e.g. ``(8, 1, 1)`` for train/val/test) and ``split_parts``
+    (``[(name, regex), ...]``) is needed unless ``tar_index_only`` keeps the existing splits.
+    ``dataset_yaml`` is the text of ``.nv-meta/<dataset_yaml_name>`` to write, if any.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(format_message("dataset folder not found", where=str(root)))
+    if tar_index_only:
+        if not is_prepared(root):
+            raise DatasetError(
+                format_message(
+                    "--tar-index-only needs a prepared dataset",
+                    where=str(root),
+                    fix="run prepare without --tar-index-only first",
+                )
+            )
+        names = list(read_info(root).shard_counts)
+    else:
+        if (split_ratio is None) == (split_parts is None):
+            raise ConfigError(
+                format_message(
+                    "give either a split ratio or split patterns",
+                    expected="--split-ratio 8,1,1 or --split-parts train:REGEX (repeatable)",
+                    found="both" if split_ratio is not None else "neither",
+                )
+            )
+        if is_prepared(root) and not force_overwrite:
+            if confirm_overwrite is None or not confirm_overwrite():
+                raise ConfigError(
+                    format_message(
+                        "the dataset is already prepared",
+                        where=str(meta_dir(root)),
+                        fix="pass --force-overwrite to prepare it again (unchanged shards are "
+                        "not re-indexed), or --tar-index-only to keep splits and dataset.yaml",
+                    )
+                )
+        names = discover_shards(root, exclude)
+    if not names:
+        raise DatasetError(
+            format_message(
+                "no tar files found",
+                where=str(root),
+                expected="*.tar files in the folder or its subfolders",
+                fix="point prepare at the folder that holds the shards",
+            )
+        )
+
+    # Splits first: a bad pattern must fail before any work is done.
+    splits: dict[str, list[str]] = {}
+    if not tar_index_only:
+        if split_parts is not None:
+            splits = splits_by_patterns(names, split_parts)
+        else:
+            splits = splits_by_ratio(names, split_ratio, shuffle=shuffle_tars)
+
+    meta = meta_dir(root)
+    meta.mkdir(exist_ok=True)
+    unchanged = _unchanged_shards(root, names)
+    to_scan = [n for n in names if n not in unchanged]
+    scans = _scan_all(root, to_scan, num_workers=num_workers, progress=progress)
+
+    tmp_index = meta / f".{INDEX_SQLITE}.tmp-{os.getpid()}"
+    writer = SqliteIndexWriter(tmp_index)
+    duplicates: list[DuplicateKey] = []
+    counts: dict[str, int] = {}
+    try:
+        if unchanged:
+            writer.attach_previous(meta / INDEX_SQLITE)
+        for shard_id, name in enumerate(names):
+            if name in unchanged:
+                old_id, counts[name] = unchanged[name]
+                duplicates += writer.copy_shard(old_id, shard_id)
+            else:
+                scan = scans[name]
+                duplicates += writer.add_shard(shard_id, scan.samples, scan.offsets)
+                counts[name] = len(scan.samples)
+        if duplicates:
+            raise _duplicate_error(duplicates, names)
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+
+    for name in to_scan:
+        write_tar_index(root / name, scans[name].offsets)
+    os.replace(tmp_index, meta / INDEX_SQLITE)
+    atomic_write_text(meta / INDEX_UUID, str(uuid.uuid4()))
+    if splits:
+        write_split_config(root, SplitConfig(split_parts=splits, exclude=_kept_excludes(root)))
+    if dataset_yaml is not None:
+        atomic_write_text(meta / dataset_yaml_name, dataset_yaml)
+    _write_prepare_state(root, names, counts)
+    write_info(root, DatasetInfo(shard_counts=counts))
+    return PrepareResult(root, counts, scanned=to_scan, reused=list(unchanged), splits=splits)
+
+
+def _kept_excludes(root: Path) -> list[str]:
+    """A re-prepare keeps the excludes a user wrote into the old split config."""
+    try:
+        return read_split_config(root).exclude
+    except ConfigError:
+        return []
+
+
+def _scan_all(
+    root: Path, names: list[str], *, num_workers: int | None, progress: bool
+) -> dict[str, ShardScan]:
+    workers = min(num_workers or os.cpu_count() or 1, max(1, len(names)))
+    bar = tqdm(total=len(names), desc="Indexing shards", unit="shard", disable=not progress)
+    scans: dict[str, ShardScan] = {}
+    try:
+        if workers <= 1:
+            for name in names:
+                scans[name] = scan_shard(root, name)
+                bar.update()
+        else:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                chunk = max(1, min(16, len(names) // (workers * 4)))
+                for scan in pool.map(_scan_task, ((root, n) for n in names), chunksize=chunk):
+                    scans[scan.name] = scan
+                    bar.update()
+    finally:
+        bar.close()
+    return scans
+
+
+def _write_prepare_state(root: Path, names: list[str], counts: dict[str, int]) -> None:
+    shards = {
+        name: {
+            "id": shard_id,
+            "count": counts[name],
+            "stamps": _file_stamp(root / name) + _file_stamp(index_path(root / name)),
+        }
+        for shard_id, name in enumerate(names)
+    }
+    state = {
+        "version": PREPARE_STATE_VERSION,
+        "index_stamp": _file_stamp(meta_dir(root) / INDEX_SQLITE),
+        "shards": shards,
+    }
+    atomic_write_text(meta_dir(root) / PREPARE_STATE, json.dumps(state, indent=1))

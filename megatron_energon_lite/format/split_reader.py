@@ -1,0 +1,103 @@
+"""Random access to the samples of one split of a prepared WebDataset.
+
+A sample is addressed by its index in the split (the shards of the split concatenated in
+``split.yaml`` order, as Energon numbers them for restore keys and sharding).  Reading it costs
+one ``pread`` of its byte range from the shard's ``.tar.idx``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+
+import numpy as np
+
+from ..storage import LocalFilePool
+from .metadata import DatasetInfo, ResolvedSplit, read_info, resolve_split
+from .tar_index import read_tar_index
+from .tar_reader import parse_sample
+
+
+@dataclass(slots=True)
+class RawSample:
+    """Undecoded parts of one sample and where it came from."""
+
+    key: str
+    shard: str
+    index: int  # position in the split
+    parts: dict[str, bytes]
+
+
+class SplitReader:
+    """Reads samples of ``split_part`` of the dataset at ``root`` by split index."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        split_part: str,
+        *,
+        split_config: str | None = None,
+        info: DatasetInfo | None = None,
+        allow_empty: bool = False,
+        file_pool: LocalFilePool | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.split: ResolvedSplit = resolve_split(
+            self.root, split_part, split_config=split_config, info=info or read_info(self.root),
+            allow_empty=allow_empty,
+        )
+        self._starts = [0, *accumulate(s.count for s in self.split.shards)]
+        self._indexes: list[np.ndarray | None] = [None] * len(self.split.shards)
+        self._paths = [str(self.root / s.name) for s in self.split.shards]
+        self._pool = file_pool or LocalFilePool()
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    @property
+    def shard_starts(self) -> list[int]:
+        """Split index of the first sample of each shard, plus the total at the end."""
+        return list(self._starts)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Split index -> (shard position in the split, sample index inside the shard)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample index {index} out of range 0..{len(self) - 1}")
+        shard = bisect.bisect_right(self._starts, index) - 1
+        return shard, index - self._starts[shard]
+
+    def _index(self, shard: int) -> np.ndarray:
+        offsets = self._indexes[shard]
+        if offsets is None:
+            offsets = read_tar_index(self._paths[shard], expected_samples=self.split.shards[shard].count)
+            self._indexes[shard] = offsets
+        return offsets
+
+    def byte_range(self, index: int) -> tuple[int, int, int]:
+        """(shard position, start, end) of sample ``index``; sample 0 of a shard starts at 0."""
+        shard, local = self.locate(index)
+        offsets = self._index(shard)
+        start = 0 if local == 0 else int(offsets[local])
+        return shard, start, int(offsets[local + 1])
+
+    def is_excluded(self, shard: int, key: str) -> bool:
+        excluded = self.split.excluded_keys.get(self.split.shards[shard].name)
+        return excluded is not None and key in excluded
+
+    def read(self, index: int, *, wanted: frozenset[str] | None = None) -> RawSample | None:
+        """Reads sample ``index``; None when ``split.yaml`` excludes it by key."""
+        shard, start, end = self.byte_range(index)
+        name = self.split.shards[shard].name
+        where = f"{self._paths[shard]} sample {index - self._starts[shard]} (bytes {start}..{end})"
+        data = self._pool.read(self._paths[shard], start, end - start)
+        key, parts = parse_sample(data, where=where, wanted=wanted)
+        if self.is_excluded(shard, key):
+            return None
+        return RawSample(key=key, shard=name, index=index, parts=parts)
+
+    def close(self) -> None:
+        self._pool.close()
+

@@ -1,0 +1,276 @@
+"""Tar bytes -> members -> samples, in memory, starting from any header offset.
+
+Three small steps, each a plain function:
+
+1. :func:`iter_members` parses tar headers in a byte buffer (ustar, GNU long names, PAX
+   extended headers) and yields regular-file members with their offsets.
+2. :func:`split_name` applies the WebDataset naming rule: the key is everything up to the first
+   dot of the last path component, the part name is the rest.
+3. :func:`group_samples` joins consecutive members with the same key into one sample.
+
+The loader reads one sample as one byte range ``[idx[i], idx[i+1])`` taken from the shard's
+``.tar.idx`` and calls :func:`parse_sample` on it; ``prepare`` runs the same functions over a
+whole (memory-mapped) tar.  Offsets follow Python's ``tarfile``: a member's offset is its first
+header block, including any GNU long-name or PAX header in front of it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from ..errors import DatasetError, format_message
+
+BLOCK = 512
+
+# Energon/WebDataset naming rules (research/energon.md 1.2).
+_META_NAME = re.compile(r"__[^/]*__($|/)")
+_SAMPLE_NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+_REGULAR_TYPES = (b"0", b"\0", b"7")
+_GNU_LONGNAME, _GNU_LONGLINK, _PAX_HEADER, _PAX_GLOBAL = b"L", b"K", b"x", b"g"
+_GNU_TYPES = (_GNU_LONGNAME, _GNU_LONGLINK, b"S")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True, slots=True)
+class TarMember:
+    """A regular file in a tar: its name and where its header and data are."""
+
+    name: str
+    header_offset: int
+    data_offset: int
+    size: int
+
+
+@dataclass(slots=True)
+class SampleEntry:
+    """One sample as found in a tar: its key, its first header offset and its parts."""
+
+    key: str
+    offset: int
+    parts: list[tuple[str, int, int]]  # (part name, data offset, size)
+
+
+class TarFormatError(DatasetError):
+    """The bytes are not a valid uncompressed tar at the expected place."""
+
+
+def _parse_number(field: bytes) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 for large values
+        value = int.from_bytes(field[1:], "big")
+        return -value if field[:1] == b"\xff" else value
+    digits = field.split(b"\0", 1)[0].strip(b" ")
+    return int(digits, 8) if digits else 0
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = _parse_number(header[148:156])
+    unsigned = sum(header[:148]) + 256 + sum(header[156:])  # checksum field counts as spaces
+    if stored == unsigned:
+        return True
+    high_bytes = sum(1 for b in header[:148] + header[156:] if b > 127)
+    return stored == unsigned - 256 * high_bytes  # some writers sum signed chars
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def iter_members(
+    buf: bytes | memoryview,
+    *,
+    base_offset: int = 0,
+    where: str = "<tar>",
+    verify_checksums: bool = False,
+) -> Iterator[TarMember]:
+    """Yields the regular-file members found in ``buf``.
+
+    ``base_offset`` is the file offset of ``buf[0]`` so that offsets are file offsets.  Parsing
+    stops at the end-of-archive zero block or at the end of the buffer; a member whose data runs
+    past the end raises :class:`TarFormatError`.  After the generator is exhausted, its return
+    value (``StopIteration.value``) is the file offset where parsing stopped: the start of the
+    end-of-archive blocks for a whole tar, as Energon's ``.tar.idx`` records it.
+    """
+    view = memoryview(buf)
+    try:
+        return (yield from _iter_view(view, base_offset, where, verify_checksums))
+    finally:
+        view.release()  # an mmap can only be closed once no view of it is left
+
+
+def _iter_view(view: memoryview, base_offset: int, where: str, verify_checksums: bool) -> Iterator[TarMember]:
+    end = len(view)
+    pos = 0
+    if end >= 2 and bytes(view[:2]) == _GZIP_MAGIC and base_offset == 0:
+        raise TarFormatError(
+            format_message(
+                "compressed tar files cannot be read by random access",
+                where=where,
+                expected="an uncompressed tar (ustar, GNU or PAX)",
+                found="gzip magic bytes",
+                fix="decompress the shard (gunzip, then rename to .tar) and prepare again",
+            )
+        )
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    first_header: int | None = None  # start of extended headers belonging to the next member
+    while pos + BLOCK <= end:
+        header = bytes(view[pos : pos + BLOCK])
+        if header.count(0) == BLOCK:
+            return base_offset + pos
+        if verify_checksums and not _checksum_ok(header):
+            raise TarFormatError(
+                format_message(
+                    "tar header checksum mismatch (corrupt or not a tar file)",
+                    where=f"{where} at byte {base_offset + pos}",
+                    fix="re-create the shard; if it was copied, check the copy is complete",
+                )
+            )
+        try:
+            size = _parse_number(header[124:136])
+        except ValueError:
+            raise TarFormatError(
+                format_message(
+                    "invalid tar header (size field is not a number)",
+                    where=f"{where} at byte {base_offset + pos}",
+                    expected="a tar header block",
+                    found=repr(header[:32]),
+                    fix="check that the file is an uncompressed tar and that the .tar.idx "
+                    "belongs to it (re-run prepare)",
+                )
+            ) from None
+        typeflag = header[156:157]
+        data_start = pos + BLOCK
+        data_end = data_start + size
+        if first_header is None:
+            first_header = pos
+        if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_HEADER, _PAX_GLOBAL):
+            if data_end > end:
+                break  # truncated: reported below
+            data = bytes(view[data_start:data_end])
+            if typeflag == _GNU_LONGNAME:
+                long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            elif typeflag == _PAX_HEADER:
+                pax = _pax_records(data)
+            pos = data_start + -(-size // BLOCK) * BLOCK
+            continue
+        if "size" in pax:
+            size = int(pax["size"])
+            data_end = data_start + size
+        if long_name is not None:
+            name = long_name
+        elif "path" in pax:
+            name = pax["path"]
+        else:
+            name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = header[345:500].split(b"\0", 1)[0]
+            if prefix and typeflag not in _GNU_TYPES and header[257:262] == b"ustar":
+                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+        if data_end > end:
+            raise TarFormatError(
+                format_message(
+                    "tar member runs past the end of the data (truncated tar or stale index)",
+                    where=f"{where}, member {name!r} at byte {base_offset + first_header}",
+                    expected=f"{size} data bytes",
+                    found=f"{max(0, end - data_start)} bytes",
+                    fix="re-create or re-download the shard, then run `energon-lite prepare` again",
+                )
+            )
+        if typeflag in _REGULAR_TYPES and not (typeflag == b"\0" and name.endswith("/")):
+            yield TarMember(name, base_offset + first_header, base_offset + data_start, size)
+        long_name = None
+        pax = {}
+        first_header = None
+        pos = data_start + -(-size // BLOCK) * BLOCK
+    if pos < end or first_header is not None:
+        raise TarFormatError(
+            format_message(
+                "tar data ends in the middle of a header or member (truncated tar)",
+                where=f"{where} at byte {base_offset + pos}",
+                fix="re-create or re-download the shard, then run `energon-lite prepare` again",
+            )
+        )
+    return base_offset + pos
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """``"a/b.c/d.e.f"`` -> ``("a/b.c/d", "e.f")``; None for members that are not sample parts."""
+    if _META_NAME.match(name):
+        return None
+    match = _SAMPLE_NAME.match(name)
+    if match is None:
+        return None
+    return match.group(1), match.group(2)
+
+
+def group_samples(members: Iterable[TarMember]) -> Iterator[SampleEntry]:
+    """Joins runs of consecutive members with the same key into samples."""
+    current: SampleEntry | None = None
+    for member in members:
+        split = split_name(member.name)
+        if split is None:
+            continue
+        key, part = split
+        if current is None or current.key != key:
+            if current is not None:
+                yield current
+            current = SampleEntry(key, member.header_offset, [])
+        current.parts.append((part, member.data_offset, member.size))
+    if current is not None:
+        yield current
+
+
+def parse_sample(
+    buf: bytes,
+    *,
+    where: str,
+    wanted: frozenset[str] | None = None,
+) -> tuple[str, dict[str, bytes]]:
+    """Parses the bytes of exactly one sample into ``(key, {part: bytes})``.
+
+    ``wanted`` limits which parts are copied out (parts no field needs are never decoded).
+    A range holding members of more than one key means the ``.tar.idx`` does not fit the tar.
+    """
+    key: str | None = None
+    parts: dict[str, bytes] = {}
+    view = memoryview(buf)
+    for member in iter_members(view, where=where):
+        split = split_name(member.name)
+        if split is None:
+            continue
+        member_key, part = split
+        if key is None:
+            key = member_key
+        elif member_key != key:
+            raise TarFormatError(
+                format_message(
+                    "the index range of one sample holds members of two samples",
+                    where=where,
+                    expected=f"only members of sample {key!r}",
+                    found=f"member {member.name!r}",
+                    fix="the .tar.idx is stale or the keys are not contiguous; "
+                    "run `energon-lite prepare --tar-index-only` on the dataset",
+                )
+            )
+        if wanted is None or part in wanted:
+            parts[part] = bytes(view[member.data_offset : member.data_offset + member.size])
+    if key is None:
+        raise TarFormatError(
+            format_message(
+                "no sample found at this index position",
+                where=where,
+                expected="at least one member named KEY.PART",
+                fix="run `energon-lite prepare --tar-index-only` on the dataset",
+            )
+        )
+    return key, parts

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs the project with its test and oracle extras.
+# Re-runs the install only when pyproject.toml changed. torch is installed first so that no
+# dependency pulls a CUDA build; set TORCH_SPEC to pick another torch (GPU users).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python_bin=${PYTHON:-python3}
+torch_spec=${TORCH_SPEC:-torch==2.13.0}
+if [ ! -x .venv/bin/python ]; then
+    "$python_bin" -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "$torch_spec"
+    .venv/bin/python -m pip install -q -e ".[dev,av,s3,energon]"
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi

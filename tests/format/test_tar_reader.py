@@ -1,0 +1,148 @@
+import gzip
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megatron_energon_lite.format.tar_reader import (
+    TarFormatError,
+    group_samples,
+    iter_members,
+    parse_sample,
+    split_name,
+)
+from megatron_energon_lite.synthetic import write_tar
+
+from conftest import add_raw_member, tar_members
+
+
+def _parse_all(data: bytes):
+    members = iter_members(data, verify_checksums=True)
+    found = []
+    while True:
+        try:
+            found.append(next(members))
+        except StopIteration as stop:
+            return found, stop.value
+
+
+@pytest.mark.parametrize("fmt", ["ustar", "gnu", "pax"])
+def test_members_and_offsets_match_tarfile(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / "a.tar"
+    long_key = "dir/" * 40 + "k"
+    write_tar(path, [("k1", {"txt": b"x" * 700, "json": b"{}"}), (long_key, {"txt": b"yy"}), ("ü_key", {"txt": b""})], tar_format=fmt)
+    data = path.read_bytes()
+    ours, end = _parse_all(data)
+    with tarfile.open(path, "r:") as tar:
+        theirs = tar.getmembers()
+        theirs_end = tar.offset
+    assert [(m.name, m.header_offset, m.data_offset, m.size) for m in ours] == [
+        (t.name, t.offset, t.offset_data, t.size) for t in theirs
+    ]
+    assert end == theirs_end
+
+
+def test_non_sample_members_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        add_raw_member(tar, "__meta__", b"{}")
+        add_raw_member(tar, "__index__/x.txt", b"{}")
+        add_raw_member(tar, "somedir", kind=tarfile.DIRTYPE)
+        add_raw_member(tar, "README", b"no dot")
+        add_raw_member(tar, "a.b/noext", b"dot only in the folder")
+        add_raw_member(tar, "a/b.c/d.e.f", b"1")
+        add_raw_member(tar, "a/b.c/d.g", b"2")
+        add_raw_member(tar, "x.txt", b"3")
+        add_raw_member(tar, "link.txt", kind=tarfile.SYMTYPE)
+    members, _ = _parse_all(path.read_bytes())
+    assert "somedir" not in [m.name for m in members] and "link.txt" not in [m.name for m in members]
+    samples = list(group_samples(members))
+    assert [(s.key, [p for p, _, _ in s.parts]) for s in samples] == [("a/b.c/d", ["e.f", "g"]), ("x", ["txt"])]
+    by_name = {t.name: t for t in tar_members(path)}
+    assert samples[0].offset == by_name["a/b.c/d.e.f"].offset
+
+
+def test_split_name_rules() -> None:
+    assert split_name("sample_0000.detail.json") == ("sample_0000", "detail.json")
+    assert split_name("a/b.c/d.e.f") == ("a/b.c/d", "e.f")
+    assert split_name("noext") is None
+    assert split_name("a.b/noext") is None
+    assert split_name("__index__/x.txt") is None
+
+
+def test_non_adjacent_key_starts_a_new_sample(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar"
+    with tarfile.open(path, "w") as tar:
+        for name in ("k.txt", "j.txt", "k.json"):
+            add_raw_member(tar, name, b"v")
+    members, _ = _parse_all(path.read_bytes())
+    assert [s.key for s in group_samples(members)] == ["k", "j", "k"]
+
+
+def test_parse_sample_returns_bytes_and_filters_parts(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar"
+    write_tar(path, [("k1", {"txt": b"hello", "jpg": b"\xff\xd8binary", "json": b"[1]"})], tar_format="pax")
+    data = path.read_bytes()
+    key, parts = parse_sample(data, where="test")
+    assert key == "k1" and parts == {"txt": b"hello", "jpg": b"\xff\xd8binary", "json": b"[1]"}
+    _, only = parse_sample(data, where="test", wanted=frozenset({"txt"}))
+    assert only == {"txt": b"hello"}
+
+
+def test_range_with_two_samples_is_an_index_error(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar"
+    write_tar(path, [("k1", {"txt": b"a"}), ("k2", {"txt": b"b"})])
+    with pytest.raises(TarFormatError, match="two samples"):
+        parse_sample(path.read_bytes(), where="test")
+
+
+def test_truncated_tar_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar"
+    write_tar(path, [("k1", {"txt": b"a" * 2000})])
+    with pytest.raises(TarFormatError, match="truncated"):
+        _parse_all(path.read_bytes()[:1200])
+
+
+def test_gzip_tar_is_rejected_with_a_fix(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar"
+    write_tar(path, [("k1", {"txt": b"a"})])
+    with pytest.raises(TarFormatError, match="decompress"):
+        _parse_all(gzip.compress(path.read_bytes()))
+
+
+def test_corrupt_header_fails_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar"
+    write_tar(path, [("k1", {"txt": b"a"})])
+    data = bytearray(path.read_bytes())
+    data[5] ^= 0xFF
+    with pytest.raises(TarFormatError, match="checksum"):
+        _parse_all(bytes(data))
+
+
+_names = st.text(alphabet="abcXYZ019_-/ü", min_size=1, max_size=120).filter(lambda s: not s.startswith("/") and "//" not in s and not s.endswith("/"))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    entries=st.lists(st.tuples(_names, st.sampled_from(["txt", "json", "a.b"]), st.binary(max_size=1500)), min_size=1, max_size=8),
+    fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+)
+def test_any_tar_parses_like_tarfile(entries, fmt) -> None:
+    buffer = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+            for key, part, data in entries:
+                add_raw_member(tar, f"{key}.{part}", data)
+    except ValueError:
+        return  # name not representable in this format (ustar limits)
+    data = buffer.getvalue()
+    ours, end = _parse_all(data)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        theirs = tar.getmembers()
+        assert end == tar.offset
+    assert [(m.name, m.header_offset, m.data_offset, m.size) for m in ours] == [
+        (t.name, t.offset, t.offset_data, t.size) for t in theirs
+    ]
