@@ -1,5 +1,8 @@
 """End-to-end demo: generate a small multimodal dataset, prepare it, inspect it, lint it, read it.
 
+The samples mix optional parts (jpg or png images, text, JSON, class ids, numpy arrays), so the
+dataset is prepared as crude (``CrudeWebdataset``): samples are dicts of decoded parts.
+
 Run through ``bash scripts/demo.sh`` (which installs everything first), or directly with the
 project's environment: ``.venv/bin/python examples/demo.py [--out demo_data]``.
 """
@@ -14,6 +17,7 @@ from pathlib import Path
 
 from megatron_energon_lite.decode import SampleDecoder
 from megatron_energon_lite.pipeline.load import SampleLoader
+from megatron_energon_lite.samples import format_value
 from megatron_energon_lite.synthetic import generate_demo_dataset
 
 
@@ -48,8 +52,7 @@ def main() -> None:
     loader = SampleLoader(root, "train", decoder=SampleDecoder(image_decode="torchrgb8"))
     for index in range(3):
         sample = loader.load(index)
-        shown = {k: getattr(v, "shape", v) for k, v in sample.items() if not k.startswith("__")}
-        print(f"  {sample['__key__']}: {shown}")
+        print(f"  {format_value({k: v for k, v in sample.items() if not k.startswith('__')})}")
     loader.close()
     print(f"\nDemo finished: {len(loader)} train samples readable.")
 

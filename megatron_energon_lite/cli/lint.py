@@ -46,6 +46,10 @@ def check_indexes(root: Path) -> list[Finding]:
     return findings
 
 
+# Decodes every image fully, to numpy: the same Pillow work as the loader without importing torch.
+_LINT_DECODER = SampleDecoder(image_decode="rgb8")
+
+
 @dataclass(frozen=True)
 class _Job:
     root: Path
@@ -59,7 +63,7 @@ class _Job:
 
 def _decode_range(job: _Job) -> tuple[int, list[Finding]]:
     """Decodes samples ``[start, end)`` of a split; one finding per bad sample."""
-    loader = SampleLoader(job.root, job.split, dataset_config=job.dataset_config, split_config=job.split_config, decoder=SampleDecoder(), trust_dataset_code=job.trust)
+    loader = SampleLoader(job.root, job.split, dataset_config=job.dataset_config, split_config=job.split_config, decoder=_LINT_DECODER, trust_dataset_code=job.trust)
     findings = []
     try:
         for index in range(job.start, job.end):

@@ -9,6 +9,7 @@ import click
 from ..decode import SampleDecoder
 from ..format.metadata import read_split_config
 from ..pipeline.load import SampleLoader
+from ..samples import CrudeSample, format_value
 
 
 @click.command()
@@ -34,6 +35,12 @@ def preview(path: Path, split_parts: str | None, num_samples: int, offset: int, 
         click.echo(f"{path} split {split_parts}: samples {offset}..{end - 1} of {len(loader)}")
         for index in range(offset, end):
             sample = loader.load(index)
-            click.echo(f"[{index}] " + ("(excluded by split.yaml)" if sample is None else str(sample)))
+            if sample is None:
+                shown = "(excluded by split.yaml)"
+            elif isinstance(sample, CrudeSample):  # parts only; the metadata is in the key
+                shown = f"{sample['__key__']}: " + format_value({k: v for k, v in sample.items() if not k.startswith("__")})
+            else:
+                shown = format_value(sample)
+            click.echo(f"[{index}] {shown}")
     finally:
         loader.close()

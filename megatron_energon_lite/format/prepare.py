@@ -25,7 +25,7 @@ import re
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Sequence
 
 from braceexpand import braceexpand
@@ -84,9 +84,10 @@ class PrepareResult:
 
 
 def discover_shards(root: Path, exclude: str | None = None) -> list[str]:
-    """Tar paths under ``root``, relative and posix, sorted like Energon (plain string order)."""
+    """Tar paths under ``root``, relative and posix, in Energon's order."""
     found = [p for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
-    names = sorted(p.relative_to(root).as_posix() for p in found)
+    # Energon sorts Path objects, i.e. component by component: "d/a/b.tar" < "d/a-c.tar".
+    names = sorted((p.relative_to(root).as_posix() for p in found), key=lambda n: PurePosixPath(n).parts)
     names = [n for n in names if not n.startswith(META_DIR + "/")]
     if exclude:
         pattern = _compile(exclude, "--exclude")

@@ -162,6 +162,8 @@ def _iter_view(view: memoryview, base_offset: int, where: str, verify_checksums:
                 long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             elif typeflag == _PAX_HEADER:
                 pax = _pax_records(data)
+            elif first_header == pos:
+                first_header = None  # like tarfile: a global header is not part of the next member
             pos = data_start + -(-size // BLOCK) * BLOCK
             continue
         if "size" in pax:

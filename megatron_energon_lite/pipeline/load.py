@@ -97,8 +97,8 @@ class SampleLoader:
             __key__=str(index),
             __shard__=self.path.name,
             __restore_key__=(RESTORE_TAG, index),
-            __sources__=(SourceInfo(str(self.path), index, self.path.name, ()),),
-            __subflavors__=dict(self.subflavors),
+            __sources__=(SourceInfo(str(self.path), index, self.path.name, (f"{index}.json",)),),
+            __subflavors__=dict(self.subflavors) or None,  # as Energon: None without subflavors
         )
         return sample
 

@@ -182,3 +182,13 @@ def test_tar_index_only_keeps_splits_and_excludes(text_dataset: Path) -> None:
     assert result.scanned == ["shards/shard_000.tar"]
     assert read_split_config(text_dataset).exclude == ["shards/shard_003.tar"]
     assert np.array_equal(read_tar_index(text_dataset / "shards/shard_000.tar"), _expected_index(text_dataset / "shards/shard_000.tar"))
+
+
+def test_shards_are_ordered_like_energon(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    names = ["d/a.tar", "d/a/b.tar", "d/a-c.tar", "d/a_d.tar", "d/B.tar"]
+    for i, name in enumerate(names):
+        write_tar(root / name, text_samples(f"k{i}_", 1))
+    result = prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1)
+    # Energon sorts pathlib paths, i.e. component by component.
+    assert list(result.shard_counts) == [p.as_posix() for p in sorted(Path(n) for n in names)]

@@ -146,3 +146,14 @@ def test_any_tar_parses_like_tarfile(entries, fmt) -> None:
     assert [(m.name, m.header_offset, m.data_offset, m.size) for m in ours] == [
         (t.name, t.offset, t.offset_data, t.size) for t in theirs
     ]
+
+
+def test_global_pax_header_is_not_part_of_the_next_member(tmp_path: Path) -> None:
+    path = tmp_path / "g.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "git archive"}) as tar:
+        add_raw_member(tar, "k1.txt", b"a")
+        add_raw_member(tar, "k2.txt", b"b")
+    ours, end = _parse_all(path.read_bytes())
+    theirs = tar_members(path)
+    assert [m.header_offset for m in ours] == [t.offset for t in theirs]
+    assert ours[0].header_offset > 0

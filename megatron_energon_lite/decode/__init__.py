@@ -1,0 +1,316 @@
+"""Bytes -> values: the decoder table and :class:`SampleDecoder`.
+
+A part is decoded by the LAST dot-component of its name (``detail.json`` -> json), matched
+exactly as Energon does, except image extensions, which also match in upper case (``JPG``;
+a ``TXT`` part stays bytes, as in Energon); a trailing ``.gz`` is decompressed first and the rest of the name decides
+(``txt.gz`` -> text). Unknown extensions stay bytes. The built-in table:
+
+* images (:data:`~megatron_energon_lite.decode.image.IMAGE_EXTENSIONS`: jpg jpeg png webp gif
+  tif tiff bmp jp2 ppm pgm pbm pnm ...) -> Pillow, shaped by ``image_decode``;
+* ``txt text transcript`` -> str; ``cls cls2 index inx id`` -> int; ``json jsn`` -> JSON;
+  ``npy`` -> array; ``npz`` -> dict of arrays; ``pth`` -> ``torch.load(weights_only=True)``;
+* ``pkl pickle pyd`` -> unpickled only with ``allow_pickle=True``, else left as bytes;
+* ``mp msg msgpack`` / ``cbor`` -> decoded when the library imports, else bytes.
+
+More decoders (video and audio) plug in with :func:`register_decoder`. Optional libraries are
+imported on first use, and nothing writes temporary files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ..errors import ConfigError, DecodeError, MissingDependencyError, format_message
+from ..format.tar_reader import split_name
+from . import basic, image
+from .image import IMAGE_DECODE_MODES, IMAGE_EXTENSIONS, check_image_decode, decode_image_bytes
+
+__all__ = [
+    "AV_DECODE_MODES",
+    "IMAGE_DECODE_MODES",
+    "IMAGE_EXTENSIONS",
+    "DecoderEntry",
+    "DecoderFn",
+    "SampleDecoder",
+    "decode_image_bytes",
+    "decoder_for",
+    "register_decoder",
+    "registered_decoders",
+]
+
+logger = logging.getLogger(__name__)
+
+#: ``fn(data, decoder) -> value``: decodes one part; may read the decoder's settings.
+DecoderFn = Callable[[bytes, "SampleDecoder"], Any]
+
+#: Energon's ``av_decode`` values (stored and validated; the video/audio decoders come later).
+AV_DECODE_MODES: tuple[str, ...] = ("torch", "AVDecoder", "pyav")
+
+_GENERIC_FIX = (
+    "check that the part's extension matches its content (re-encode or rename the file), or leave "
+    "the part out of the field_map / part_filter; a bad sample is skipped by the loader's error policy"
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecoderEntry:
+    """One row of the decoder table."""
+
+    fn: DecoderFn
+    #: Named in error messages, e.g. ``"image (Pillow)"``.
+    name: str
+    #: How to fix a part this decoder fails on; None for the generic hint.
+    fix: str | None = None
+    #: With ``guess_content=True``, this decoder is also chosen when the content looks like one
+    #: of its extensions (Energon sniffs content for its image and video decoders only).
+    by_content: bool = False
+    #: Energon matches image extensions case-insensitively and every other one exactly
+    #: (webdataset's handlers): a ``TXT`` part stays bytes, a ``JPG`` part is an image.
+    ignore_case: bool = False
+
+
+_DECODERS: dict[str, DecoderEntry] = {}
+
+
+def _normalize_extension(extension: str) -> str:
+    ext = extension.removeprefix(".") if isinstance(extension, str) else ""
+    if not ext or "." in ext or "/" in ext:
+        raise ConfigError(
+            format_message(
+                "a decoder extension must be one non-empty name component",
+                found=repr(extension),
+                fix='register the last dot-component only, e.g. "json" for parts named "meta.json"',
+            )
+        )
+    return ext
+
+
+def register_decoder(
+    extensions: Iterable[str],
+    fn: DecoderFn,
+    *,
+    name: str | None = None,
+    fix: str | None = None,
+    by_content: bool = False,
+    ignore_case: bool = False,
+    replace: bool = False,
+) -> None:
+    """Decodes parts whose last name component is one of ``extensions`` with ``fn(data, decoder)``.
+
+    Extensions are matched exactly, or case-insensitively with ``ignore_case=True`` (then
+    register them in lower case). Taking an extension that another function
+    already decodes is a :class:`ConfigError` unless ``replace=True``.
+    """
+    if isinstance(extensions, str):
+        extensions = extensions.split()
+    exts = [_normalize_extension(ext) for ext in extensions]
+    if not callable(fn):
+        raise ConfigError(format_message("a decoder must be callable as fn(data, decoder)", found=repr(fn)))
+    entry = DecoderEntry(fn, name or getattr(fn, "__name__", repr(fn)), fix, by_content, ignore_case)
+    if not replace:
+        taken = [ext for ext in exts if ext in _DECODERS and _DECODERS[ext].fn is not fn]
+        if taken:
+            raise ConfigError(
+                format_message(
+                    f"extension {taken[0]!r} already has a decoder",
+                    expected="extensions without a decoder",
+                    found=f"{', '.join(taken)} decoded by {_DECODERS[taken[0]].name}",
+                    fix="pass replace=True to register_decoder to override it",
+                )
+            )
+    for ext in exts:
+        _DECODERS[ext] = entry
+
+
+def decoder_for(extension: str) -> DecoderEntry | None:
+    """The table entry for ``extension``, or None if such parts stay bytes."""
+    entry = _DECODERS.get(extension)
+    if entry is None:
+        folded = _DECODERS.get(extension.lower())
+        entry = folded if folded is not None and folded.ignore_case else None
+    return entry
+
+
+def registered_decoders() -> dict[str, DecoderEntry]:
+    """The decoder table, by extension, sorted (a copy)."""
+    return dict(sorted(_DECODERS.items()))
+
+
+register_decoder(
+    IMAGE_EXTENSIONS,
+    image.decode_image,
+    name="image (Pillow)",
+    fix="re-encode the image, or check that the file is complete (a truncated image cannot be decoded)",
+    by_content=True,
+    ignore_case=True,
+)
+register_decoder(("txt", "text", "transcript"), basic.decode_text, name="text (utf-8)", fix="store the text as UTF-8")
+register_decoder(("cls", "cls2", "index", "inx", "id"), basic.decode_int, name="integer", fix="store a decimal integer, e.g. b'3'")
+register_decoder(("json", "jsn"), basic.decode_json, name="json")
+_PICKLE_FIX = "pass SampleDecoder(allow_pickle=True) if you trust the data"
+register_decoder(("npy",), basic.decode_npy, name="numpy .npy", fix=f"write the array with numpy.save; object arrays need pickle: {_PICKLE_FIX}")
+register_decoder(("npz",), basic.decode_npz, name="numpy .npz", fix=f"write the arrays with numpy.savez; object arrays need pickle: {_PICKLE_FIX}")
+register_decoder(("pth",), basic.decode_pth, name="torch.load", fix=f"save tensors and plain containers only; other objects need pickle: {_PICKLE_FIX}")
+register_decoder(("pkl", "pickle", "pyd"), basic.decode_pickle, name="pickle")
+register_decoder(("mp", "msg", "msgpack"), basic.decode_msgpack, name="msgpack")
+register_decoder(("cbor",), basic.decode_cbor, name="cbor")
+
+
+class SampleDecoder:
+    """Decodes the parts of a sample, like Energon's ``SampleDecoder``.
+
+    Args:
+        image_decode: how images come out (Energon's values; see :mod:`.image`).
+        av_decode: how video/audio come out (``"AVDecoder"``, ``"torch"``, ``"pyav"``); stored
+            for the video/audio decoders, which register themselves with :func:`register_decoder`.
+        video_decode_audio: whether video decoding also decodes the audio track.
+        guess_content: choose the image (and video) decoders by sniffing the content with the
+            ``filetype`` package, for parts whose extension does not tell.
+        allow_pickle: unpickle ``pkl pickle pyd`` parts, numpy object arrays and arbitrary
+            ``pth`` files. Off by default: unpickling runs code from the dataset.
+        image_max_size: off by default. When set, JPEGs are decoded at 1/2, 1/4 or 1/8 scale
+            where their longest side stays at least this many pixels (Pillow's ``draft``), which
+            is much faster for large photos but CHANGES the image size; other formats are
+            decoded at full size.
+    """
+
+    def __init__(
+        self,
+        *,
+        image_decode: str = "torchrgb",
+        av_decode: str = "AVDecoder",
+        video_decode_audio: bool = False,
+        guess_content: bool = False,
+        allow_pickle: bool = False,
+        image_max_size: int | None = None,
+    ) -> None:
+        check_image_decode(image_decode)
+        if av_decode not in AV_DECODE_MODES:
+            raise ConfigError(
+                format_message(
+                    f"unknown av_decode {av_decode!r}",
+                    expected=f"one of {' '.join(AV_DECODE_MODES)}",
+                    found=repr(av_decode),
+                    fix='use av_decode="AVDecoder" (lazy decoding, the default)',
+                )
+            )
+        if image_max_size is not None and (
+            isinstance(image_max_size, bool) or not isinstance(image_max_size, int) or image_max_size < 1
+        ):
+            raise ConfigError(
+                format_message(
+                    "image_max_size must be a positive int or None",
+                    found=repr(image_max_size),
+                    fix="pass the longest image side you need in pixels, e.g. 512, or None for full size",
+                )
+            )
+        for flag, value in (("video_decode_audio", video_decode_audio), ("guess_content", guess_content), ("allow_pickle", allow_pickle)):
+            if not isinstance(value, bool):
+                raise ConfigError(format_message(f"{flag} must be True or False", found=repr(value)))
+        if guess_content:
+            try:
+                import filetype  # noqa: F401
+            except ImportError as exc:
+                raise MissingDependencyError(
+                    format_message(
+                        "guess_content=True needs the filetype package",
+                        fix="pip install filetype",
+                    )
+                ) from exc
+        self.image_decode = image_decode
+        self.av_decode = av_decode
+        self.video_decode_audio = video_decode_audio
+        self.guess_content = guess_content
+        self.allow_pickle = allow_pickle
+        self.image_max_size = image_max_size
+
+    def config(self) -> dict[str, Any]:
+        """The settings as plain JSON, for the config fingerprint."""
+        return {
+            "type": type(self).__name__,
+            "image_decode": self.image_decode,
+            "av_decode": self.av_decode,
+            "video_decode_audio": self.video_decode_audio,
+            "guess_content": self.guess_content,
+            "allow_pickle": self.allow_pickle,
+            "image_max_size": self.image_max_size,
+        }
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "type")
+        return f"{type(self).__name__}({args})"
+
+    def _entry(self, name: str, data: bytes) -> DecoderEntry | None:
+        if self.guess_content:
+            import filetype
+
+            kind = filetype.guess(data)
+            if kind is not None:
+                guessed = _DECODERS.get(kind.extension)
+                if guessed is not None and guessed.by_content:
+                    return guessed
+        return decoder_for(name.rsplit(".", 1)[-1])
+
+    def decode_part(self, part_name: str, data: bytes, *, key: str = "?") -> Any:
+        """Decodes one part by its name (e.g. ``"jpg"``, ``"detail.json"``, ``"txt.gz"``).
+
+        Values that are not bytes-like are returned unchanged (already decoded). Raises
+        :class:`DecodeError` naming ``key`` and the part if the data cannot be decoded.
+        """
+        if isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        elif not isinstance(data, bytes):
+            return data
+        name = part_name
+        if name == "gz" or name.endswith(".gz"):
+            try:
+                data = gzip.decompress(data)
+            except Exception as exc:
+                raise self._error(key, part_name, data, "gzip", exc, "check that the file is a complete gzip stream") from exc
+            name = name[:-3]
+        entry = self._entry(name, data)
+        if entry is None:
+            return data
+        try:
+            return entry.fn(data, self)
+        except MissingDependencyError:
+            raise
+        except Exception as exc:
+            settings = f" (image_decode={self.image_decode!r})" if entry.fn is image.decode_image else ""
+            raise self._error(key, part_name, data, entry.name, exc, entry.fix, settings) from exc
+
+    def decode(self, parts: Mapping[str, Any], *, key: str) -> dict[str, Any]:
+        """Decodes every part of a sample into a new dict; keys starting with ``__`` pass through."""
+        return {
+            name: value if name.startswith("__") else self.decode_part(name, value, key=key)
+            for name, value in parts.items()
+        }
+
+    def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
+        """Energon's call form: decodes a raw sample dict, taking the key from ``__key__``."""
+        return self.decode(sample, key=str(sample.get("__key__", "?")))
+
+    def decode_file(self, file_name: str, data: bytes) -> Any:
+        """Decodes a file such as ``"folder/0001.detail.json"``: the part name is what follows
+        the first dot of the last path component (Energon's ``SampleDecoder.decode(fname, raw)``)."""
+        key, part = split_name(file_name) or (file_name, "")
+        return self.decode_part(part, data, key=key)
+
+    @staticmethod
+    def _error(
+        key: str, part_name: str, data: bytes, decoder: str, exc: BaseException, fix: str | None, settings: str = ""
+    ) -> DecodeError:
+        return DecodeError(
+            format_message(
+                f"cannot decode part {part_name!r} of sample {key!r} with the {decoder} decoder{settings}: "
+                f"{type(exc).__name__}: {exc}",
+                where=f"sample {key!r}, part {part_name!r}",
+                expected=f"data the {decoder} decoder can read",
+                found=f"{len(data)} bytes starting with {data[:16]!r}",
+                fix=fix or _GENERIC_FIX,
+            )
+        )

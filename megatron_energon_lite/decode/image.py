@@ -1,0 +1,149 @@
+"""Image decoding with Pillow, with Energon's (webdataset's) ``image_decode`` semantics.
+
+The image is always converted to the mode named by ``image_decode`` (``L``, ``RGB`` or ``RGBA``;
+alpha is dropped, not composited, when going to RGB) and then returned as:
+
+======================  ==========================================================
+``l8 rgb8 rgba8``       numpy uint8, HxW / HxWx3 / HxWx4 (read-only, like Energon)
+``l rgb rgba``          numpy float32 in [0, 1], same shapes
+``torchl8 torchrgb8     torch uint8, HxW / 3xHxW / 4xHxW (contiguous)
+torchrgba8``
+``torchl torchrgb       torch float32 in [0, 1], same shapes (``torch`` == ``torchrgb``)
+torch torchrgba``
+``pill pil pilrgb       a loaded PIL image in mode L / RGB / RGB / RGBA
+pilrgba``
+======================  ==========================================================
+
+Note that ``pil`` converts to RGB exactly as Energon does; there is no "as stored" mode.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..errors import ConfigError, format_message
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from . import SampleDecoder
+
+__all__ = [
+    "IMAGE_DECODE_MODES",
+    "IMAGE_EXTENSIONS",
+    "ImageSpec",
+    "decode_image",
+    "decode_image_bytes",
+]
+
+
+class ImageSpec(NamedTuple):
+    """What one ``image_decode`` value produces."""
+
+    output: str  # "numpy", "torch" or "pil"
+    uint8: bool  # uint8 values, else float32 in [0, 1]; unused for "pil"
+    mode: str  # the Pillow mode the image is converted to
+
+
+#: Energon's ``image_decode`` values, in Energon's order.
+IMAGE_DECODE_MODES: dict[str, ImageSpec] = {
+    "l8": ImageSpec("numpy", True, "L"),
+    "rgb8": ImageSpec("numpy", True, "RGB"),
+    "rgba8": ImageSpec("numpy", True, "RGBA"),
+    "l": ImageSpec("numpy", False, "L"),
+    "rgb": ImageSpec("numpy", False, "RGB"),
+    "rgba": ImageSpec("numpy", False, "RGBA"),
+    "torchl8": ImageSpec("torch", True, "L"),
+    "torchrgb8": ImageSpec("torch", True, "RGB"),
+    "torchrgba8": ImageSpec("torch", True, "RGBA"),
+    "torchl": ImageSpec("torch", False, "L"),
+    "torchrgb": ImageSpec("torch", False, "RGB"),
+    "torch": ImageSpec("torch", False, "RGB"),
+    "torchrgba": ImageSpec("torch", False, "RGBA"),
+    "pill": ImageSpec("pil", False, "L"),
+    "pil": ImageSpec("pil", False, "RGB"),
+    "pilrgb": ImageSpec("pil", False, "RGB"),
+    "pilrgba": ImageSpec("pil", False, "RGBA"),
+}
+
+#: Part extensions decoded as images: the formats Pillow can open (webdataset's list, as
+#: Energon uses it; it includes a few oddities such as ``mpg`` and ``rgb``).
+IMAGE_EXTENSIONS: tuple[str, ...] = (
+    "blp", "bmp", "dib", "bufr", "cur", "pcx", "dcx", "dds", "ps", "eps", "fit", "fits", "fli",
+    "flc", "ftc", "ftu", "gbr", "gif", "grib", "h5", "hdf", "png", "apng", "jp2", "j2k", "jpc",
+    "jpf", "jpx", "j2c", "icns", "ico", "im", "iim", "tif", "tiff", "jfif", "jpe", "jpg", "jpeg",
+    "mpg", "mpeg", "msp", "pcd", "pxr", "pbm", "pgm", "ppm", "pnm", "psd", "bw", "rgb", "rgba",
+    "sgi", "ras", "tga", "icb", "vda", "vst", "webp", "wmf", "emf", "xbm", "xpm",
+)  # fmt: skip
+
+
+def check_image_decode(image_decode: str) -> ImageSpec:
+    """The spec of ``image_decode``; :class:`ConfigError` naming the valid values if unknown."""
+    spec = IMAGE_DECODE_MODES.get(image_decode) if isinstance(image_decode, str) else None
+    if spec is None:
+        raise ConfigError(
+            format_message(
+                f"unknown image_decode {image_decode!r}",
+                expected=f"one of {' '.join(IMAGE_DECODE_MODES)}",
+                found=repr(image_decode),
+                fix='use e.g. image_decode="torchrgb" (float CHW tensor) or "pil"',
+            )
+        )
+    return spec
+
+
+def _draft(img: Image.Image, max_size: int) -> None:
+    """Lets libjpeg decode at 1/2, 1/4 or 1/8 scale while the longest side stays >= ``max_size``."""
+    if img.format not in ("JPEG", "MPO"):
+        return
+    width, height = img.size
+    for scale in (8, 4, 2):
+        if max(width, height) // scale >= max_size and min(width, height) // scale >= 1:
+            # Asking for size // scale makes Pillow pick exactly this scale (floor(size / (size // s)) is in [s, 2s)).
+            img.draft(None, (width // scale, height // scale))
+            return
+
+
+def decode_image_bytes(data: bytes, image_decode: str = "torchrgb", *, max_size: int | None = None) -> Any:
+    """Decodes image bytes as ``image_decode`` says (see the module docstring).
+
+    ``max_size``: for JPEGs only, decode at a reduced scale (1/2, 1/4 or 1/8) that keeps the
+    longest side at least ``max_size``; this changes the output size. None decodes at full size.
+    """
+    spec = check_image_decode(image_decode)
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    if max_size is not None:
+        _draft(img, max_size)
+    img.load()
+    if img.mode != spec.mode:
+        img = img.convert(spec.mode)
+    if spec.output == "pil":
+        return img
+
+    import numpy as np
+
+    array = np.asarray(img)
+    if spec.output == "numpy":
+        if spec.uint8:
+            return array
+        result = array.astype(np.float32)
+        result /= 255.0
+        return result
+
+    import torch
+
+    if array.ndim == 3:
+        array = array.transpose(2, 0, 1)
+    # One copy: HWC -> contiguous CHW, cast to float on the way; asarray's buffer is read-only.
+    result = np.array(array, dtype=np.uint8 if spec.uint8 else np.float32, order="C")
+    if not spec.uint8:
+        result /= 255.0
+    return torch.from_numpy(result)
+
+
+def decode_image(data: bytes, decoder: SampleDecoder) -> Any:
+    """The registered image decoder: uses the decoder's ``image_decode`` and ``image_max_size``."""
+    return decode_image_bytes(data, decoder.image_decode, max_size=decoder.image_max_size)

@@ -1,0 +1,423 @@
+"""Sample types, as Megatron Energon 7.4 defines them, and their registry.
+
+Every sample is a ``kw_only`` + ``slots`` dataclass deriving from :class:`Sample`, with Energon's
+class names, field names, field order and defaults, so user code written for Energon keeps
+working. Types are found by class name through an explicit registry
+(:func:`register_sample_type`, :func:`sample_type_by_name`): that is what ``dataset.yaml``'s
+``sample_type: {__module__, __class__}`` resolves against.
+
+Importing this module does not import torch; tensor fields are typed ``Tensor``, which is
+``torch.Tensor`` for type checkers and ``Any`` at runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import ConfigError, format_message
+
+if TYPE_CHECKING:
+    from torch import Tensor
+else:
+    Tensor = Any
+
+__all__ = [
+    "CaptioningSample",
+    "CrudeSample",
+    "ImageClassificationSample",
+    "ImageSample",
+    "InterleavedSample",
+    "MultiChoiceVQASample",
+    "OCRSample",
+    "Sample",
+    "SimilarityInterleavedSample",
+    "SourceInfo",
+    "TextSample",
+    "VQAOCRSample",
+    "VQASample",
+    "VidQASample",
+    "format_value",
+    "register_sample_type",
+    "registered_sample_types",
+    "sample_type_by_name",
+]
+
+T_sample = TypeVar("T_sample", bound="Sample")
+
+# A preview line stays readable: long strings and containers are cut to these sizes.
+_MAX_STR = 80
+_MAX_ITEMS = 8
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """Where a sample was loaded from (Energon's ``SourceInfo``; here also positional)."""
+
+    #: The path of the dataset (a string; Energon uses its ``EPath``).
+    dataset_path: str
+    #: The index of the sample in the dataset (or a key for non-indexed sources).
+    index: int | str
+    #: The name of the shard file that holds the sample.
+    shard_name: str
+    #: The names of the files in the shard that make up the sample.
+    file_names: tuple[str, ...]
+
+
+def _is_tensor_like(value: Any) -> bool:
+    module = type(value).__module__
+    return (module.startswith("torch") or module.startswith("numpy")) and hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def format_value(value: Any) -> str:
+    """A short, readable rendering of a field value for previews and reprs.
+
+    Tensors and arrays show as shape and dtype, PIL images as size and mode, bytes as their
+    length; long strings and containers are cut short.
+    """
+    if isinstance(value, str):
+        if len(value) > _MAX_STR:
+            return repr(value[:_MAX_STR]) + f"...({len(value)} chars)"
+        return repr(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{type(value).__name__}(len={len(value) if not isinstance(value, memoryview) else value.nbytes})"
+    if _is_tensor_like(value):
+        if tuple(value.shape) == ():
+            return repr(value)
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{type(value).__name__}(shape={tuple(value.shape)}, dtype={dtype})"
+    if type(value).__module__.startswith("PIL.") and hasattr(value, "size") and hasattr(value, "mode"):
+        return f"PIL.Image(size={tuple(value.size)}, mode={value.mode})"
+    if isinstance(value, Sample):
+        return str(value)
+    if isinstance(value, Mapping):
+        items = [f"{k!r}: {format_value(v)}" for k, v in list(value.items())[:_MAX_ITEMS]]
+        if len(value) > _MAX_ITEMS:
+            items.append(f"...({len(value)} items)")
+        text = "{" + ", ".join(items) + "}"
+        return text if type(value) is dict else f"{type(value).__name__}({text})"
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        items = [format_value(v) for v in value[:_MAX_ITEMS]]
+        if len(value) > _MAX_ITEMS:
+            items.append(f"...({len(value)} items)")
+        if isinstance(value, tuple):
+            return "(" + ", ".join(items) + ("," if len(value) == 1 else "") + ")"
+        return "[" + ", ".join(items) + "]"
+    text = repr(value)
+    return text if len(text) <= 2 * _MAX_STR else text[: 2 * _MAX_STR] + "..."
+
+
+def _format_fields(obj: Any) -> str:
+    return ", ".join(f"{f.name}={format_value(getattr(obj, f.name))}" for f in dataclasses.fields(obj) if f.repr)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, repr=False)
+class Sample:
+    """The base of every sample: identity and provenance fields shared by all sample types.
+
+    Subclasses are ``@dataclasses.dataclass(kw_only=True, slots=True)`` classes that add fields.
+    """
+
+    #: Uniquely identifies the sample in its dataset.
+    __key__: str
+    #: A (nested) tuple of strings and ints that finds the sample again, for checkpoint restore.
+    __restore_key__: tuple = ()
+    #: Free-form labels set per dataset in the metadataset, to tell datasets of one type apart.
+    __subflavors__: dict[str, Any] | None = None
+    #: Where the sample's data was read from; joined samples have one entry per source.
+    __sources__: tuple[SourceInfo, ...] | None = None
+
+    @classmethod
+    def derive_from(cls: type[T_sample], base_sample: Sample, **fields: Any) -> T_sample:
+        """A new ``cls`` with ``base_sample``'s key, restore key, subflavors and sources, plus ``fields``.
+
+        A base field given in ``fields`` wins over the one of ``base_sample``.
+        """
+        base = {name: getattr(base_sample, name) for name in _BASE_FIELDS if name not in fields}
+        return cls(**base, **fields)
+
+    @classmethod
+    def from_joined(cls: type[T_sample], *samples: Sample | None, **overrides: Any) -> T_sample:
+        """Joins samples (of joined datasets) into one ``cls``.
+
+        Fields are merged in order, a later sample overriding an earlier one; key, restore key
+        and subflavors come from the first sample; ``__sources__`` concatenates every sample's
+        sources (each once, in order). ``None`` samples after the first are skipped.
+        ``overrides`` are field values that win over all samples.
+        """
+        if not samples or samples[0] is None:
+            raise ConfigError(
+                format_message(
+                    f"{cls.__name__}.from_joined needs a primary sample",
+                    expected="at least one sample, the first one not None",
+                    found=f"{len(samples)} samples" + (", the first is None" if samples else ""),
+                    fix="pass the joined samples positionally, the primary dataset's sample first",
+                )
+            )
+        bad = [name for name, value in overrides.items() if isinstance(value, Sample)]
+        if bad:
+            raise ConfigError(
+                format_message(
+                    f"{cls.__name__}.from_joined got samples as keyword arguments",
+                    found=", ".join(bad),
+                    fix="pass the joined samples positionally; keyword arguments are field values",
+                )
+            )
+        primary = samples[0]
+        init = {f.name: getattr(primary, f.name) for f in dataclasses.fields(primary) if f.init}
+        sources: list[SourceInfo] = []
+        for sample in samples:
+            if sample is None:
+                continue
+            sources.extend(sample.__sources__ or ())
+            for f in dataclasses.fields(sample):
+                if f.init and f.name not in _BASE_FIELDS:
+                    init[f.name] = getattr(sample, f.name)
+        init["__sources__"] = tuple(sources)
+        init.update(overrides)
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(init) - known)
+        if unknown:
+            raise ConfigError(
+                format_message(
+                    f"cannot join into {cls.__name__}: the joined samples have fields it lacks",
+                    expected=f"fields of {cls.__name__}: {', '.join(sorted(known))}",
+                    found=", ".join(unknown),
+                    fix=f"add the fields to {cls.__name__}, or override {cls.__name__}.from_joined",
+                )
+            )
+        return cls(**init)
+
+    @classmethod
+    def extend(cls: type[T_sample], src: Sample, **new_fields: Any) -> T_sample:
+        """A ``cls`` (a subclass of ``type(src)``) with all of ``src``'s fields plus ``new_fields``."""
+        if not isinstance(src, Sample) or not issubclass(cls, type(src)):
+            raise ConfigError(
+                format_message(
+                    f"{cls.__name__}.extend needs a sample of {cls.__name__} or one of its base classes",
+                    found=type(src).__name__,
+                    fix=f"derive {cls.__name__} from {type(src).__name__}, or use derive_from",
+                )
+            )
+        for f in dataclasses.fields(src):
+            if f.init and f.name not in new_fields:
+                new_fields[f.name] = getattr(src, f.name)
+        return cls(**new_fields)
+
+    def pin_memory(self: T_sample) -> T_sample:
+        """A copy whose tensors (also inside lists, tuples, dicts and dataclasses) are in pinned memory."""
+        return _pin(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({_format_fields(self)})"
+
+    def __str__(self) -> str:
+        # Also compact for user subclasses whose @dataclass generated a full __repr__.
+        return f"{type(self).__name__}({_format_fields(self)})"
+
+
+_BASE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
+
+
+def _pin(value: Any) -> Any:
+    module = type(value).__module__
+    if module.startswith("torch") and hasattr(value, "pin_memory"):
+        return value.pin_memory()
+    if isinstance(value, dict):
+        return type(value)({k: _pin(v) for k, v in value.items()})
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value)(**{f.name: _pin(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_pin(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_pin(v) for v in value)
+    return value
+
+
+class CrudeSample(dict):
+    """A plain dict of decoded parts plus ``__key__``, ``__restore_key__``, ... (not a :class:`Sample`).
+
+    Crude datasets hand these to the task encoder's cookers.
+    """
+
+    __slots__ = ()
+
+
+_sample_dataclass = dataclasses.dataclass(kw_only=True, slots=True, repr=False)
+
+
+@_sample_dataclass
+class TextSample(Sample):
+    """Plain text."""
+
+    text: str
+
+
+@_sample_dataclass
+class CaptioningSample(Sample):
+    """An image and its caption."""
+
+    #: The image, e.g. a (C, H, W) tensor.
+    image: Tensor
+    caption: str
+
+
+@_sample_dataclass
+class ImageSample(Sample):
+    """An image alone, e.g. for reconstruction."""
+
+    #: The image, e.g. a (C, H, W) tensor.
+    image: Tensor
+
+
+@_sample_dataclass
+class ImageClassificationSample(Sample):
+    """An image and its class."""
+
+    image: Tensor
+    label: int | None = None
+    label_name: str | None = None
+
+
+@_sample_dataclass
+class VQASample(Sample):
+    """Visual question answering: an image, a question and the possible answers."""
+
+    image: Tensor
+    context: str
+    answers: list[str] | None = None
+    answer_weights: Tensor | None = None
+
+
+@_sample_dataclass
+class VidQASample(Sample):
+    """Video question answering: a video, a question and the possible answers."""
+
+    #: The video (a lazy decoder once video decoding exists; typed ``Any`` until then).
+    video: Any
+    context: str
+    answers: list[str] | None = None
+    answer_weights: Tensor | None = None
+
+
+@_sample_dataclass
+class MultiChoiceVQASample(Sample):
+    """Multiple-choice visual question answering."""
+
+    image: Tensor
+    context: str
+    choices: list[str] | None = None
+    correct_choice_idx: int = 0
+
+
+@_sample_dataclass
+class OCRSample(Sample):
+    """Optical character recognition: an image, its text and optional boxes per level."""
+
+    image: Tensor
+    text: str
+    #: Block boxes, float (N, 4|5): x, y, w, h[, confidence].
+    block_boxes: Tensor | None = None
+    block_classes: Tensor | list[str] | None = None
+    block_text: list[str] | None = None
+    lines_boxes: Tensor | None = None
+    lines_text: list[str] | None = None
+    words_boxes: Tensor | None = None
+    words_text: list[str] | None = None
+    chars_boxes: Tensor | None = None
+    chars_text: list[str] | None = None
+
+
+@_sample_dataclass
+class InterleavedSample(Sample):
+    """Interleaved media: a sequence of images (tensors) and texts."""
+
+    sequence: list[Tensor | str]
+
+
+@_sample_dataclass
+class SimilarityInterleavedSample(Sample):
+    """Images and texts without alignment; a similarity matrix relates them."""
+
+    images: list[Tensor]
+    texts: list[str]
+    audio: list[Tensor] | None = None
+    video: list[Tensor] | None = None
+    similarity_matrix: Tensor | None = None
+    matched_text_indices: list[int] | None = None
+
+
+@_sample_dataclass
+class VQAOCRSample(Sample):
+    """Visual question answering combined with OCR text and word boxes."""
+
+    image: Tensor
+    context: str
+    text: str
+    answers: list[str] | None = None
+    answer_weights: Tensor | None = None
+    words_boxes: Tensor | None = None
+    words_text: list[str] | None = None
+
+
+_SAMPLE_TYPES: dict[str, type[Sample]] = {}
+
+_S = TypeVar("_S", bound=type)
+
+
+def register_sample_type(cls: _S, *, replace: bool = False) -> _S:
+    """Registers a :class:`Sample` subclass under its class name; usable as a decorator.
+
+    Registering the same class again is a no-op; another class under a taken name is a
+    :class:`ConfigError` unless ``replace=True``.
+    """
+    if not isinstance(cls, type) or not issubclass(cls, Sample) or not dataclasses.is_dataclass(cls):
+        raise ConfigError(
+            format_message(
+                "only Sample dataclasses can be registered as sample types",
+                found=repr(cls),
+                fix="derive the class from megatron_energon_lite.samples.Sample and decorate it with "
+                "@dataclasses.dataclass(kw_only=True)",
+            )
+        )
+    name = cls.__name__
+    existing = _SAMPLE_TYPES.get(name)
+    if existing is not None and existing is not cls and not replace:
+        raise ConfigError(
+            format_message(
+                f"a different sample type named {name!r} is already registered",
+                expected=f"{existing.__module__}.{existing.__qualname__}",
+                found=f"{cls.__module__}.{cls.__qualname__}",
+                fix="rename your class, or pass replace=True to register_sample_type",
+            )
+        )
+    _SAMPLE_TYPES[name] = cls
+    return cls
+
+
+def sample_type_by_name(name: str) -> type[Sample] | None:
+    """The registered sample type called ``name``, or None."""
+    return _SAMPLE_TYPES.get(name)
+
+
+def registered_sample_types() -> dict[str, type[Sample]]:
+    """All registered sample types by class name, sorted by name (a copy)."""
+    return dict(sorted(_SAMPLE_TYPES.items()))
+
+
+for _cls in (
+    TextSample,
+    CaptioningSample,
+    ImageSample,
+    ImageClassificationSample,
+    VQASample,
+    VidQASample,
+    MultiChoiceVQASample,
+    OCRSample,
+    InterleavedSample,
+    SimilarityInterleavedSample,
+    VQAOCRSample,
+):
+    register_sample_type(_cls)
+del _cls
