@@ -313,7 +313,9 @@ def make_sample(
     flavors = {**config.subflavors, **(subflavors or {})}
     if config.kind == "crude":
         sample = CrudeSample(decoded)
-        sample.update(__key__=key, __restore_key__=restore_key, __sources__=(source,), __subflavors__=flavors)
+        sample.update(
+            __key__=key, __shard__=source.shard_name, __restore_key__=restore_key, __sources__=(source,), __subflavors__=flavors
+        )
         return sample
     if config.kind == "sample_loader":
         raw = {"__key__": key, "__shard__": source.shard_name, "__restore_key__": restore_key, **decoded}

@@ -6,9 +6,9 @@ Differences from Energon, on purpose:
   whose size or modification time changed (rows of unchanged shards are copied from the previous
   ``index.sqlite``).  What was scanned is remembered in ``.nv-meta/.lite-prepare.json``, a file
   Energon ignores.
-* Split ratios are turned into shard counts with the largest-remainder method, so every shard
-  lands in exactly one split (Energon's float cut points can drop one: 7,2,1 over 10 shards gives
-  it 7/2/0; we give 7/2/1).
+* Split ratios use Energon's cut points, except that the last split always ends at the last
+  shard: Energon's float rounding can leave a shard in no split (7,2,1 over 10 shards gives
+  7/2/0; we give 7/2/1, and the same splits as Energon wherever it loses nothing).
 * Nothing is written when a duplicate key, an empty shard or a corrupt tar is found: every
   metadata file is written through a temporary file and a rename, ``.info.json`` last.
 """
@@ -149,7 +149,13 @@ def _scan_task(args: tuple[Path, str]) -> ShardScan:
 
 
 def split_counts_by_ratio(num_shards: int, ratio: Sequence[float]) -> list[int]:
-    """Shard counts per split, summing to ``num_shards`` (largest remainder, ties to the first)."""
+    """Shard counts per split: Energon's cut points, except that the last split ends at the end.
+
+    Energon cuts at ``int(N * running_sum_of_normalised_ratios)``; float rounding can leave the
+    running sum just under 1 and drop the last shard from every split (7,2,1 over 10 shards gives
+    7/2/0).  We take the same cut points, so splits match Energon's everywhere else, but the last
+    split always ends at shard N (7/2/1).
+    """
     total = float(sum(ratio))
     if len(ratio) == 0 or any(r < 0 for r in ratio) or total <= 0:
         raise ConfigError(
@@ -159,11 +165,12 @@ def split_counts_by_ratio(num_shards: int, ratio: Sequence[float]) -> list[int]:
                 found=",".join(map(str, ratio)),
             )
         )
-    exact = [num_shards * r / total for r in ratio]
-    counts = [int(x) for x in exact]
-    by_remainder = sorted(range(len(ratio)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in by_remainder[: num_shards - sum(counts)]:
-        counts[i] += 1
+    counts, running, previous = [], 0.0, 0
+    for i, r in enumerate(ratio):
+        running += r / total
+        end = num_shards if i == len(ratio) - 1 else min(num_shards, int(num_shards * running))
+        counts.append(end - previous)
+        previous = end
     return counts
 
 

@@ -84,9 +84,9 @@ def test_ratio_split_loses_no_shard(tmp_path: Path) -> None:
 @given(num=st.integers(0, 500), ratio=st.lists(st.floats(0, 100), min_size=1, max_size=5).filter(lambda r: sum(r) > 0))
 def test_split_counts_are_exhaustive_and_close_to_ratio(num, ratio) -> None:
     counts = split_counts_by_ratio(num, ratio)
-    assert sum(counts) == num
+    assert sum(counts) == num and min(counts) >= 0
     for count, r in zip(counts, ratio):
-        assert abs(count - num * r / sum(ratio)) < 1
+        assert abs(count - num * r / sum(ratio)) < 2
 
 
 def test_split_parts_by_pattern(tmp_path: Path) -> None:
