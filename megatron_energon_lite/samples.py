@@ -6,6 +6,10 @@ working. Types are found by class name through an explicit registry
 (:func:`register_sample_type`, :func:`sample_type_by_name`): that is what ``dataset.yaml``'s
 ``sample_type: {__module__, __class__}`` resolves against.
 
+Batches: :class:`Batch` is the base of user batch dataclasses, and :func:`generic_batch`,
+:func:`batch_pad_stack`, :func:`batch_stack` and :func:`batch_list` are Energon's batching helpers,
+with Energon's results.
+
 Importing this module does not import torch; tensor fields are typed ``Tensor``, which is
 ``torch.Tensor`` for type checkers and ``Any`` at runtime.
 """
@@ -13,7 +17,8 @@ Importing this module does not import torch; tensor fields are typed ``Tensor``,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigError, format_message
@@ -24,6 +29,7 @@ else:
     Tensor = Any
 
 __all__ = [
+    "Batch",
     "CaptioningSample",
     "CrudeSample",
     "ImageClassificationSample",
@@ -38,7 +44,11 @@ __all__ = [
     "VQAOCRSample",
     "VQASample",
     "VidQASample",
+    "batch_list",
+    "batch_pad_stack",
+    "batch_stack",
     "format_value",
+    "generic_batch",
     "register_sample_type",
     "registered_sample_types",
     "sample_type_by_name",
@@ -421,3 +431,227 @@ for _cls in (
 ):
     register_sample_type(_cls)
 del _cls
+
+
+# --------------------------------------------------------------------------------------------
+# Batching: Energon's helpers and Batch base class. torch is imported only when a tensor is
+# actually batched (a value can only be a torch.Tensor if torch is already imported).
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
+def _check_not_empty(values: Sequence[Any], what: str) -> None:
+    if len(values) == 0:
+        raise ConfigError(
+            format_message(
+                f"{what} got no values to batch",
+                expected="at least one value",
+                found="an empty list",
+                fix="batch at least one sample (the loader never calls the batcher with an empty list)",
+            )
+        )
+
+
+def _column(values: Sequence[Any], name: str, get: Callable[[Any, str], Any]) -> list[Any]:
+    """``[get(value, name) for value in values]``, with a clear error if a value lacks ``name``."""
+    try:
+        return [get(value, name) for value in values]
+    except (KeyError, AttributeError, TypeError) as exc:
+        raise ConfigError(
+            format_message(
+                f"cannot batch field {name!r}: not every value of the batch has it",
+                expected=f"{len(values)} values shaped like the first one ({type(values[0]).__name__})",
+                found="types " + ", ".join(sorted({type(v).__name__ for v in values})) + f" ({type(exc).__name__}: {exc})",
+                fix="give every sample of a batch the same type and keys, or override the task encoder's batch()",
+            )
+        ) from exc
+
+
+def batch_stack(values: Sequence[Any]) -> Any:
+    """Stacks equally shaped tensors along a new first dimension (``torch.stack``)."""
+    import torch
+
+    return torch.stack(list(values), dim=0)
+
+
+def batch_pad_stack(values: Sequence[Any]) -> Any:
+    """Stacks tensors of any shapes (of equal rank), zero-padding each to the largest size per dimension.
+
+    The result has the dtype and device of the first tensor; each tensor sits at the start
+    (low indices) of its slot.
+    """
+    _check_not_empty(values, "batch_pad_stack")
+    first = values[0]
+    shapes = [tuple(v.shape) for v in values]
+    if any(len(shape) != len(shapes[0]) for shape in shapes):
+        raise ConfigError(
+            format_message(
+                "batch_pad_stack needs tensors with the same number of dimensions",
+                expected=f"{len(shapes[0])} dimensions, like the first tensor",
+                found="shapes " + ", ".join(str(shape) for shape in shapes),
+                fix="reshape the values in encode_sample, or batch this field with batch_list",
+            )
+        )
+    if all(shape == shapes[0] for shape in shapes) and all(
+        v.dtype == first.dtype and v.device == first.device for v in values
+    ):
+        return batch_stack(values)
+    max_size = [max(shape[dim] for shape in shapes) for dim in range(len(shapes[0]))]
+    out = first.new_zeros((len(values), *max_size))
+    for i, (value, shape) in enumerate(zip(values, shapes)):
+        out[(i, *(slice(0, n) for n in shape))] = value
+    return out
+
+
+def batch_list(values: Sequence[Any]) -> list[Any]:
+    """The values as a list (the list itself when given one, as in Energon)."""
+    return values if isinstance(values, list) else list(values)
+
+
+def generic_batch(values: Sequence[Any]) -> Any:
+    """Batches values by the type of the first one, as Energon does.
+
+    * tensors -> :func:`batch_pad_stack`;
+    * dicts -> a dict of batched columns (keys of the first value);
+    * dataclasses -> ``type(first).from_samples(values)`` if it has ``from_samples`` (e.g. a
+      :class:`Batch`), else an instance of the same class with batched fields (so a batch of
+      :class:`Sample` instances is a sample whose fields hold lists or stacked tensors);
+    * namedtuples -> the same namedtuple with batched fields;
+    * anything else (str, int, numpy arrays, None, ...) -> a list.
+    """
+    _check_not_empty(values, "generic_batch")
+    first = values[0]
+    if _is_tensor(first):
+        return batch_pad_stack(values)
+    if isinstance(first, dict):
+        return {key: generic_batch(_column(values, key, _getitem)) for key in first}
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        from_samples = getattr(first, "from_samples", None)
+        if from_samples is not None:
+            return from_samples(values)
+        return type(first)(
+            **{f.name: generic_batch(_column(values, f.name, getattr)) for f in dataclasses.fields(first) if f.init}
+        )
+    if _is_namedtuple(first):
+        return type(first)(**{name: generic_batch(_column(values, name, getattr)) for name in first._fields})
+    return batch_list(values)
+
+
+def _getitem(value: Any, key: str) -> Any:
+    return value[key]
+
+
+T_batch = TypeVar("T_batch", bound="Batch")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, repr=False)
+class Batch:
+    """The base of batch dataclasses (Energon's ``Batch``): a sample's identity fields, one entry per sample.
+
+    Subclass it with ``@dataclasses.dataclass(kw_only=True, slots=True)`` and add the batched
+    fields; build instances with :meth:`from_samples` in ``TaskEncoder.batch`` and with
+    :meth:`derive_from` in ``encode_batch``.
+    """
+
+    #: The key of every sample of the batch.
+    __key__: list[str]
+    #: Finds the batch again; the loader's batching stage sets it.
+    __restore_key__: tuple = ()
+    #: The subflavors of the samples that have any (see :meth:`from_samples`).
+    __subflavors__: list[dict[str, Any] | None] | None = None
+    #: The sources of all samples, concatenated.
+    __sources__: tuple[SourceInfo, ...] | None = None
+
+    @classmethod
+    def derive_from(cls: type[T_batch], base_batch: Batch, **fields: Any) -> T_batch:
+        """A new ``cls`` with ``base_batch``'s key, restore key, subflavors and sources, plus ``fields``.
+
+        A base field given in ``fields`` wins over the one of ``base_batch``.
+        """
+        base = {name: getattr(base_batch, name) for name in _BATCH_BASE_FIELDS if name not in fields}
+        return cls(**base, **fields)
+
+    @classmethod
+    def from_samples(cls: type[T_batch], samples: Sequence[Any], **overrides: Any) -> T_batch:
+        """Builds a ``cls`` from sample dataclasses, with Energon 7.4's exact results.
+
+        For each field of ``cls``: a value in ``overrides`` wins; ``__sources__`` concatenates
+        the samples' sources (left at its default if no sample has any); ``__subflavors__`` lists
+        the subflavors of the samples that have non-empty ones (so it may be shorter than the
+        batch; left at its default if every sample has None); every other field, tensors
+        included, becomes the list of the samples' values. (Energon's docstring promises padded
+        and stacked tensors, but its code lists them; we keep its results, so task encoders
+        written for it keep working. Pad-stack a field yourself with :func:`batch_pad_stack`, or
+        use :func:`generic_batch`.)
+        """
+        bad = [type(s).__name__ for s in samples if not dataclasses.is_dataclass(s) or isinstance(s, type)]
+        if bad:
+            raise ConfigError(
+                format_message(
+                    f"{cls.__name__}.from_samples needs sample dataclasses",
+                    found="values of type " + ", ".join(sorted(set(bad))),
+                    fix="batch Sample instances (or other dataclasses), or build the batch with generic_batch",
+                )
+            )
+        init: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            name = f.name
+            if name in overrides:
+                init[name] = overrides[name]
+            elif name == "__sources__":
+                if any(s.__sources__ is not None for s in samples):
+                    init[name] = tuple(src for s in samples if s.__sources__ for src in s.__sources__)
+            elif name == "__subflavors__":
+                if any(s.__subflavors__ is not None for s in samples):
+                    init[name] = [s.__subflavors__ for s in samples if s.__subflavors__]
+            else:
+                init[name] = _column(samples, name, getattr)
+        unknown = sorted(set(overrides) - set(init))
+        if unknown:
+            raise ConfigError(
+                format_message(
+                    f"{cls.__name__}.from_samples got values for fields it does not have",
+                    expected=f"fields of {cls.__name__}: " + ", ".join(f.name for f in dataclasses.fields(cls) if f.init),
+                    found=", ".join(unknown),
+                    fix=f"add the fields to {cls.__name__}, or drop them from the call",
+                )
+            )
+        return cls(**init)
+
+    @classmethod
+    def extend(cls: type[T_batch], src: Batch, **new_fields: Any) -> T_batch:
+        """A ``cls`` (a subclass of ``type(src)``) with all of ``src``'s fields plus ``new_fields``."""
+        if not isinstance(src, Batch) or not issubclass(cls, type(src)):
+            raise ConfigError(
+                format_message(
+                    f"{cls.__name__}.extend needs a batch of {cls.__name__} or one of its base classes",
+                    found=type(src).__name__,
+                    fix=f"derive {cls.__name__} from {type(src).__name__}, or use derive_from",
+                )
+            )
+        for f in dataclasses.fields(src):
+            if f.init and f.name not in new_fields:
+                new_fields[f.name] = getattr(src, f.name)
+        return cls(**new_fields)
+
+    def pin_memory(self: T_batch) -> T_batch:
+        """A copy whose tensors (also inside lists, tuples, dicts and dataclasses) are in pinned memory."""
+        return _pin(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({_format_fields(self)})"
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}({_format_fields(self)})"
+
+
+_BATCH_BASE_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))

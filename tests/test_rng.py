@@ -27,3 +27,14 @@ def test_worker_seed_matches_energon() -> None:
     config = worker.WorkerConfig(rank=0, world_size=1, num_workers=2, seed_offset=43)
     assert worker_seed(1, 43) == config.worker_seed(1)
     assert worker_seed(0, 43) == config.worker_seed(0)
+
+
+def test_uniform_is_deterministic_and_uniform() -> None:
+    from megatron_energon_lite.rng import uniform
+
+    stage = stage_id("source")
+    draws = np.array([uniform(7, stage, 0, i) for i in range(20000)])
+    assert draws.min() >= 0.0 and draws.max() < 1.0
+    assert uniform(7, stage, 0, 5) == draws[5] and uniform(8, stage, 0, 5) != draws[5]
+    counts, _ = np.histogram(draws, bins=10, range=(0, 1))
+    assert counts.min() > 1800 and counts.max() < 2200  # each bin within ~4.5 sigma of 2000
