@@ -1,0 +1,317 @@
+"""Energon's entry points: ``get_train_dataset``, ``get_val_dataset``, ``get_loader``,
+``get_savable_loader``; and the only place that knows about dataloader workers and epochs.
+
+State plumbing (DESIGN.md, State rule 6): every worker sends its pipeline state along with each
+item it yields.  The main process keeps the last state it *consumed* from each worker and whose
+turn is next, so ``save_state_rank()`` is exact at every step without snapshots or replay.  On
+restore, worker ids are rotated so that the worker whose turn it was yields first.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Iterator
+
+import torch
+import torch.utils.data
+
+from ._version import __version__
+from .errors import ConfigError, StateError, format_message
+from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate
+from .pipeline.node import Node
+from .task_encoder import DefaultTaskEncoder, TaskEncoder
+from .worker import WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+_UNSET: Any = object()
+
+
+class SavableDataset(torch.utils.data.IterableDataset):
+    """What ``get_train_dataset`` / ``get_val_dataset`` return: a recipe for per-worker pipelines.
+
+    Iterating it directly (without a loader) yields the items of worker 0 of this rank only when
+    ``num_workers`` is 0; use :func:`get_loader` or :func:`get_savable_loader`.
+    """
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        super().__init__()
+        validate(spec)
+        self.spec = spec
+        self.worker_config = spec.worker_config
+        self._pipelines: dict[int, Node] = {}
+        self._ended: set[int] = set()
+        self._restore_states: list[dict | None] | None = None
+        self._rotation = 0
+        self._length = rank_length(spec)  # also validates the dataset and split up front
+
+    def __len__(self) -> int:
+        return self._length
+
+    def config(self) -> dict[str, Any]:
+        return self.spec.fingerprint()
+
+    def _pipeline(self, logical: int) -> Node:
+        pipeline = self._pipelines.get(logical)
+        if pipeline is None:
+            pipeline = build_worker_pipeline(self.spec, logical)
+            states = self._restore_states
+            if states is not None and states[logical] is not None:
+                pipeline.reset(copy.deepcopy(states[logical]))
+            self._pipelines[logical] = pipeline
+        elif logical in self._ended:
+            # A finished pass: virtual epochs and val limits continue by themselves, anything
+            # else starts the next pass from the beginning.
+            self._ended.discard(logical)
+            if not (self.spec.training and self.spec.virtual_epoch_length) and self.spec.limit is None:
+                pipeline.reset(None)
+        return pipeline
+
+    def iter_with_state(self) -> Iterator[tuple[Any, int, dict]]:
+        """Yields ``(item, logical worker id, state after this item)`` in this process."""
+        info = torch.utils.data.get_worker_info()
+        physical = info.id if info is not None else 0
+        logical = (physical + self._rotation) % self.worker_config.workers_per_rank
+        pipeline = self._pipeline(logical)
+        while True:
+            try:
+                item = pipeline.next()
+            except StopIteration:
+                self._ended.add(logical)
+                return
+            yield item, logical, pipeline.get_state()
+
+    def __iter__(self) -> Iterator[tuple[Any, int, dict]]:
+        return self.iter_with_state()
+
+
+def _convert_item(entry: tuple[Any, int, dict]) -> tuple[Any, int, dict]:
+    """As Energon's DataLoader (batch_size=None): numpy arrays in items become tensors."""
+    item, logical, state = entry
+    return torch.utils.data.default_convert(item), logical, state
+
+
+class SavableDataLoader(torch.utils.data.DataLoader):
+    """A DataLoader whose position can be saved and restored exactly at every step."""
+
+    def __init__(self, dataset: SavableDataset, *, prefetch_factor: int = 2) -> None:
+        if not isinstance(dataset, SavableDataset):
+            raise ConfigError(format_message("get_loader expects the result of get_train_dataset or get_val_dataset", found=type(dataset).__name__))
+        self.worker_config = dataset.worker_config
+        num_workers = self.worker_config.num_workers
+        extra: dict[str, Any] = {}
+        if num_workers > 0:
+            extra = dict(prefetch_factor=prefetch_factor, persistent_workers=True, multiprocessing_context="fork")
+        super().__init__(
+            dataset,
+            batch_size=None,
+            shuffle=False,
+            num_workers=num_workers,
+            collate_fn=_convert_item,
+            pin_memory=torch.cuda.is_available(),
+            **extra,
+        )
+        self._stream: Iterator | None = None
+        self._worker_states: list[dict | None] = [None] * self.worker_config.workers_per_rank
+        self._next_worker = 0
+        self._first_worker = 0  # the logical worker served by physical worker 0
+        self._started = False
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self):
+        self._started = True
+        if self._stream is None:
+            self._stream = super().__iter__()
+        stream = self._stream
+        n = self.worker_config.workers_per_rank
+        while True:
+            try:
+                item, logical, state = next(stream)
+            except StopIteration:
+                self._stream = None
+                self._next_worker = self._first_worker
+                return
+            self._worker_states[logical] = state
+            self._next_worker = (logical + 1) % n
+            yield item
+
+    # --- state ---------------------------------------------------------------------------------
+    def save_state_rank(self) -> dict:
+        """This rank's position: plain JSON, small, exact at every step."""
+        return {
+            "version": STATE_VERSION,
+            "writer": f"megatron-energon-lite {__version__}",
+            "config": self.dataset.config(),
+            "worker_states": copy.deepcopy(self._worker_states),
+            "next_worker": self._next_worker,
+        }
+
+    def restore_state_rank(self, state: dict | None) -> None:
+        """Continue from ``state`` (from :meth:`save_state_rank`); only before iterating."""
+        if state is None:
+            return
+        if self._started:
+            raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
+        _check_state(state, self.dataset.config())
+        states = list(state["worker_states"])
+        self.dataset._restore_states = states
+        self.dataset._rotation = state["next_worker"]
+        self.dataset._pipelines.clear()
+        self._worker_states = states
+        self._next_worker = self._first_worker = state["next_worker"]
+
+    def save_state_global(self, global_dst_rank: int) -> list[dict] | None:
+        """Gathers every rank's state on ``global_dst_rank`` (None on the other ranks)."""
+        import torch.distributed as dist
+
+        state = self.save_state_rank()
+        if not (dist.is_available() and dist.is_initialized()):
+            return [state]
+        group = self.worker_config.data_parallel_group
+        gathered: list[Any] | None = [None] * dist.get_world_size(group) if dist.get_rank() == global_dst_rank else None
+        dist.gather_object(state, gathered, dst=global_dst_rank, group=group)
+        return gathered
+
+    def restore_state_global(self, states: list[dict] | None, *, src_rank: int | None = None) -> None:
+        """Restores this rank's entry of ``states`` (scattered from ``src_rank`` when given)."""
+        import torch.distributed as dist
+
+        if src_rank is not None and dist.is_available() and dist.is_initialized():
+            received: list[Any] = [None]
+            group = self.worker_config.data_parallel_group
+            dist.scatter_object_list(received, states if dist.get_rank() == src_rank else None, src=src_rank, group=group)
+            self.restore_state_rank(received[0])
+            return
+        if states is None:
+            return
+        if len(states) != self.worker_config.world_size:
+            raise StateError(format_message("global state has the wrong number of ranks", expected=str(self.worker_config.world_size), found=str(len(states)), fix="restore with the world size the state was saved with (elastic resume is not available yet)"))
+        self.restore_state_rank(states[self.worker_config.rank])
+
+    def restore_sample(self, restore_key: tuple) -> Any:
+        """Rebuilds a sample or batch from its ``__restore_key__`` by random access."""
+        pipeline = build_worker_pipeline(self.dataset.spec, 0)
+        return pipeline.restore(tuple(restore_key))
+
+    def can_restore_sample(self) -> bool:
+        return True
+
+    def config(self) -> dict[str, Any]:
+        return self.dataset.config()
+
+
+def _check_state(state: Any, current: dict) -> None:
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "worker_states" not in state:
+        found = state.get("version") if isinstance(state, dict) else type(state).__name__
+        raise StateError(format_message("not a loader state of this version", expected=f"a dict from save_state_rank() with version {STATE_VERSION}", found=f"version {found!r}", fix="restore a state saved by this version of megatron-energon-lite"))
+    saved = state.get("config", {})
+    differences = [(k, saved.get(k, "<missing>"), current.get(k, "<missing>")) for k in sorted(set(saved) | set(current)) if saved.get(k, "<missing>") != current.get(k, "<missing>")]
+    if differences:
+        lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in differences)
+        raise StateError(format_message("the saved state belongs to a different loader configuration", found="\n" + lines, fix="build the loader with the saved values (elastic resume across world sizes is not available yet)"))
+    if len(state["worker_states"]) != max(1, current["worker_config.num_workers"]):
+        raise StateError(format_message("the saved state has a different number of workers", expected=str(max(1, current["worker_config.num_workers"])), found=str(len(state["worker_states"]))))
+
+
+def _spec(path, *, training: bool, split_part, worker_config, batch_size, task_encoder, kwargs: dict, **settings) -> PipelineSpec:
+    if not isinstance(worker_config, WorkerConfig):
+        raise ConfigError(format_message("worker_config must be a WorkerConfig", found=type(worker_config).__name__, fix="pass WorkerConfig.default_worker_config(num_workers)"))
+    if not isinstance(task_encoder, TaskEncoder):
+        raise ConfigError(format_message("task_encoder must be a TaskEncoder", found=type(task_encoder).__name__))
+    known = {"split_config", "dataset_config", "parallel_shard_iters", "trust_dataset_code"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ConfigError(format_message(f"unknown keyword argument {unknown[0]!r}", expected=f"one of {', '.join(sorted(known))}", found=", ".join(unknown)))
+    return PipelineSpec(
+        path=str(path),
+        split_part=split_part,
+        training=training,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        task_encoder=task_encoder,
+        **settings,
+        **kwargs,
+    )
+
+
+def get_train_dataset(
+    path,
+    *,
+    split_part: str = "train",
+    worker_config: WorkerConfig,
+    batch_size: int | None,
+    batch_drop_last: bool = False,
+    packing_buffer_size: int | None = None,
+    shuffle_buffer_size: int | None,
+    max_samples_per_sequence: int | None,
+    virtual_epoch_length: int = 0,
+    shuffle_over_epochs_multiplier: int | None = 1,
+    task_encoder: TaskEncoder = _UNSET,
+    repeat: bool = True,
+    **kwargs,
+) -> SavableDataset:
+    """Energon's ``get_train_dataset``: shuffled slices, optional shuffle buffer, infinite by default."""
+    if packing_buffer_size is not None:
+        raise ConfigError(format_message("packing_buffer_size is not supported yet", fix="leave it None; packing comes with a later release"))
+    spec = _spec(
+        path,
+        training=True,
+        split_part=split_part,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        task_encoder=DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder,
+        kwargs=kwargs,
+        batch_drop_last=batch_drop_last,
+        shuffle_buffer_size=shuffle_buffer_size,
+        max_samples_per_sequence=max_samples_per_sequence,
+        virtual_epoch_length=virtual_epoch_length,
+        shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier,
+        repeat=repeat,
+    )
+    return SavableDataset(spec)
+
+
+def get_val_dataset(
+    path,
+    *,
+    split_part: str = "val",
+    worker_config: WorkerConfig,
+    batch_size: int | None,
+    batch_drop_last: bool = False,
+    packing_buffer_size: int | None = None,
+    limit: int | None = None,
+    task_encoder: TaskEncoder = _UNSET,
+    **kwargs,
+) -> SavableDataset:
+    """Energon's ``get_val_dataset``: sequential, one pass, ``limit`` batches per pass."""
+    if packing_buffer_size is not None:
+        raise ConfigError(format_message("packing_buffer_size is not supported yet", fix="leave it None; packing comes with a later release"))
+    spec = _spec(
+        path,
+        training=False,
+        split_part=split_part,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        task_encoder=DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder,
+        kwargs=kwargs,
+        batch_drop_last=batch_drop_last,
+        limit=limit,
+        repeat=False,
+    )
+    return SavableDataset(spec)
+
+
+def get_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **_ignored) -> SavableDataLoader:
+    """A loader over ``dataset`` (the same class as the savable one: saving is free here)."""
+    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor)
+
+
+def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **_ignored) -> SavableDataLoader:
+    """Energon's savable loader.  Energon's checkpoint tuning arguments (``checkpoint_every_sec``,
+    ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here."""
+    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor)

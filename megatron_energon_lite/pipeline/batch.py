@@ -1,0 +1,97 @@
+"""BatchNode: groups ``batch_size`` consecutive items and calls ``batcher(items, batch_index)``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import ConfigError, StateError, format_message
+from .guard import DROPPED, SampleGuard
+from .node import as_key
+from .node import Node, State, get_restore_key, set_restore_key
+
+__all__ = ["BatchNode"]
+
+
+class BatchNode(Node[Any]):
+    """Pulls ``batch_size`` items from ``source`` and returns ``batcher(items, batch_index)``.
+
+    The last partial batch is emitted unless ``drop_last``.  A batcher that fails drops the whole
+    batch through ``guard`` (``SkipSample`` drops it silently) and the next batch is pulled.
+
+    ``next()`` pulls all members of a batch synchronously, so no buffer lives between two calls: the
+    state is the source's state after the last member plus the batch counter, and nothing has to be
+    replayed on restore.
+
+    Restore keys: ``("Batch", batch_index, *member_keys)``; ``restore`` re-reads every member with
+    ``source.restore`` and calls the batcher again (it must be deterministic).
+
+    State keys:
+        ``stage``: ``"Batch"``.
+        ``index``: batches attempted so far (emitted or dropped); the next batch gets this index.
+        ``failures``: the guard's consecutive-failure count.
+        ``source``: the source's state.
+    """
+
+    tag = "Batch"
+
+    def __init__(
+        self,
+        source: Node[Any],
+        batch_size: int,
+        batcher: Callable[[list[Any], int], Any],
+        *,
+        drop_last: bool = False,
+        guard: SampleGuard | None = None,
+    ) -> None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigError(format_message("invalid batch_size", expected="an integer >= 1", found=repr(batch_size)))
+        self.source = source
+        self.batch_size = batch_size
+        self.batcher = batcher
+        self.drop_last = drop_last
+        self.guard = guard if guard is not None else SampleGuard(stage=f"Batch({getattr(batcher, '__qualname__', batcher)})")
+        self._index = 0
+
+    def next(self) -> Any:
+        while True:
+            items = []
+            try:
+                while len(items) < self.batch_size:
+                    items.append(self.source.next())
+            except StopIteration:
+                if not items or self.drop_last:
+                    raise
+            index = self._index
+            self._index += 1
+            batch = self.guard.call(items, self.batcher, items, index)
+            if batch is DROPPED:
+                continue
+            self.guard.passed()
+            return set_restore_key(batch, (self.tag, index, *(get_restore_key(item) for item in items)))
+
+    def get_state(self) -> State:
+        return {"stage": self.tag, "index": self._index, "failures": self.guard.failures, "source": self.source.get_state()}
+
+    def reset(self, state: State | None = None) -> None:
+        if state is None:
+            self.source.reset(None)
+            self._index = 0
+            self.guard.reset()
+            return
+        self.check_state(state, "index", "failures", "source")
+        self.source.reset(state["source"])
+        self._index = state["index"]
+        self.guard.reset(state["failures"])
+
+    def restore(self, restore_key: tuple) -> Any:
+        key = as_key(restore_key)
+        if len(key) < 3 or key[0] != self.tag or not isinstance(key[1], int):
+            raise StateError(
+                format_message(
+                    "restore key does not belong to a Batch stage",
+                    expected="('Batch', batch_index, *member_keys) with at least one member",
+                    found=repr(key)[:200],
+                )
+            )
+        items = [self.source.restore(member) for member in key[2:]]
+        return set_restore_key(self.batcher(items, key[1]), key)

@@ -1,0 +1,68 @@
+"""FilterNode: keeps the items for which ``predicate(item, index)`` is true."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .guard import DROPPED, SampleGuard
+from .map import forward_start_epoch
+from .node import Node, State
+
+__all__ = ["FilterNode"]
+
+
+class FilterNode(Node[Any]):
+    """Passes on the items of ``source`` for which ``predicate(item, index)`` is true.
+
+    ``index`` counts this stage's inputs (kept and dropped).  A predicate that raises goes through
+    ``guard``: the item is dropped (``SkipSample``) or handled as a failure.  Items and their restore
+    keys pass through unchanged, so ``restore`` is the source's.  ``start_epoch`` is forwarded to the
+    source, so a ``RepeatNode`` may sit above a filter.
+
+    State keys:
+        ``stage``: ``"Filter"``.
+        ``index``: inputs pulled from the source so far.
+        ``failures``: the guard's consecutive-failure count.
+        ``source``: the source's state.
+    """
+
+    tag = "Filter"
+
+    def __init__(self, source: Node[Any], predicate: Callable[[Any, int], bool], *, guard: SampleGuard | None = None) -> None:
+        self.source = source
+        self.predicate = predicate
+        self.guard = guard if guard is not None else SampleGuard(stage=f"Filter({getattr(predicate, '__qualname__', predicate)})")
+        self._index = 0
+
+    def next(self) -> Any:
+        while True:
+            item = self.source.next()
+            index = self._index
+            self._index += 1
+            keep = self.guard.call(item, self.predicate, item, index)
+            if keep is DROPPED:
+                continue
+            self.guard.passed()
+            if keep:
+                return item
+
+    def start_epoch(self, epoch: int) -> None:
+        """Forwards a new epoch to the source (see ``repeat.Epochal``); the index keeps counting."""
+        forward_start_epoch(self, epoch)
+
+    def get_state(self) -> State:
+        return {"stage": self.tag, "index": self._index, "failures": self.guard.failures, "source": self.source.get_state()}
+
+    def reset(self, state: State | None = None) -> None:
+        if state is None:
+            self.source.reset(None)
+            self._index = 0
+            self.guard.reset()
+            return
+        self.check_state(state, "index", "failures", "source")
+        self.source.reset(state["source"])
+        self._index = state["index"]
+        self.guard.reset(state["failures"])
+
+    def restore(self, restore_key: tuple) -> Any:
+        return self.source.restore(restore_key)

@@ -1,0 +1,93 @@
+"""The contract every pipeline stage follows.
+
+A stage is an iterator with exactly these methods:
+
+* ``next()`` -> the next item, or ``StopIteration`` at the end of its stream (``__next__`` calls it);
+* ``get_state()`` -> a small dict of plain JSON values: the stage's own counters plus its source's
+  state under a fixed key (``"source"``, or ``"sources"`` for several).  Never samples, tensors,
+  pickles or RNG objects;
+* ``reset(state=None)`` -> start over (``None``) or continue exactly where ``state`` was taken;
+* ``restore(restore_key)`` -> rebuild one item from its ``__restore_key__`` by random access, so a
+  buffer can save keys instead of samples.
+
+A restore key is a tuple built outward: each stage that changes an item prepends its tag and its
+own indices to the key of its input (``("Map", 7, "Webdataset", 1234)``).  Stages that pass items
+through unchanged (shuffle, repeat, limit) do not touch the key.
+
+Randomness comes from :func:`megatron_energon_lite.rng.rng_for` with the stage's counters, so a
+state never needs an RNG blob.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Iterator, TypeVar
+
+from ..errors import StateError, format_message
+
+T = TypeVar("T")
+
+State = dict[str, Any]
+
+
+class Node(Generic[T]):
+    """Base class: subclasses implement ``next``, ``get_state``, ``reset`` and ``restore``."""
+
+    #: Tag written into states and restore keys; subclasses set their own.
+    tag = "Node"
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        return self.next()
+
+    def next(self) -> T:
+        raise NotImplementedError
+
+    def get_state(self) -> State:
+        raise NotImplementedError
+
+    def reset(self, state: State | None = None) -> None:
+        raise NotImplementedError
+
+    def restore(self, restore_key: tuple) -> T:
+        raise NotImplementedError(f"{type(self).__name__} cannot rebuild items from restore keys")
+
+    def check_state(self, state: State, *keys: str) -> State:
+        """Checks that ``state`` was written by this kind of stage and has ``keys``."""
+        if not isinstance(state, dict) or state.get("stage") != self.tag or any(k not in state for k in keys):
+            raise StateError(
+                format_message(
+                    f"state does not belong to a {self.tag} stage",
+                    expected=f"a dict with stage={self.tag!r} and keys {', '.join(keys)}",
+                    found=repr(state)[:200],
+                    fix="restore a state saved by a loader built with the same pipeline settings",
+                )
+            )
+        return state
+
+
+def get_restore_key(item: Any) -> tuple:
+    """The ``__restore_key__`` of a sample, a crude dict or a batch."""
+    if isinstance(item, dict):
+        return tuple(item.get("__restore_key__", ()))
+    return tuple(getattr(item, "__restore_key__", ()))
+
+
+def set_restore_key(item: Any, key: tuple) -> Any:
+    """Sets the restore key in place (dataclass samples, batches and crude dicts)."""
+    if isinstance(item, dict):
+        item["__restore_key__"] = key
+    elif hasattr(item, "__restore_key__"):
+        object.__setattr__(item, "__restore_key__", key)
+    return item
+
+
+def as_key(value: Any) -> tuple:
+    """A restore key from its JSON form (lists back to tuples, at every depth)."""
+    return tuple(as_key(v) if isinstance(v, (list, tuple)) else v for v in value)
+
+
+def key_to_json(key: tuple) -> list:
+    """The JSON form of a restore key (tuples to lists, at every depth)."""
+    return [key_to_json(v) if isinstance(v, (list, tuple)) else v for v in key]

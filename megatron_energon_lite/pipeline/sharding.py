@@ -1,0 +1,397 @@
+"""Which samples each worker reads, and in which order its slices come: pure functions only.
+
+Everything here is a function of (dataset sizes, rank, world size, workers, seed, epoch): no I/O,
+no global state, no torch.  The split reproduces Megatron Energon 7.x
+(``flavors/webdataset/sharder.py``) to the sample, so a dataset sharded here gives every worker the
+same sample ranges and the same slice boundaries as Energon does.
+
+Vocabulary
+----------
+* **sample index**: the position of a sample in the split's shards concatenated in split order,
+  ``0 .. total_samples - 1`` (Energon's ``("Webdataset", index)`` restore key).
+* **shard_starts**: the cumulative sample index where each shard starts, plus the total at the
+  end: shards of 2, 3 and 5 samples give ``[0, 2, 5, 10]``.  Empty shards are allowed (repeated
+  values).
+* **global worker id**: ``rank * max(1, num_workers) + local_worker_id``.  With ``num_workers=0``
+  the main process is the one worker of its rank.
+* **slice**: a half-open range ``(start, end)`` of sample indices inside one shard, read
+  sequentially.  A worker's slices are listed in sample order.
+
+Sharding depends on the topology only through the number of global workers ``W``, so any
+``(world_size, num_workers)`` with the same product gives the same global partition (Energon's
+"reproducible scaling").
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from megatron_energon_lite.errors import ConfigError, format_message
+from megatron_energon_lite.rng import rng_for, stage_id
+
+__all__ = [
+    "SLICE_ORDER_STAGE",
+    "STAGE_ID",
+    "bit_reversal_permutation",
+    "epoch_slice_order",
+    "rotation_offset_for",
+    "slice_ranges",
+    "worker_sample_ranges",
+    "worker_slices",
+]
+
+#: The stage name that keys the slice-order randomness (see :func:`epoch_slice_order`).
+SLICE_ORDER_STAGE = "pipeline.sharding.slice_order"
+#: Its stable 32-bit id: the middle word of the ``default_rng((seed, STAGE_ID, epoch))`` key.
+STAGE_ID = stage_id(SLICE_ORDER_STAGE)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation helpers (messages built with errors.format_message: what, expected, found, fix)
+# --------------------------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    # numpy integers are accepted; bools are not counts.
+    return not isinstance(value, bool) and hasattr(value, "__index__")
+
+
+def _check_int(name: str, value: object, *, minimum: int, fix: str) -> int:
+    if not _is_int(value) or int(value) < minimum:  # type: ignore[call-overload]
+        raise ConfigError(
+            format_message(
+                f"Invalid {name} for sharding.",
+                expected=f"an integer >= {minimum}",
+                found=repr(value),
+                fix=fix,
+            )
+        )
+    return int(value)  # type: ignore[call-overload]
+
+
+def _check_max_samples_per_sequence(value: object) -> int | None:
+    if value is None:
+        return None
+    return _check_int(
+        "max_samples_per_sequence",
+        value,
+        minimum=1,
+        fix="pass a positive number of samples to read sequentially, or None to read each shard "
+        "piece of a worker as one slice",
+    )
+
+
+def _check_topology(rank: object, world_size: object, num_workers: object) -> tuple[int, int, int]:
+    world = _check_int(
+        "world_size", world_size, minimum=1, fix="pass the number of data-parallel ranks (1 without distributed training)"
+    )
+    workers = _check_int(
+        "num_workers", num_workers, minimum=0, fix="pass the number of loader worker processes per rank (0 for none)"
+    )
+    if not _is_int(rank) or not 0 <= int(rank) < world:  # type: ignore[call-overload]
+        raise ConfigError(
+            format_message(
+                "Invalid rank for sharding: it is not one of the world's ranks.",
+                expected=f"an integer in [0, {world}) for world_size={world}",
+                found=repr(rank),
+                fix="pass the data-parallel rank of this process, below world_size",
+            )
+        )
+    return int(rank), world, workers  # type: ignore[call-overload]
+
+
+def _check_shard_starts(shard_starts: Sequence[int], total_samples: int | None = None) -> list[int]:
+    starts = [int(s) for s in shard_starts]
+    problem = None
+    if not starts or starts[0] != 0:
+        problem = "it does not start with 0"
+    elif any(b < a for a, b in zip(starts, starts[1:])):
+        problem = "it decreases somewhere"
+    elif total_samples is not None and starts[-1] != total_samples:
+        problem = f"it ends with {starts[-1]}, not total_samples={total_samples}"
+    if problem is not None:
+        shown = starts if len(starts) <= 12 else [*starts[:6], "...", *starts[-5:]]
+        raise ConfigError(
+            format_message(
+                f"Invalid shard_starts for sharding: {problem}.",
+                expected="the cumulative sample count before each shard, plus the total: "
+                "[0, n0, n0+n1, ..., total]",
+                found=str(shown),
+                fix="build it as [0, *itertools.accumulate(shard_sample_counts)]",
+            )
+        )
+    return starts
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Bit reversal
+# --------------------------------------------------------------------------------------------
+
+
+def bit_reversal_permutation(n: int) -> list[int]:
+    """Energon's generalized bit-reversal permutation of ``range(n)``.
+
+    For a power of two it is the classic bit reversal (``n=8 -> [0, 4, 2, 6, 1, 5, 3, 7]``); for
+    other lengths the same divide-and-interleave recursion is used (``n=6 -> [0, 3, 1, 4, 2, 5]``,
+    ``n=5 -> [0, 2, 1, 3, 4]``).  Reading it left to right visits indices spread as evenly as
+    possible over the range, which is what spreads the remainder samples over ranks.
+    """
+    n = _check_int("permutation length", n, minimum=0, fix="pass the number of global workers")
+
+    def interleave(indices: list[int]) -> list[int]:
+        # 1. Two or fewer indices are already in order.
+        if len(indices) <= 2:
+            return indices
+        # 2. Split into a front half (the shorter one when odd) and a back half; order each
+        #    half recursively.
+        mid = len(indices) // 2
+        front, back = interleave(indices[:mid]), interleave(indices[mid:])
+        # 3. Alternate front, back, front, back, ...; the back half may have one element more,
+        #    which then comes last.
+        out: list[int] = []
+        for i in range(len(back)):
+            if i < len(front):
+                out.append(front[i])
+            out.append(back[i])
+        return out
+
+    return interleave(list(range(n)))
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Samples per global worker
+# --------------------------------------------------------------------------------------------
+
+
+def worker_sample_ranges(
+    total_samples: int, num_global_workers: int, *, rotation_offset: int = 0
+) -> list[tuple[int, int]]:
+    """The contiguous sample range ``(start, end)`` of every global worker, by global worker id.
+
+    The ranges are disjoint, in order, and cover ``[0, total_samples)``; their lengths differ by
+    at most one.  ``rotation_offset`` shifts which workers get the extra samples (see
+    :func:`rotation_offset_for`); it only matters modulo ``num_global_workers``.
+    """
+    total = _check_int("total_samples", total_samples, minimum=0, fix="pass the number of samples in the split")
+    workers = _check_int(
+        "num_global_workers",
+        num_global_workers,
+        minimum=1,
+        fix="pass world_size * max(1, num_workers)",
+    )
+    if not _is_int(rotation_offset):
+        raise ConfigError(
+            format_message(
+                "Invalid rotation_offset for sharding.",
+                expected="an integer (only its value modulo the number of global workers matters)",
+                found=repr(rotation_offset),
+                fix="use rotation_offset_for(...) to compute it",
+            )
+        )
+    # 1. Every worker gets total // W samples; total % W of them get one more.  Exact integer
+    #    arithmetic (Energon divides in floating point, which only differs beyond 2**53 samples).
+    base, remainder = divmod(total, workers)
+    # 2. In "linear" order the workers with one more sample are the `remainder` workers starting
+    #    at `rotation_offset`, wrapping around.
+    linear_counts = [base + 1 if (g - int(rotation_offset)) % workers < remainder else base for g in range(workers)]
+    # 3. The i-th linear count goes to global worker perm[i]: the bit reversal scatters the
+    #    "+1" workers over the ranks instead of giving them all to the first ranks.
+    counts = [0] * workers
+    for linear_index, worker in enumerate(bit_reversal_permutation(workers)):
+        counts[worker] = linear_counts[linear_index]
+    # 4. Cumulative sums turn the counts into contiguous ranges, global worker 0 first.
+    ranges = []
+    start = 0
+    for count in counts:
+        ranges.append((start, start + count))
+        start += count
+    return ranges
+
+
+# --------------------------------------------------------------------------------------------
+# 3. A worker's range -> slices
+# --------------------------------------------------------------------------------------------
+
+
+def _split_piece(start: int, end: int, max_samples_per_sequence: int | None) -> list[tuple[int, int]]:
+    length = end - start
+    # 3a. An empty piece gives no slice.
+    if length <= 0:
+        return []
+    # 3b. Short pieces (up to 1.5 * msps samples), or no msps at all, stay one slice.
+    if max_samples_per_sequence is None or not length > max_samples_per_sequence * 1.5:
+        return [(start, end)]
+    # 3c. Longer pieces are cut into round(length / msps) slices of near-equal length.  Python's
+    #     round() rounds halves to even (2.5 -> 2), and the starts are computed like Energon's,
+    #     as int(i * (length / count)) in floating point: that is sometimes one less than the exact
+    #     floor(i * length / count) (length 122, count 14, i 7 gives 60, not 61), and we keep it so
+    #     boundaries match Energon's to the sample.
+    count = max(round(length / max_samples_per_sequence), 1)
+    step = length / count
+    starts = [start + int(i * step) for i in range(count)]
+    return [(a, b) for a, b in zip(starts, [*starts[1:], end]) if a < b]
+
+
+def _slice_ranges(start: int, end: int, starts: list[int], msps: int | None) -> list[tuple[int, int]]:
+    slices: list[tuple[int, int]] = []
+    if start >= end:
+        return slices
+    # 1. Find the shard holding sample `start`: the last shard whose start is <= `start`
+    #    (bisect_right skips empty shards, whose start equals the next one's).
+    shard = bisect_right(starts, start) - 1
+    # 2. Walk the shards overlapping [start, end), cutting the range at every shard boundary.
+    while shard < len(starts) - 1 and starts[shard] < end:
+        piece_start, piece_end = max(start, starts[shard]), min(end, starts[shard + 1])
+        # 3. Split each within-shard piece by max_samples_per_sequence (see _split_piece).
+        slices.extend(_split_piece(piece_start, piece_end, msps))
+        shard += 1
+    return slices
+
+
+def slice_ranges(
+    start: int,
+    end: int,
+    shard_starts: Sequence[int],
+    max_samples_per_sequence: int | None,
+) -> list[tuple[int, int]]:
+    """Cuts the sample range ``[start, end)`` into slices that never cross a shard boundary.
+
+    The range is first cut at every shard boundary.  A resulting piece longer than
+    ``1.5 * max_samples_per_sequence`` is split into ``round(len / max_samples_per_sequence)``
+    near-equal slices; with ``max_samples_per_sequence=None`` each piece is one slice.  Empty
+    slices are dropped, so ``start == end`` gives ``[]``.
+    """
+    starts = _check_shard_starts(shard_starts)
+    msps = _check_max_samples_per_sequence(max_samples_per_sequence)
+    lo = _check_int("slice start", start, minimum=0, fix="pass a sample index inside the split")
+    hi = _check_int("slice end", end, minimum=lo, fix="pass end >= start")
+    if hi > starts[-1]:
+        raise ConfigError(
+            format_message(
+                "Invalid slice end for sharding: it lies past the last shard.",
+                expected=f"end <= {starts[-1]} (the last value of shard_starts)",
+                found=str(hi),
+                fix="pass a range inside the split",
+            )
+        )
+    return _slice_ranges(lo, hi, starts, msps)
+
+
+# --------------------------------------------------------------------------------------------
+# 4. All local workers of one rank
+# --------------------------------------------------------------------------------------------
+
+
+def worker_slices(
+    *,
+    total_samples: int,
+    shard_starts: Sequence[int],
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    max_samples_per_sequence: int | None,
+    rotation_offset: int = 0,
+) -> list[list[tuple[int, int]]]:
+    """The slices of each local worker of ``rank``: Energon's ``Sharder.shard_workers``.
+
+    Returns ``max(1, num_workers)`` lists (one per local worker id), each with that worker's
+    slices in sample order.  A worker with no samples gets an empty list.
+    """
+    # 1. Check the inputs once: topology, msps, and shard_starts ending at total_samples.
+    rank, world_size, num_workers = _check_topology(rank, world_size, num_workers)
+    msps = _check_max_samples_per_sequence(max_samples_per_sequence)
+    total = _check_int("total_samples", total_samples, minimum=0, fix="pass the number of samples in the split")
+    starts = _check_shard_starts(shard_starts, total)
+    # 2. Split the samples over all global workers; the count depends on the product only.
+    local = max(1, num_workers)
+    ranges = worker_sample_ranges(total, world_size * local, rotation_offset=rotation_offset)
+    # 3. This rank's workers are global ids rank*local .. rank*local + local - 1; cut each one's
+    #    range into slices.
+    return [_slice_ranges(a, b, starts, msps) for a, b in ranges[rank * local : (rank + 1) * local]]
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Rotation for blends and concatenations
+# --------------------------------------------------------------------------------------------
+
+
+def rotation_offset_for(dataset_index: int, dataset_lengths: Sequence[int], num_global_workers: int) -> int:
+    """Energon's rotation offset of dataset ``dataset_index`` in a blend or concatenation.
+
+    It is the number of samples in the datasets before it, modulo the number of global workers,
+    so the "+1" workers of one dataset continue where the previous dataset's ended and the
+    remainders do not all land on the same workers.  ``dataset_lengths`` are the full lengths of
+    the datasets' splits (Energon uses ``len(dataset)``, which ignores a ``subset``).
+    """
+    workers = _check_int(
+        "num_global_workers", num_global_workers, minimum=1, fix="pass world_size * max(1, num_workers)"
+    )
+    lengths = [_check_int("dataset length", n, minimum=0, fix="pass sample counts") for n in dataset_lengths]
+    if not _is_int(dataset_index) or not 0 <= int(dataset_index) < len(lengths):
+        raise ConfigError(
+            format_message(
+                "Invalid dataset_index for the rotation offset.",
+                expected=f"an integer in [0, {len(lengths)}) (one per dataset length)",
+                found=repr(dataset_index),
+                fix="pass the position of the dataset in the blend or concatenation",
+            )
+        )
+    # 1. Samples before this dataset, 2. wrapped onto the global workers.
+    return sum(lengths[: int(dataset_index)]) % workers
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Slice order per epoch
+# --------------------------------------------------------------------------------------------
+
+
+def epoch_slice_order(num_slices: int, *, seed: int, epoch: int, shuffle_over_epochs: int = 1) -> list[int]:
+    """The order in which a worker visits its slices in (super-)epoch ``epoch``.
+
+    Returns a uniformly random permutation of ``list(range(num_slices)) * shuffle_over_epochs``:
+    with ``shuffle_over_epochs=k > 1`` the slices of ``k`` consecutive epochs are shuffled together
+    (each slice appears ``k`` times), and ``epoch`` is the index of that group of ``k`` epochs (the
+    super-epoch: pass ``plain_epoch // k``).  The order depends on nothing but the arguments: the
+    generator is ``numpy.random.default_rng((seed, STAGE_ID, epoch))`` (``rng.rng_for``), a
+    counter-based key, so the order of any epoch can be recomputed from ``(seed, epoch)`` alone,
+    with no saved RNG state.  Pass the worker's seed (``rng.worker_seed(global_worker_id,
+    seed_offset)``) so that workers differ.
+
+    Energon draws this order with ``torch.randperm`` on a worker generator; the orders differ from
+    Energon's, but the distribution is the same.  ``shuffle_over_epochs=-1`` (draw slices with
+    replacement forever) is not supported yet.
+    """
+    if shuffle_over_epochs == -1 and _is_int(shuffle_over_epochs):
+        raise ConfigError(
+            format_message(
+                "shuffle_over_epochs=-1 (draw slices with replacement forever) is not supported yet.",
+                expected="a positive number of epochs to shuffle over together",
+                found="-1",
+                fix="use shuffle_over_epochs=1 (the default) or a larger positive number",
+            )
+        )
+    k = _check_int(
+        "shuffle_over_epochs",
+        shuffle_over_epochs,
+        minimum=1,
+        fix="pass the number of epochs whose slices are shuffled together (1 = each epoch alone)",
+    )
+    n = _check_int("num_slices", num_slices, minimum=0, fix="pass the number of slices of this worker")
+    e = _check_int("epoch", epoch, minimum=0, fix="count epochs from 0")
+    if not _is_int(seed):
+        raise ConfigError(
+            format_message(
+                "Invalid seed for the slice order.",
+                expected="an integer",
+                found=repr(seed),
+                fix="pass the worker seed, e.g. rng.worker_seed(global_worker_id, seed_offset)",
+            )
+        )
+    # 1. A fresh generator keyed by (seed, STAGE_ID, epoch): no state carried between epochs.
+    rng = rng_for(int(seed), SLICE_ORDER_STAGE, e)
+    # 2. A uniform permutation of the k * n positions of range(n) repeated k times; position p
+    #    holds slice p % n, so every slice appears exactly k times in a uniformly random order.
+    if n == 0:
+        return []
+    return [int(p) % n for p in rng.permutation(n * k)]

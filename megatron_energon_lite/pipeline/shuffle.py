@@ -1,0 +1,82 @@
+"""Shuffle buffer that saves the restore keys of what it holds, never the samples.
+
+The buffer fills to ``size`` from its source, then each step yields a uniformly chosen entry
+(draw ``n`` of an epoch-free counter) and refills; when the source ends, the rest drains in random
+order.  After a restore the buffered entries are only keys: each is re-read by random access when
+it is drawn, so restoring costs nothing up front (Energon re-reads the whole buffer first, en#18).
+
+State keys: ``buffer`` (restore keys, in buffer order), ``draws`` (draw counter), ``source``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rng import stage_id, uniform
+from .node import Node, State, as_key, get_restore_key, key_to_json
+
+_STAGE = stage_id("shuffle")
+
+
+class _Pending:
+    """A buffered entry known only by its restore key (after a restore)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+
+class ShuffleBufferNode(Node):
+    tag = "Shuffle"
+
+    def __init__(self, source: Node, size: int, *, seed: int) -> None:
+        self.source = source
+        self.size = size
+        self.seed = seed
+        self.reset()
+
+    def reset(self, state: State | None = None) -> None:
+        if state is None:
+            self.source.reset(None)
+            self._items: list[Any] = []
+            self._keys: list[list] = []
+            self._draws = 0
+        else:
+            self.check_state(state, "buffer", "draws", "source")
+            self.source.reset(state["source"])
+            self._keys = [list(k) for k in state["buffer"]]
+            self._items = [_Pending(as_key(k)) for k in self._keys]
+            self._draws = state["draws"]
+        self._source_done = False
+
+    def get_state(self) -> State:
+        return {"stage": self.tag, "buffer": list(self._keys), "draws": self._draws, "source": self.source.get_state()}
+
+    def _fill(self) -> None:
+        while not self._source_done and len(self._items) < self.size:
+            try:
+                item = next(self.source)
+            except StopIteration:
+                self._source_done = True
+                return
+            self._items.append(item)
+            self._keys.append(key_to_json(get_restore_key(item)))  # states hold JSON forms
+
+    def next(self):
+        self._fill()
+        if not self._items:
+            raise StopIteration
+        position = int(uniform(self.seed, _STAGE, self._draws) * len(self._items))
+        self._draws += 1
+        # Swap-remove keeps both lists aligned in O(1).
+        item, self._items[position] = self._items[position], self._items[-1]
+        self._keys[position] = self._keys[-1]
+        self._items.pop()
+        self._keys.pop()
+        if isinstance(item, _Pending):
+            item = self.source.restore(item.key)
+        return item
+
+    def restore(self, restore_key: tuple):
+        return self.source.restore(restore_key)

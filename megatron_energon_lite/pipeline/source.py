@@ -1,0 +1,139 @@
+"""The first stage of a worker: read this worker's slices of one dataset.
+
+Training: at the start of each epoch the worker's slices are put in a random order (a pure
+function of seed and epoch), up to ``parallel_slices`` are open at once, and each step draws one
+open slice with probability proportional to its total length (as Energon does), yields its next
+sample and replaces it with the next pending slice when it is used up.  Validation: slices in
+order, one at a time.  The end of the slices is the end of an epoch (``StopIteration``);
+``start_epoch(n)`` begins the next.
+
+State keys: ``epoch``, ``next_slice`` (position in this epoch's slice order of the next slice to
+open), ``open`` (``[slice id, samples taken]`` of each open slice, in draw order), ``draws`` (how
+many random draws this epoch has used), ``failures`` (consecutive samples that failed to load).
+Nothing else: the rest is recomputed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from itertools import accumulate
+from typing import Callable, Sequence
+
+from ..rng import stage_id, uniform
+from .guard import DROPPED, SampleGuard
+from .load import RESTORE_TAG, SampleLoader
+from .node import Node, State
+
+_STAGE = stage_id("source")
+
+
+def sequential_order(num_slices: int, epoch: int) -> list[int]:
+    return list(range(num_slices))
+
+
+class SliceSource(Node):
+    """Yields the samples of ``slices`` (``[start, end)`` split indices) of one dataset."""
+
+    tag = "Source"
+
+    def __init__(
+        self,
+        loader: SampleLoader,
+        slices: Sequence[tuple[int, int]],
+        *,
+        seed: int,
+        parallel_slices: int = 1,
+        slice_order: Callable[[int, int], list[int]] = sequential_order,
+        guard: SampleGuard | None = None,
+    ) -> None:
+        self.loader = loader
+        self.slices = [tuple(s) for s in slices]
+        self.seed = seed
+        self.parallel_slices = max(1, parallel_slices)
+        self.slice_order = slice_order  # (num_slices, epoch) -> order of slice ids
+        # Read and decode failures go through the bad-sample policy: skipped, logged, counted.
+        self.guard = guard if guard is not None else SampleGuard(stage="load")
+        self.num_samples = sum(end - start for start, end in self.slices)
+        self.reset()
+
+    # --- state -------------------------------------------------------------------------------
+    def start_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._order = [int(i) for i in self.slice_order(len(self.slices), epoch)]
+        self._next_slice = 0
+        self._open: list[list[int]] = []
+        self._draws = 0
+        while len(self._open) < self.parallel_slices and self._next_slice < len(self._order):
+            self._open_next()
+        self._update_weights()
+
+    def reset(self, state: State | None = None) -> None:
+        if state is None:
+            self.guard.reset()
+            self.start_epoch(0)
+            return
+        self.check_state(state, "epoch", "next_slice", "open", "draws", "failures")
+        self.guard.reset(state["failures"])
+        self._epoch = state["epoch"]
+        self._order = [int(i) for i in self.slice_order(len(self.slices), self._epoch)]
+        self._next_slice = state["next_slice"]
+        self._open = [list(entry) for entry in state["open"]]
+        self._draws = state["draws"]
+        self._update_weights()
+
+    def get_state(self) -> State:
+        return {
+            "stage": self.tag,
+            "epoch": self._epoch,
+            "next_slice": self._next_slice,
+            "open": [list(entry) for entry in self._open],
+            "draws": self._draws,
+            "failures": self.guard.failures,
+        }
+
+    # --- iteration -----------------------------------------------------------------------------
+    def _open_next(self) -> None:
+        self._open.append([self._order[self._next_slice], 0])
+        self._next_slice += 1
+
+    def _update_weights(self) -> None:
+        # Energon weighs an open slice by its total length, not by what is left of it.
+        self._cumulative = list(accumulate(self.slices[s][1] - self.slices[s][0] for s, _ in self._open))
+
+    def _pick(self) -> int:
+        if len(self._open) == 1:
+            return 0
+        draw = uniform(self.seed, _STAGE, self._epoch, self._draws) * self._cumulative[-1]
+        self._draws += 1
+        return bisect.bisect_right(self._cumulative, draw)
+
+    def next(self):
+        while self._open:
+            position = self._pick()
+            entry = self._open[position]
+            start, end = self.slices[entry[0]]
+            index = start + entry[1]
+            entry[1] += 1
+            if start + entry[1] >= end:
+                del self._open[position]
+                if self._next_slice < len(self._order):
+                    self._open.insert(position, [self._order[self._next_slice], 0])
+                    self._next_slice += 1
+                self._update_weights()
+            sample = self._load(index)
+            if sample is not None:  # None: excluded by key in split.yaml, or skipped as bad
+                return sample
+        raise StopIteration
+
+    def _load(self, index: int):
+        sample = self.guard.call({"__restore_key__": (RESTORE_TAG, index)}, self.loader.load, index)
+        if sample is DROPPED:
+            return None
+        if sample is not None:
+            self.guard.passed()
+        return sample
+
+    def restore(self, restore_key: tuple):
+        if len(restore_key) != 2 or restore_key[0] != RESTORE_TAG:
+            raise ValueError(f"not a {RESTORE_TAG} restore key: {restore_key!r}")
+        return self.loader.load(int(restore_key[1]))

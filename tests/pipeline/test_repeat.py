@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import pytest
+from resume import END, ListSource, check_resume_at_every_step, run
+
+from megatron_energon_lite.errors import ConfigError
+from megatron_energon_lite.pipeline.concat import ConcatNode
+from megatron_energon_lite.pipeline.filter import FilterNode
+from megatron_energon_lite.pipeline.map import MapNode
+from megatron_energon_lite.pipeline.repeat import Epochal, RepeatNode
+
+VALUES = ["a", "b", "c", "d"]
+
+
+def epoch_order(epoch: int) -> list[str]:
+    """The ListSource's documented order for an epoch: rotated left by the epoch."""
+    return VALUES[epoch % len(VALUES) :] + VALUES[: epoch % len(VALUES)]
+
+
+def values(events: list) -> list:
+    return [event[1]["value"] for event in events if event is not END]
+
+
+def test_finite_repeats_start_new_epochs_then_stop() -> None:
+    node = RepeatNode(ListSource(VALUES), repeats=3)
+    events = run(node, 3 * len(VALUES) + 2)
+    assert values(events) == epoch_order(0) + epoch_order(1) + epoch_order(2)
+    assert events[-2:] == [END, END]
+    assert node.get_state()["epoch"] == 3
+
+
+def test_forever() -> None:
+    node = RepeatNode(ListSource(VALUES))
+    assert values(run(node, 22)) == [v for e in range(6) for v in epoch_order(e)][:22]
+    assert node.get_state()["epoch"] == 5
+
+
+def test_zero_repeats_and_empty_sources_end() -> None:
+    assert run(RepeatNode(ListSource(VALUES), repeats=0), 2) == [END, END]
+    assert run(RepeatNode(ListSource([])), 3) == [END, END, END]
+
+
+def test_source_must_be_epochal() -> None:
+    assert isinstance(ListSource(VALUES), Epochal)
+    with pytest.raises(ConfigError, match="start_epoch"):
+        RepeatNode(ConcatNode([ListSource(VALUES)]))
+
+
+def test_maps_and_filters_pass_epochs_through() -> None:
+    def make() -> RepeatNode:
+        kept = FilterNode(ListSource(VALUES), lambda item, index: item["value"] != "b")
+        return RepeatNode(MapNode(kept, lambda item, index: {**item, "index": index}), repeats=3)
+
+    events = check_resume_at_every_step(make, steps=20)
+    expected = [v for e in range(3) for v in epoch_order(e) if v != "b"]
+    assert values(events) == expected
+    # the map's index counts its inputs across epochs: it is not reset by a new epoch
+    assert [event[1]["index"] for event in events if event is not END] == list(range(len(expected)))
+
+
+def test_map_over_a_source_without_epochs_fails_at_the_epoch_end() -> None:
+    node = RepeatNode(MapNode(ConcatNode([ListSource(VALUES)]), lambda item, index: item))
+    run(node, len(VALUES))
+    with pytest.raises(ConfigError, match="cannot start a new epoch"):
+        node.next()
+
+
+@pytest.mark.parametrize("repeats", [-1, 1.5, "2"])
+def test_invalid_repeats(repeats: object) -> None:
+    with pytest.raises(ConfigError, match="repeats"):
+        RepeatNode(ListSource(VALUES), repeats)  # type: ignore[arg-type]
+
+
+def test_reset_none_starts_at_epoch_zero() -> None:
+    node = RepeatNode(ListSource(VALUES))
+    run(node, 9)
+    node.reset(None)
+    assert values(run(node, 4)) == epoch_order(0)
+
+
+@pytest.mark.parametrize("repeats", [None, 2])
+def test_resume_at_every_step(repeats: int | None) -> None:
+    check_resume_at_every_step(lambda: RepeatNode(ListSource(VALUES), repeats), steps=14)

@@ -1,0 +1,178 @@
+"""End to end: get_train_dataset / get_val_dataset / get_savable_loader on a real prepared dataset."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_energon_lite import (
+    CaptioningSample,
+    ConfigError,
+    DefaultTaskEncoder,
+    EmptyDatasetError,
+    StateError,
+    WorkerConfig,
+    get_loader,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+)
+from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_captioning_dataset
+
+NUM_SHARDS, PER_SHARD = 6, 9
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("loader") / "captions"
+    generate_captioning_dataset(root, num_shards=NUM_SHARDS, samples_per_shard=PER_SHARD, image_size=(8, 6), seed=3)
+    prepare_dataset(root, split_ratio=(4, 2, 0), progress=False, num_workers=1)
+    (root / ".nv-meta/dataset.yaml").write_text(
+        "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
+    )
+    return root
+
+
+def _train(path: Path, workers: int, **kwargs):
+    settings = dict(worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=4, shuffle_buffer_size=6, max_samples_per_sequence=3)
+    settings.update(kwargs)
+    return get_train_dataset(path, **settings)
+
+
+def _keys(batch) -> list[str]:
+    return list(batch.__key__)
+
+
+def test_batches_are_typed_and_stacked(dataset: Path) -> None:
+    loader = get_savable_loader(_train(dataset, 0))
+    batch = next(iter(loader))
+    assert isinstance(batch, CaptioningSample)
+    assert isinstance(batch.image, torch.Tensor) and batch.image.shape == (4, 3, 6, 8)
+    assert len(batch.caption) == 4 and all(isinstance(c, str) for c in batch.caption)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_one_epoch_reads_every_sample_once(dataset: Path, workers: int) -> None:
+    loader = get_loader(_train(dataset, workers, repeat=False, batch_size=None, shuffle_buffer_size=None))
+    keys = [sample.__key__ for sample in loader]
+    assert len(keys) == 4 * PER_SHARD and len(set(keys)) == len(keys)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_save_and_restore_at_every_step(dataset: Path, workers: int) -> None:
+    steps = 14  # more than one epoch of 36 train samples in batches of 4 per worker
+    loader = get_savable_loader(_train(dataset, workers))
+    states, batches = [], []
+    iterator = iter(loader)
+    states.append(loader.save_state_rank())
+    for _ in range(steps):
+        batches.append(_keys(next(iterator)))
+        states.append(loader.save_state_rank())
+    for step in (0, 1, 5, 9, 13):
+        fresh = get_savable_loader(_train(dataset, workers))
+        fresh.restore_state_rank(states[step])
+        rest = [_keys(b) for _, b in zip(range(steps - step), fresh)]
+        assert rest == batches[step:], f"restored at step {step}"
+
+
+def test_restore_twice_in_a_row(dataset: Path) -> None:
+    loader = get_savable_loader(_train(dataset, 0))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.save_state_rank()
+    expected = [_keys(next(it)) for _ in range(4)]
+    first = get_savable_loader(_train(dataset, 0))
+    first.restore_state_rank(state)
+    it2 = iter(first)
+    next(it2)
+    second = get_savable_loader(_train(dataset, 0))
+    second.restore_state_rank(first.save_state_rank())
+    assert [_keys(b) for _, b in zip(range(3), second)] == expected[1:]
+
+
+def test_state_is_plain_json(dataset: Path) -> None:
+    import json
+
+    loader = get_savable_loader(_train(dataset, 0))
+    next(iter(loader))
+    state = loader.save_state_rank()
+    assert json.loads(json.dumps(state)) == json.loads(json.dumps(state, sort_keys=True))
+
+
+def test_restore_into_another_config_names_both_values(dataset: Path) -> None:
+    loader = get_savable_loader(_train(dataset, 0))
+    next(iter(loader))
+    state = loader.save_state_rank()
+    other = get_savable_loader(_train(dataset, 0, batch_size=8))
+    with pytest.raises(StateError, match=r"batch_size: saved 4, now 8"):
+        other.restore_state_rank(state)
+    with pytest.raises(StateError, match="version"):
+        other.restore_state_rank({"version": 999})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_val_is_sequential_and_complete(dataset: Path, workers: int) -> None:
+    ds = get_val_dataset(dataset, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=4)
+    loader = get_loader(ds)
+    first = [k for b in loader for k in _keys(b)]
+    second = [k for b in loader for k in _keys(b)]
+    assert first == second and len(first) == 2 * PER_SHARD == len(set(first))
+    assert len(loader) == sum(1 for _ in loader)
+
+
+def test_val_limit_repeats_the_same_batches(dataset: Path) -> None:
+    ds = get_val_dataset(dataset, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=2, limit=3)
+    loader = get_loader(ds)
+    first = [_keys(b) for b in loader]
+    assert len(first) == 3 and [_keys(b) for b in loader] == first
+
+
+def test_virtual_epochs(dataset: Path) -> None:
+    loader = get_loader(_train(dataset, 0, virtual_epoch_length=5))
+    assert len(loader) == 5
+    passes = [[_keys(b) for b in loader] for _ in range(3)]
+    assert [len(p) for p in passes] == [5, 5, 5]
+    continuous = get_loader(_train(dataset, 0))
+    assert sum(passes, []) == [_keys(b) for _, b in zip(range(15), continuous)]
+
+
+def test_ranks_are_disjoint(dataset: Path) -> None:
+    seen = []
+    for rank in range(2):
+        ds = get_train_dataset(dataset, worker_config=WorkerConfig(rank=rank, world_size=2, num_workers=0), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None, repeat=False)
+        seen.append({s.__key__ for s in get_loader(ds)})
+    assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 4 * PER_SHARD
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(batch_size=0), ConfigError, "batch_size"),
+        (dict(max_samples_per_sequence=0), ConfigError, "max_samples_per_sequence"),
+        (dict(split_part="nope"), ConfigError, "'nope' does not exist"),
+        (dict(split_part="test"), EmptyDatasetError, "no samples"),
+        (dict(unknown_option=1), ConfigError, "unknown_option"),
+    ],
+)
+def test_bad_arguments(dataset: Path, kwargs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        _train(dataset, 0, **kwargs)
+
+
+def test_a_hook_that_always_fails_stops_with_the_keys(dataset: Path) -> None:
+    from megatron_energon_lite import FatalSampleError, stateless
+
+    class Broken(DefaultTaskEncoder):
+        __default_failure_tolerance__ = 5
+
+        @stateless
+        def encode_sample(self, sample):
+            raise ValueError("always")
+
+    loader = get_loader(_train(dataset, 0, task_encoder=Broken(), batch_size=None))
+    with pytest.raises(FatalSampleError, match="encode_sample") as info:
+        next(iter(loader))
+    assert "restore key" in str(info.value)
