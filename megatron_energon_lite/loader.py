@@ -44,7 +44,10 @@ class SavableDataset(torch.utils.data.IterableDataset):
         self.worker_config = spec.worker_config
         self._pipelines: dict[int, Node] = {}
         self._ended: set[int] = set()
+        self._fresh_restore: set[int] = set()
         self._restore_states: list[dict | None] | None = None
+        # Virtual epochs and val limits split one stream into passes; the pipeline keeps going.
+        self._passes_continue = bool(spec.training and spec.virtual_epoch_length) or (not spec.training and spec.limit is not None)
         self._rotation = 0
         self._length = rank_length(spec)  # also validates the dataset and split up front
 
@@ -61,12 +64,13 @@ class SavableDataset(torch.utils.data.IterableDataset):
             states = self._restore_states
             if states is not None and states[logical] is not None:
                 pipeline.reset(copy.deepcopy(states[logical]))
+                self._fresh_restore.add(logical)
             self._pipelines[logical] = pipeline
         elif logical in self._ended:
             # A finished pass: virtual epochs and val limits continue by themselves, anything
             # else starts the next pass from the beginning.
             self._ended.discard(logical)
-            if not (self.spec.training and self.spec.virtual_epoch_length) and self.spec.limit is None:
+            if not self._passes_continue:
                 pipeline.reset(None)
         return pipeline
 
@@ -80,8 +84,13 @@ class SavableDataset(torch.utils.data.IterableDataset):
             try:
                 item = pipeline.next()
             except StopIteration:
+                if logical in self._fresh_restore and self._passes_continue:
+                    # Saved right after the last item of a pass: that pass is over, go on.
+                    self._fresh_restore.discard(logical)
+                    continue
                 self._ended.add(logical)
                 return
+            self._fresh_restore.discard(logical)
             yield item, logical, pipeline.get_state()
 
     def __iter__(self) -> Iterator[tuple[Any, int, dict]]:

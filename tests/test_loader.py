@@ -176,3 +176,14 @@ def test_a_hook_that_always_fails_stops_with_the_keys(dataset: Path) -> None:
     with pytest.raises(FatalSampleError, match="encode_sample") as info:
         next(iter(loader))
     assert "restore key" in str(info.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_restore_at_the_end_of_a_virtual_epoch(dataset: Path, workers: int) -> None:
+    loader = get_savable_loader(_train(dataset, workers, virtual_epoch_length=4))
+    first_pass = [_keys(b) for b in loader]
+    state = loader.save_state_rank()
+    second_pass = [_keys(b) for b in loader]
+    restored = get_savable_loader(_train(dataset, workers, virtual_epoch_length=4))
+    restored.restore_state_rank(state)
+    assert len(first_pass) == 4 and [_keys(b) for b in restored] == second_pass
