@@ -1,0 +1,63 @@
+"""Two ranks under torchrun with the gloo backend: disjoint data, equal lengths, global state."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_captioning_dataset
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("dist")
+    root = tmp / "captions"
+    generate_captioning_dataset(root, num_shards=5, samples_per_shard=7, image_size=(8, 8), seed=1)
+    prepare_dataset(root, split_ratio=(3, 2, 0), progress=False, num_workers=1)
+    (root / ".nv-meta/dataset.yaml").write_text("sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n")
+    out = tmp / "out"
+    out.mkdir()
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        str(Path(__file__).with_name("rank_script.py")), str(root), str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_default_worker_config_reads_torch_distributed(results) -> None:
+    assert [r["config"] for r in results] == [[0, 2], [1, 2]]
+
+
+def test_ranks_read_disjoint_samples_covering_the_split(results) -> None:
+    a, b = (set(r["epoch_keys"]) for r in results)
+    assert not a & b and len(a | b) == 3 * 7
+    assert len(results[0]["epoch_keys"]) + len(results[1]["epoch_keys"]) == 21
+
+
+def test_val_lengths_and_disjointness(results) -> None:
+    for r in results:
+        assert len(r["val_batches"]) == r["val_len"]
+    keys = [set(k for b in r["val_batches"] for k in b) for r in results]
+    assert not keys[0] & keys[1] and len(keys[0] | keys[1]) == 2 * 7
+
+
+def test_global_state_round_trip(results) -> None:
+    assert results[0]["gathered"] == 2 and results[1]["gathered"] is None
+    for r in results:
+        assert r["resumed"] == r["after"]
+    assert results[0]["before"] != results[1]["before"]
