@@ -17,15 +17,18 @@ import torch
 import torch.utils.data
 
 from ._version import __version__
-from .errors import ConfigError, StateError, format_message
+from .errors import ConfigError, DatasetError, StateError, format_message
 from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate
-from .pipeline.node import Node
+from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+# Items leaving a worker get ("Worker", local worker id) in front of their restore key, so that
+# restore_sample rebuilds them in the right worker's pipeline (hooks see worker-specific indices).
+WORKER_TAG = "Worker"
 
 _UNSET: Any = object()
 
@@ -91,16 +94,63 @@ class SavableDataset(torch.utils.data.IterableDataset):
                 self._ended.add(logical)
                 return
             self._fresh_restore.discard(logical)
+            set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
             yield item, logical, pipeline.get_state()
 
     def __iter__(self) -> Iterator[tuple[Any, int, dict]]:
         return self.iter_with_state()
 
 
-def _convert_item(entry: tuple[Any, int, dict]) -> tuple[Any, int, dict]:
+class UnpicklableItem:
+    """Sent by a worker in place of an item it could not pickle; the main process raises it."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _unpickle_payload(data: bytes) -> Any:
+    from multiprocessing.reduction import ForkingPickler
+
+    return ForkingPickler.loads(data)
+
+
+class _Carrier:
+    """Wraps what a worker sends so that a pickling failure becomes a clear error.
+
+    A multiprocessing queue pickles in a background thread that only prints a failure, so the
+    main process would wait forever for the lost item.  Pickling the payload ourselves inside
+    ``__reduce__`` (tensors still go through shared memory) turns the failure into an
+    :class:`UnpicklableItem` that names the sample.
+    """
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: tuple[Any, int, dict]) -> None:
+        self.payload = payload
+
+    def __reduce__(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        try:
+            return _unpickle_payload, (bytes(ForkingPickler.dumps(self.payload)),)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure is reported, not lost
+            item = self.payload[0]
+            key = getattr(item, "__key__", None) or (item.get("__key__") if isinstance(item, dict) else None)
+            message = format_message(
+                "a dataloader worker cannot send an item to the main process: it cannot be pickled",
+                where=f"item with __key__ {key!r} (restore key {getattr(item, '__restore_key__', None)!r})",
+                found=f"{type(exc).__name__}: {exc}",
+                fix="return only tensors, numbers, strings and containers of them from encode_sample/"
+                "batch/encode_batch (no open files, locks, lambdas or generators)",
+            )
+            return UnpicklableItem, (message,)
+
+
+def _convert_item(entry: tuple[Any, int, dict]) -> Any:
     """As Energon's DataLoader (batch_size=None): numpy arrays in items become tensors."""
     item, logical, state = entry
-    return torch.utils.data.default_convert(item), logical, state
+    converted = (torch.utils.data.default_convert(item), logical, state)
+    return converted if torch.utils.data.get_worker_info() is None else _Carrier(converted)
 
 
 class SavableDataLoader(torch.utils.data.DataLoader):
@@ -140,11 +190,14 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         n = self.worker_config.workers_per_rank
         while True:
             try:
-                item, logical, state = next(stream)
+                entry = next(stream)
             except StopIteration:
                 self._stream = None
                 self._next_worker = self._first_worker
                 return
+            if isinstance(entry, UnpicklableItem):
+                raise DatasetError(entry.message)
+            item, logical, state = entry
             self._worker_states[logical] = state
             self._next_worker = (logical + 1) % n
             yield item
@@ -204,8 +257,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
 
     def restore_sample(self, restore_key: tuple) -> Any:
         """Rebuilds a sample or batch from its ``__restore_key__`` by random access."""
-        pipeline = build_worker_pipeline(self.dataset.spec, 0)
-        return pipeline.restore(tuple(restore_key))
+        key = as_key(restore_key)
+        if len(key) < 2 or key[0] != WORKER_TAG or not isinstance(key[1], int):
+            raise StateError(format_message("not a restore key of this loader", expected=f"({WORKER_TAG!r}, worker id, ...)", found=repr(restore_key)[:200]))
+        pipeline = build_worker_pipeline(self.dataset.spec, key[1])
+        return set_restore_key(pipeline.restore(key[2:]), key)
 
     def can_restore_sample(self) -> bool:
         return True

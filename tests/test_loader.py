@@ -187,3 +187,52 @@ def test_restore_at_the_end_of_a_virtual_epoch(dataset: Path, workers: int) -> N
     restored = get_savable_loader(_train(dataset, workers, virtual_epoch_length=4))
     restored.restore_state_rank(state)
     assert len(first_pass) == 4 and [_keys(b) for b in restored] == second_pass
+
+
+def test_unpicklable_batch_is_a_clear_error_not_a_hang(dataset: Path) -> None:
+    import threading
+
+    from megatron_energon_lite import DatasetError, stateless
+
+    class Unpicklable(DefaultTaskEncoder):
+        @stateless
+        def encode_sample(self, sample):
+            sample.caption = threading.Lock()
+            return sample
+
+    loader = get_loader(_train(dataset, 1, task_encoder=Unpicklable(), batch_size=None))
+    with pytest.raises(DatasetError, match="cannot be pickled") as info:
+        next(iter(loader))
+    assert "__key__" in str(info.value)
+
+
+def test_a_dying_worker_raises_in_the_main_process(dataset: Path) -> None:
+    import os
+
+    from megatron_energon_lite import stateless
+
+    class Dies(DefaultTaskEncoder):
+        @stateless
+        def encode_sample(self, sample):
+            os._exit(3)
+
+    loader = get_loader(_train(dataset, 1, task_encoder=Dies(), batch_size=None))
+    with pytest.raises(RuntimeError, match="worker"):
+        next(iter(loader))
+
+
+def test_restore_sample_rebuilds_a_batch(dataset: Path) -> None:
+    loader = get_savable_loader(_train(dataset, 0))
+    it = iter(loader)
+    next(it)
+    batch = next(it)
+    again = loader.restore_sample(batch.__restore_key__)
+    assert list(again.__key__) == list(batch.__key__) and torch.equal(again.image, batch.image)
+
+
+def test_restore_sample_from_the_second_worker(dataset: Path) -> None:
+    loader = get_savable_loader(_train(dataset, 2))
+    batches = [b for _, b in zip(range(4), loader)]
+    assert [b.__restore_key__[:2] for b in batches] == [("Worker", 0), ("Worker", 1), ("Worker", 0), ("Worker", 1)]
+    again = loader.restore_sample(batches[3].__restore_key__)
+    assert list(again.__key__) == list(batches[3].__key__) and torch.equal(again.image, batches[3].image)
