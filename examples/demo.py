@@ -1,4 +1,6 @@
-"""End-to-end demo: generate a small multimodal dataset, prepare it, inspect it, lint it, read it.
+"""End-to-end demo: generate a small multimodal dataset, prepare it, inspect it, lint it, read it,
+then stream it through the savable loader, save the state half-way and show that a fresh loader
+restored from it continues exactly.
 
 The samples mix optional parts (jpg or png images, text, JSON, class ids, numpy arrays), so the
 dataset is prepared as crude (``CrudeWebdataset``): samples are dicts of decoded parts.
@@ -10,11 +12,24 @@ project's environment: ``.venv/bin/python examples/demo.py [--out demo_data]``.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from megatron_energon_lite import (
+    Cooker,
+    DefaultTaskEncoder,
+    InterleavedSample,
+    WorkerConfig,
+    basic_sample_keys,
+    get_savable_loader,
+    get_train_dataset,
+    stateless,
+)
 from megatron_energon_lite.decode import SampleDecoder
 from megatron_energon_lite.pipeline.load import SampleLoader
 from megatron_energon_lite.samples import format_value
@@ -32,6 +47,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("demo_data"), help="Where to generate the dataset.")
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--samples-per-shard", type=int, default=50)
+    parser.add_argument("--batches", type=int, default=40, help="Batches to stream in the save/restore part.")
     args = parser.parse_args()
 
     root = args.out / "multimodal"
@@ -48,13 +64,63 @@ def main() -> None:
     run_cli("lint", str(root), "--parallel", "2")
     run_cli("preview", str(root), "--split-parts", "val", "-n", "3")
 
-    print("\nReading the first samples of the train split from Python:")
-    loader = SampleLoader(root, "train", decoder=SampleDecoder(image_decode="torchrgb8"))
+    print("\nReading the first samples of the train split by random access:")
+    reader = SampleLoader(root, "train", decoder=SampleDecoder(image_decode="torchrgb8"))
     for index in range(3):
-        sample = loader.load(index)
+        sample = reader.load(index)
         print(f"  {format_value({k: v for k, v in sample.items() if not k.startswith('__')})}")
-    loader.close()
-    print(f"\nDemo finished: {len(loader)} train samples readable.")
+    reader.close()
+
+    stream_save_restore(root, batches=args.batches)
+
+
+@stateless
+def cook_interleaved(crude: dict) -> InterleavedSample:
+    """Crude dict -> an image (if the sample has one) followed by its text."""
+    image = crude.get("jpg", crude.get("png"))
+    sequence = ([image[:3]] if image is not None else []) + [crude["txt"]]
+    return InterleavedSample(**basic_sample_keys(crude), sequence=sequence)
+
+
+class DemoTaskEncoder(DefaultTaskEncoder):
+    decoder = SampleDecoder(image_decode="torchrgb8")
+    cookers = [Cooker(cook_interleaved)]
+
+
+def make_loader(root: Path):
+    dataset = get_train_dataset(
+        root,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=2),
+        batch_size=8,
+        shuffle_buffer_size=32,
+        max_samples_per_sequence=10,
+        task_encoder=DemoTaskEncoder(),
+    )
+    return get_savable_loader(dataset)
+
+
+def stream_save_restore(root: Path, *, batches: int) -> None:
+    """Streams batches, saves the loader state half-way, and checks that a fresh loader restored
+    from that state continues with exactly the same batches."""
+    print(f"\nStreaming {batches} batches through get_savable_loader (2 workers), saving at batch {batches // 2}:")
+    loader = make_loader(root)
+    seen, state = [], None
+    for batch in tqdm(loader, total=batches, unit="batch"):
+        seen.append(list(batch.__key__))
+        if len(seen) == batches // 2:
+            state = loader.save_state_rank()
+        if len(seen) == batches:
+            break
+    print(f"  saved state: {len(json.dumps(state))} bytes of JSON, next worker {state['next_worker']}")
+    restored = make_loader(root)
+    restored.restore_state_rank(state)
+    continued = [list(batch.__key__) for _, batch in zip(range(batches - batches // 2), restored)]
+    same = continued == seen[batches // 2 :]
+    print(f"  restored loader continues with the same {len(continued)} batches: {same}")
+    print(f"  e.g. batch {batches // 2}: {continued[0][:3]}...")
+    if not same:
+        raise SystemExit("the restored loader did not continue exactly")
+    print("\nDemo finished.")
 
 
 if __name__ == "__main__":
