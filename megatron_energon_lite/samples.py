@@ -475,10 +475,50 @@ def _column(values: Sequence[Any], name: str, get: Callable[[Any, str], Any]) ->
 
 
 def batch_stack(values: Sequence[Any]) -> Any:
-    """Stacks equally shaped tensors along a new first dimension (``torch.stack``)."""
+    """Stacks equally shaped tensors along a new first dimension (the result of ``torch.stack``).
+
+    Plain CPU tensors are copied by numpy in the calling thread: torch's intra-op threads make
+    ``torch.stack`` of a few MB of uint8 images 10-100x slower when the cores are busy (a batch of
+    32 256x256 RGB images: 0.7 ms single-threaded, 16-120 ms with 2 busy threads).
+    """
     import torch
 
-    return torch.stack(list(values), dim=0)
+    values = list(values)
+    first = values[0] if values else None
+    if (
+        isinstance(first, torch.Tensor)
+        and first.device.type == "cpu"
+        and first.dtype in _NUMPY_DTYPES
+        and all(
+            isinstance(v, torch.Tensor) and v.dtype == first.dtype and v.device.type == "cpu"
+            and not v.requires_grad and v.shape == first.shape
+            for v in values
+        )
+    ):
+        import numpy as np
+
+        return torch.from_numpy(np.stack([v.numpy() for v in values]))
+    return torch.stack(values, dim=0)
+
+
+def _numpy_dtypes() -> frozenset:
+    import torch
+
+    return frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32, torch.float64, torch.bool})
+
+
+class _LazyDtypes:
+    """torch dtypes numpy can hold, computed on first use (importing samples stays torch-free)."""
+
+    _value: frozenset | None = None
+
+    def __contains__(self, dtype: Any) -> bool:
+        if _LazyDtypes._value is None:
+            _LazyDtypes._value = _numpy_dtypes()
+        return dtype in _LazyDtypes._value
+
+
+_NUMPY_DTYPES = _LazyDtypes()
 
 
 def batch_pad_stack(values: Sequence[Any]) -> Any:
