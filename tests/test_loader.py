@@ -236,3 +236,25 @@ def test_restore_sample_from_the_second_worker(dataset: Path) -> None:
     assert [b.__restore_key__[:2] for b in batches] == [("Worker", 0), ("Worker", 1), ("Worker", 0), ("Worker", 1)]
     again = loader.restore_sample(batches[3].__restore_key__)
     assert list(again.__key__) == list(batches[3].__key__) and torch.equal(again.image, batches[3].image)
+
+
+def test_a_hook_returning_none_stops_with_a_clear_error(dataset: Path) -> None:
+    from megatron_energon_lite import stateless
+
+    class ForgotReturn(DefaultTaskEncoder):
+        @stateless
+        def encode_sample(self, sample):
+            sample.caption = sample.caption.upper()
+
+    loader = get_loader(_train(dataset, 0, task_encoder=ForgotReturn()))
+    with pytest.raises(ConfigError, match="encode_sample returned None"):
+        next(iter(loader))
+
+
+def test_state_from_another_world_size_is_refused(dataset: Path) -> None:
+    loader = get_savable_loader(_train(dataset, 0))
+    next(iter(loader))
+    state = loader.save_state_rank()
+    other = get_savable_loader(_train(dataset, 0, worker_config=WorkerConfig(rank=0, world_size=2, num_workers=0)))
+    with pytest.raises(StateError, match=r"worker_config.world_size: saved 1, now 2"):
+        other.restore_state_rank(state)

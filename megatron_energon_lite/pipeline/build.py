@@ -21,7 +21,7 @@ from ..task_encoder import TaskEncoder, call_hook, hook_context, hook_spec, sele
 from ..worker import WorkerConfig
 from .batch import BatchNode
 from .epochize import EpochizeNode
-from .guard import SampleGuard
+from .guard import SampleGuard, describe_item
 from .limit import LimitNode
 from .load import SampleLoader
 from .map import MapNode
@@ -159,8 +159,20 @@ def _hook_fn(hook, *args, worker_seed: int, local_worker_id: int, workers: int, 
         unique = index * workers + local_worker_id
         if batch:
             with hook_context(batch_index=unique):
-                return call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
-        return call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
+                result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
+        else:
+            result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
+        if result is None:
+            # A ConfigError stops the run: every later sample would fail the same way.
+            raise ConfigError(
+                format_message(
+                    f"{getattr(hook, '__name__', 'hook')} returned None",
+                    where=f"task encoder {type(getattr(hook, '__self__', None)).__name__}, item {describe_item(item)}",
+                    expected="a sample (or a batch), or raise SkipSample to drop it",
+                    fix="check that the hook ends with `return`",
+                )
+            )
+        return result
 
     return run
 
