@@ -283,25 +283,20 @@ def _check_state(state: Any, current: dict) -> None:
         raise StateError(format_message("the saved state has a different number of workers", expected=str(max(1, current["worker_config.num_workers"])), found=str(len(state["worker_states"]))))
 
 
-def _spec(path, *, training: bool, split_part, worker_config, batch_size, task_encoder, kwargs: dict, **settings) -> PipelineSpec:
+def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, **settings) -> PipelineSpec:
+    """Checks the arguments shared by both dataset constructors and builds the spec."""
+    if packing_buffer_size is not None:
+        raise ConfigError(format_message("packing_buffer_size is not supported yet", fix="leave it None; packing comes with a later release"))
     if not isinstance(worker_config, WorkerConfig):
         raise ConfigError(format_message("worker_config must be a WorkerConfig", found=type(worker_config).__name__, fix="pass WorkerConfig.default_worker_config(num_workers)"))
+    task_encoder = DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder
     if not isinstance(task_encoder, TaskEncoder):
         raise ConfigError(format_message("task_encoder must be a TaskEncoder", found=type(task_encoder).__name__))
     known = {"split_config", "dataset_config", "parallel_shard_iters", "trust_dataset_code"}
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise ConfigError(format_message(f"unknown keyword argument {unknown[0]!r}", expected=f"one of {', '.join(sorted(known))}", found=", ".join(unknown)))
-    return PipelineSpec(
-        path=str(path),
-        split_part=split_part,
-        training=training,
-        worker_config=worker_config,
-        batch_size=batch_size,
-        task_encoder=task_encoder,
-        **settings,
-        **kwargs,
-    )
+    return PipelineSpec(path=str(path), training=training, worker_config=worker_config, task_encoder=task_encoder, **settings, **kwargs)
 
 
 def get_train_dataset(
@@ -321,16 +316,15 @@ def get_train_dataset(
     **kwargs,
 ) -> SavableDataset:
     """Energon's ``get_train_dataset``: shuffled slices, optional shuffle buffer, infinite by default."""
-    if packing_buffer_size is not None:
-        raise ConfigError(format_message("packing_buffer_size is not supported yet", fix="leave it None; packing comes with a later release"))
     spec = _spec(
         path,
         training=True,
-        split_part=split_part,
         worker_config=worker_config,
-        batch_size=batch_size,
-        task_encoder=DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder,
+        task_encoder=task_encoder,
+        packing_buffer_size=packing_buffer_size,
         kwargs=kwargs,
+        split_part=split_part,
+        batch_size=batch_size,
         batch_drop_last=batch_drop_last,
         shuffle_buffer_size=shuffle_buffer_size,
         max_samples_per_sequence=max_samples_per_sequence,
@@ -354,16 +348,15 @@ def get_val_dataset(
     **kwargs,
 ) -> SavableDataset:
     """Energon's ``get_val_dataset``: sequential, one pass, ``limit`` batches per pass."""
-    if packing_buffer_size is not None:
-        raise ConfigError(format_message("packing_buffer_size is not supported yet", fix="leave it None; packing comes with a later release"))
     spec = _spec(
         path,
         training=False,
-        split_part=split_part,
         worker_config=worker_config,
-        batch_size=batch_size,
-        task_encoder=DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder,
+        task_encoder=task_encoder,
+        packing_buffer_size=packing_buffer_size,
         kwargs=kwargs,
+        split_part=split_part,
+        batch_size=batch_size,
         batch_drop_last=batch_drop_last,
         limit=limit,
         repeat=False,
@@ -371,12 +364,33 @@ def get_val_dataset(
     return SavableDataset(spec)
 
 
-def get_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **_ignored) -> SavableDataLoader:
-    """A loader over ``dataset`` (the same class as the savable one: saving is free here)."""
+# Energon's loader arguments that tune its snapshot/replay machinery or features we do not have
+# (cache pools, watchdog): accepted so scripts run unchanged, and logged once.
+_ENERGON_LOADER_ARGS = frozenset({
+    "worker_config", "checkpoint_every_sec", "checkpoint_every_min_n_samples", "n_checkpoints",
+    "gc_collect_every_n_steps", "cache_pool", "watchdog_timeout_seconds",
+    "watchdog_initial_timeout_seconds", "fail_on_timeout",
+})
+
+
+def _make_loader(dataset: SavableDataset, prefetch_factor: int, energon_args: dict) -> SavableDataLoader:
+    unknown = sorted(set(energon_args) - _ENERGON_LOADER_ARGS)
+    if unknown:
+        raise ConfigError(format_message(f"unknown loader argument {unknown[0]!r}", expected=f"prefetch_factor or one of Energon's: {', '.join(sorted(_ENERGON_LOADER_ARGS))}", found=", ".join(unknown)))
+    if energon_args.get("cache_pool") is not None:
+        raise ConfigError(format_message("cache_pool is not supported yet", fix="pass cache_pool=None"))
+    ignored = sorted(k for k, v in energon_args.items() if v is not None)
+    if ignored:
+        logger.info("ignoring Energon loader arguments %s: states travel with every batch here", ", ".join(ignored))
     return SavableDataLoader(dataset, prefetch_factor=prefetch_factor)
 
 
-def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **_ignored) -> SavableDataLoader:
+def get_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **energon_args) -> SavableDataLoader:
+    """A loader over ``dataset`` (the same class as the savable one: saving costs nothing here)."""
+    return _make_loader(dataset, prefetch_factor, energon_args)
+
+
+def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **energon_args) -> SavableDataLoader:
     """Energon's savable loader.  Energon's checkpoint tuning arguments (``checkpoint_every_sec``,
     ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here."""
-    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor)
+    return _make_loader(dataset, prefetch_factor, energon_args)

@@ -122,8 +122,41 @@ def _format_fields(obj: Any) -> str:
     return ", ".join(f"{f.name}={format_value(getattr(obj, f.name))}" for f in dataclasses.fields(obj) if f.repr)
 
 
+class _Fields:
+    """What samples and batches share: ``extend``, pinning and a compact repr."""
+
+    __slots__ = ()
+
+    @classmethod
+    def extend(cls, src: Any, **new_fields: Any) -> Any:
+        """A ``cls`` (a subclass of ``type(src)``) with all of ``src``'s fields plus ``new_fields``."""
+        if not isinstance(src, _Fields) or not issubclass(cls, type(src)):
+            raise ConfigError(
+                format_message(
+                    f"{cls.__name__}.extend needs an instance of {cls.__name__} or of one of its base classes",
+                    found=type(src).__name__,
+                    fix=f"derive {cls.__name__} from {type(src).__name__}, or use derive_from",
+                )
+            )
+        for f in dataclasses.fields(src):
+            if f.init and f.name not in new_fields:
+                new_fields[f.name] = getattr(src, f.name)
+        return cls(**new_fields)
+
+    def pin_memory(self) -> Any:
+        """A copy whose tensors (also inside lists, tuples, dicts and dataclasses) are in pinned memory."""
+        return _pin(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({_format_fields(self)})"
+
+    def __str__(self) -> str:
+        # Also compact for user subclasses whose @dataclass generated a full __repr__.
+        return f"{type(self).__name__}({_format_fields(self)})"
+
+
 @dataclasses.dataclass(kw_only=True, slots=True, repr=False)
-class Sample:
+class Sample(_Fields):
     """The base of every sample: identity and provenance fields shared by all sample types.
 
     Subclasses are ``@dataclasses.dataclass(kw_only=True, slots=True)`` classes that add fields.
@@ -198,33 +231,6 @@ class Sample:
                 )
             )
         return cls(**init)
-
-    @classmethod
-    def extend(cls: type[T_sample], src: Sample, **new_fields: Any) -> T_sample:
-        """A ``cls`` (a subclass of ``type(src)``) with all of ``src``'s fields plus ``new_fields``."""
-        if not isinstance(src, Sample) or not issubclass(cls, type(src)):
-            raise ConfigError(
-                format_message(
-                    f"{cls.__name__}.extend needs a sample of {cls.__name__} or one of its base classes",
-                    found=type(src).__name__,
-                    fix=f"derive {cls.__name__} from {type(src).__name__}, or use derive_from",
-                )
-            )
-        for f in dataclasses.fields(src):
-            if f.init and f.name not in new_fields:
-                new_fields[f.name] = getattr(src, f.name)
-        return cls(**new_fields)
-
-    def pin_memory(self: T_sample) -> T_sample:
-        """A copy whose tensors (also inside lists, tuples, dicts and dataclasses) are in pinned memory."""
-        return _pin(self)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({_format_fields(self)})"
-
-    def __str__(self) -> str:
-        # Also compact for user subclasses whose @dataclass generated a full __repr__.
-        return f"{type(self).__name__}({_format_fields(self)})"
 
 
 _BASE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
@@ -592,7 +598,7 @@ T_batch = TypeVar("T_batch", bound="Batch")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, repr=False)
-class Batch:
+class Batch(_Fields):
     """The base of batch dataclasses (Energon's ``Batch``): a sample's identity fields, one entry per sample.
 
     Subclass it with ``@dataclasses.dataclass(kw_only=True, slots=True)`` and add the batched
@@ -666,32 +672,6 @@ class Batch:
                 )
             )
         return cls(**init)
-
-    @classmethod
-    def extend(cls: type[T_batch], src: Batch, **new_fields: Any) -> T_batch:
-        """A ``cls`` (a subclass of ``type(src)``) with all of ``src``'s fields plus ``new_fields``."""
-        if not isinstance(src, Batch) or not issubclass(cls, type(src)):
-            raise ConfigError(
-                format_message(
-                    f"{cls.__name__}.extend needs a batch of {cls.__name__} or one of its base classes",
-                    found=type(src).__name__,
-                    fix=f"derive {cls.__name__} from {type(src).__name__}, or use derive_from",
-                )
-            )
-        for f in dataclasses.fields(src):
-            if f.init and f.name not in new_fields:
-                new_fields[f.name] = getattr(src, f.name)
-        return cls(**new_fields)
-
-    def pin_memory(self: T_batch) -> T_batch:
-        """A copy whose tensors (also inside lists, tuples, dicts and dataclasses) are in pinned memory."""
-        return _pin(self)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({_format_fields(self)})"
-
-    def __str__(self) -> str:
-        return f"{type(self).__name__}({_format_fields(self)})"
 
 
 _BATCH_BASE_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))

@@ -258,3 +258,9 @@ def test_state_from_another_world_size_is_refused(dataset: Path) -> None:
     other = get_savable_loader(_train(dataset, 0, worker_config=WorkerConfig(rank=0, world_size=2, num_workers=0)))
     with pytest.raises(StateError, match=r"worker_config.world_size: saved 1, now 2"):
         other.restore_state_rank(state)
+
+
+def test_energon_loader_arguments_are_accepted_unknown_ones_refused(dataset: Path) -> None:
+    get_savable_loader(_train(dataset, 0), checkpoint_every_sec=30, n_checkpoints=4, gc_collect_every_n_steps=10)
+    with pytest.raises(ConfigError, match="checkpoint_evry_sec"):
+        get_savable_loader(_train(dataset, 0), checkpoint_evry_sec=30)
