@@ -23,6 +23,7 @@ from .loader import (
     get_savable_loader,
     get_train_dataset,
     get_val_dataset,
+    get_val_datasets,
 )
 from .samples import (
     Batch,
@@ -92,6 +93,7 @@ __all__ = [
     "get_savable_loader",
     "get_train_dataset",
     "get_val_dataset",
+    "get_val_datasets",
     "log_exception",
     "register_sample_type",
     "reraise_exception",

@@ -394,3 +394,14 @@ def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **e
     """Energon's savable loader.  Energon's checkpoint tuning arguments (``checkpoint_every_sec``,
     ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here."""
     return _make_loader(dataset, prefetch_factor, energon_args)
+
+
+def get_val_datasets(path, **kwargs) -> list[tuple[SavableDataset, dict[str, Any]]]:
+    """Energon's ``get_val_datasets``: one validation dataset per leaf dataset, not concatenated.
+
+    Each entry is ``(dataset, description)``; Energon gives its factory object as the second
+    element, we give a plain dict (``path``, ``split_part``).  With a single dataset path (the
+    only kind of path until metadatasets land) the list has one entry.
+    """
+    dataset = get_val_dataset(path, **kwargs)
+    return [(dataset, {"path": dataset.spec.path, "split_part": dataset.spec.split_part})]

@@ -264,3 +264,12 @@ def test_energon_loader_arguments_are_accepted_unknown_ones_refused(dataset: Pat
     get_savable_loader(_train(dataset, 0), checkpoint_every_sec=30, n_checkpoints=4, gc_collect_every_n_steps=10)
     with pytest.raises(ConfigError, match="checkpoint_evry_sec"):
         get_savable_loader(_train(dataset, 0), checkpoint_evry_sec=30)
+
+
+def test_get_val_datasets_has_one_entry_per_dataset(dataset: Path) -> None:
+    from megatron_energon_lite import get_val_datasets
+
+    entries = get_val_datasets(dataset, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=4)
+    assert len(entries) == 1
+    ds, description = entries[0]
+    assert description == {"path": str(dataset), "split_part": "val"} and len(ds) == -(-2 * PER_SHARD // 4)
