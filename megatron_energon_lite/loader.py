@@ -209,7 +209,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             "version": STATE_VERSION,
             "writer": f"megatron-energon-lite {__version__}",
             "config": self.dataset.config(),
-            "worker_states": copy.deepcopy(self._worker_states),
+            # No copy needed: a worker's state object is replaced, never changed, when the next
+            # item arrives (and stages build a new state dict on every get_state()).
+            "worker_states": list(self._worker_states),
             "next_worker": self._next_worker,
         }
 

@@ -15,6 +15,10 @@ pilrgba``
 ======================  ==========================================================
 
 Note that ``pil`` converts to RGB exactly as Energon does; there is no "as stored" mode.
+
+RGB outputs of baseline/progressive YCbCr or grayscale JPEGs are decoded by simplejpeg (the same
+libjpeg-turbo, without Pillow's Python-level parsing) when it is installed; the pixels are the
+same as Pillow's (tested).  Everything else goes through Pillow.
 """
 
 from __future__ import annotations
@@ -112,6 +116,9 @@ def decode_image_bytes(data: bytes, image_decode: str = "torchrgb", *, max_size:
     longest side at least ``max_size``; this changes the output size. None decodes at full size.
     """
     spec = check_image_decode(image_decode)
+    array = _fast_jpeg_rgb(data) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
+    if array is not None:
+        return _from_rgb_array(array, spec)
     from PIL import Image
 
     img = Image.open(io.BytesIO(data))
@@ -125,9 +132,17 @@ def decode_image_bytes(data: bytes, image_decode: str = "torchrgb", *, max_size:
 
     import numpy as np
 
-    array = np.asarray(img)
+    return _from_rgb_array(np.asarray(img), spec)
+
+
+def _from_rgb_array(array: Any, spec: ImageSpec) -> Any:
+    """A decoded HxW(xC) uint8 array -> the output ``spec`` asks for (numpy or CHW torch)."""
+    import numpy as np
+
     if spec.output == "numpy":
         if spec.uint8:
+            if array.flags.writeable:  # read-only like Pillow's buffer (and Energon's output)
+                array.setflags(write=False)
             return array
         result = array.astype(np.float32)
         result /= 255.0
@@ -142,6 +157,35 @@ def decode_image_bytes(data: bytes, image_decode: str = "torchrgb", *, max_size:
     if not spec.uint8:
         result /= 255.0
     return torch.from_numpy(result)
+
+
+_SIMPLEJPEG: Any = None  # the module once imported, False when it is not installed
+# libjpeg-turbo's own colour conversion gives Pillow's pixels exactly for these (tested);
+# CMYK/YCCK JPEGs differ by rounding, so they go through Pillow.
+_SAME_AS_PILLOW = ("YCbCr", "Gray")
+
+
+def _fast_jpeg_rgb(data: bytes) -> Any:
+    """RGB pixels of a JPEG through simplejpeg (about 40% faster than Pillow's Python-level
+    open + decode), or None to use Pillow: not a JPEG, simplejpeg missing, or a colour space
+    where the two would not agree bit for bit."""
+    global _SIMPLEJPEG
+    if data[:2] != b"\xff\xd8":
+        return None
+    if _SIMPLEJPEG is None:
+        try:
+            import simplejpeg
+        except ImportError:
+            simplejpeg = False
+        _SIMPLEJPEG = simplejpeg
+    if _SIMPLEJPEG is False:
+        return None
+    try:
+        if _SIMPLEJPEG.decode_jpeg_header(data)[2] not in _SAME_AS_PILLOW:
+            return None
+        return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGB")
+    except (ValueError, RuntimeError):
+        return None  # let Pillow decode it, or raise its own error for a broken file
 
 
 def decode_image(data: bytes, decoder: SampleDecoder) -> Any:

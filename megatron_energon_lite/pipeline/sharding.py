@@ -27,8 +27,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from megatron_energon_lite.errors import ConfigError, format_message
-from megatron_energon_lite.rng import rng_for, stage_id
+from ..errors import ConfigError, format_message
+from ..rng import rng_for, stage_id
 
 __all__ = [
     "SLICE_ORDER_STAGE",

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rng import stage_id, uniform
+from ..rng import UniformStream
 from .node import Node, State, as_key, get_restore_key, key_to_json
-
-_STAGE = stage_id("shuffle")
-
 
 class _Pending:
     """A buffered entry known only by its restore key (after a restore)."""
@@ -34,6 +31,7 @@ class ShuffleBufferNode(Node):
         self.source = source
         self.size = size
         self.seed = seed
+        self._stream = UniformStream(seed, "shuffle")
         self.reset()
 
     def reset(self, state: State | None = None) -> None:
@@ -67,7 +65,7 @@ class ShuffleBufferNode(Node):
         self._fill()
         if not self._items:
             raise StopIteration
-        position = int(uniform(self.seed, _STAGE, self._draws) * len(self._items))
+        position = int(self._stream.at(self._draws) * len(self._items))
         self._draws += 1
         # Swap-remove keeps both lists aligned in O(1).
         item, self._items[position] = self._items[position], self._items[-1]

@@ -19,13 +19,10 @@ import bisect
 from itertools import accumulate
 from typing import Callable, Sequence
 
-from ..rng import stage_id, uniform
+from ..rng import UniformStream
 from .guard import DROPPED, SampleGuard
 from .load import RESTORE_TAG, SampleLoader
 from .node import Node, State
-
-_STAGE = stage_id("source")
-
 
 def sequential_order(num_slices: int, epoch: int) -> list[int]:
     return list(range(num_slices))
@@ -53,6 +50,8 @@ class SliceSource(Node):
         self.slice_order = slice_order  # (num_slices, epoch) -> order of slice ids
         # Read and decode failures go through the bad-sample policy: skipped, logged, counted.
         self.guard = guard if guard is not None else SampleGuard(stage="load")
+        self._stream: UniformStream | None = None
+        self._stream_epoch: int | None = None
         self.num_samples = sum(end - start for start, end in self.slices)
         self.reset()
 
@@ -103,7 +102,10 @@ class SliceSource(Node):
     def _pick(self) -> int:
         if len(self._open) == 1:
             return 0
-        draw = uniform(self.seed, _STAGE, self._epoch, self._draws) * self._cumulative[-1]
+        if self._stream_epoch != self._epoch:
+            self._stream = UniformStream(self.seed, "source", self._epoch)
+            self._stream_epoch = self._epoch
+        draw = self._stream.at(self._draws) * self._cumulative[-1]
         self._draws += 1
         return bisect.bisect_right(self._cumulative, draw)
 

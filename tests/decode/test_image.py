@@ -246,3 +246,36 @@ def test_matches_energon_sample_decoder() -> None:
         ours = SampleDecoder(image_decode=image_decode).decode_file("folder/k.jpg", data)
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
         assert type(np.asarray(ours)) is type(np.asarray(theirs))
+
+
+def _jpeg_variants():
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    img = Image.fromarray((rng.random((29, 41, 3)) * 255).astype(np.uint8)).resize((97, 61))
+    for subsampling in (0, 1, 2):
+        for progressive in (False, True):
+            buffer = io.BytesIO()
+            img.save(buffer, "JPEG", quality=80, subsampling=subsampling, progressive=progressive)
+            yield f"sub{subsampling}-prog{progressive}", buffer.getvalue()
+    for mode in ("L", "CMYK"):
+        buffer = io.BytesIO()
+        img.convert(mode).save(buffer, "JPEG")
+        yield mode, buffer.getvalue()
+
+
+@pytest.mark.parametrize("image_decode", ["rgb8", "rgb", "torchrgb8", "torchrgb"])
+def test_jpeg_fast_path_gives_pillows_pixels(image_decode: str, monkeypatch) -> None:
+    pytest.importorskip("simplejpeg")
+    from megatron_energon_lite.decode import image as image_module
+
+    for name, data in _jpeg_variants():
+        fast = decode_image_bytes(data, image_decode)
+        monkeypatch.setattr(image_module, "_SIMPLEJPEG", False)  # force Pillow
+        slow = decode_image_bytes(data, image_decode)
+        monkeypatch.setattr(image_module, "_SIMPLEJPEG", None)
+        assert type(fast) is type(slow) and fast.dtype == slow.dtype and fast.shape == slow.shape, name
+        assert (fast == slow).all(), name
+        if image_decode == "rgb8":
+            assert not fast.flags.writeable
