@@ -273,3 +273,25 @@ def test_get_val_datasets_has_one_entry_per_dataset(dataset: Path) -> None:
     assert len(entries) == 1
     ds, description = entries[0]
     assert description == {"path": str(dataset), "split_part": "val"} and len(ds) == -(-2 * PER_SHARD // 4)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_hooks_see_unique_sample_and_batch_indices(dataset: Path, workers: int) -> None:
+    from megatron_energon_lite import stateless
+
+    class Indexed(DefaultTaskEncoder):
+        @stateless
+        def encode_sample(self, sample):
+            sample.caption = self.current_sample_index
+            return sample
+
+        @stateless
+        def encode_batch(self, batch):
+            batch.__subflavors__ = [self.current_batch_index]
+            return batch
+
+    loader = get_loader(_train(dataset, workers, task_encoder=Indexed()))
+    batches = [b for _, b in zip(range(8), loader)]
+    sample_indices = [int(i) for b in batches for i in b.caption]
+    assert len(set(sample_indices)) == len(sample_indices) == 32
+    assert sorted(b.__subflavors__[0] for b in batches) == list(range(8))

@@ -59,9 +59,22 @@ def test_val_batches_equal_energons(dataset: Path, world_size: int, workers: int
 def test_train_epoch_reads_the_same_samples_per_rank(dataset: Path, world_size: int, workers: int, msps) -> None:
     """The shuffled order differs (other random draws), the set of samples per rank must not."""
     for rank in range(world_size):
-        sets = []
+        sets, lengths = [], []
         for module in (lite, energon):
             config = module.WorkerConfig(rank=rank, world_size=world_size, num_workers=workers)
             ds = module.get_train_dataset(dataset, worker_config=config, batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=msps, repeat=False)
             sets.append(sorted(key for batch in module.get_loader(ds) for key in batch.__key__))
+            lengths.append(len(ds))
         assert sets[0] == sets[1], f"rank {rank}"
+        assert lengths[0] == lengths[1], f"rank {rank}"
+
+
+@pytest.mark.parametrize(("world_size", "workers", "batch_size", "drop_last", "virtual"), [(1, 2, 4, False, 0), (2, 3, 5, True, 0), (2, 2, 4, False, 7)])
+def test_train_len_equals_energons(dataset: Path, world_size, workers, batch_size, drop_last, virtual) -> None:
+    for rank in range(world_size):
+        lengths = []
+        for module in (lite, energon):
+            config = module.WorkerConfig(rank=rank, world_size=world_size, num_workers=workers)
+            ds = module.get_train_dataset(dataset, worker_config=config, batch_size=batch_size, batch_drop_last=drop_last, shuffle_buffer_size=10, max_samples_per_sequence=4, virtual_epoch_length=virtual)
+            lengths.append(len(ds))
+        assert lengths[0] == lengths[1], f"rank {rank}"
