@@ -16,9 +16,11 @@ from .errors import (
     SkipSample,
     StateError,
 )
+from .format.metadataset import Blender
 from .loader import (
     SavableDataLoader,
     SavableDataset,
+    blend_report,
     get_loader,
     get_savable_loader,
     get_train_dataset,
@@ -52,6 +54,7 @@ from .worker import WorkerConfig, log_exception, reraise_exception
 
 __all__ = [
     "Batch",
+    "Blender",
     "CaptioningSample",
     "ConfigError",
     "Cooker",
@@ -87,6 +90,7 @@ __all__ = [
     "batch_list",
     "batch_pad_stack",
     "batch_stack",
+    "blend_report",
     "cooker",
     "generic_batch",
     "get_loader",

@@ -10,14 +10,16 @@ restore, worker ids are rotated so that the worker whose turn it was yields firs
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.utils.data
 
 from ._version import __version__
 from .errors import ConfigError, DatasetError, StateError, format_message
+from .format.metadataset import BlendPlan, Blender, is_metadataset_path, load_blend_plan, single_dataset_plan
 from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
@@ -53,12 +55,13 @@ class SavableDataset(torch.utils.data.IterableDataset):
         self._passes_continue = bool(spec.training and spec.virtual_epoch_length) or (not spec.training and spec.limit is not None)
         self._rotation = 0
         self._length = rank_length(spec)  # also validates the dataset and split up front
+        self._config = spec.fingerprint()  # saved with every state: computed once
 
     def __len__(self) -> int:
         return self._length
 
     def config(self) -> dict[str, Any]:
-        return self.spec.fingerprint()
+        return self._config
 
     def _pipeline(self, logical: int) -> Node:
         pipeline = self._pipelines.get(logical)
@@ -265,11 +268,49 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         pipeline = build_worker_pipeline(self.dataset.spec, key[1])
         return set_restore_key(pipeline.restore(key[2:]), key)
 
+    def blend_report(self) -> list[dict[str, Any]]:
+        """This rank's realized blend so far: see :func:`blend_report`."""
+        return blend_report(self.save_state_rank())
+
     def can_restore_sample(self) -> bool:
         return True
 
     def config(self) -> dict[str, Any]:
         return self.dataset.config()
+
+
+def blend_report(states: dict | list[dict]) -> list[dict[str, Any]]:
+    """Samples consumed per blended dataset and their share, computed from saved states alone.
+
+    ``states`` is one rank's state (``save_state_rank()``) or all ranks' (``save_state_global``),
+    so a blend can be checked while training or from a checkpoint.  Each row holds the dataset's
+    ``path``, ``split_part``, ``target_share`` (its normalised weight; for ``blend_epochized``
+    its share of the samples of one pass), ``samples`` consumed so far (samples waiting in a
+    shuffle buffer are not counted) and ``share`` of all consumed samples.
+    """
+    from .pipeline.blend import consumed_counts
+
+    rank_states = [states] if isinstance(states, dict) else list(states)
+    datasets = rank_states[0].get("config", {}).get("datasets") if rank_states else None
+    if not datasets:
+        raise ConfigError(format_message("the state holds no blend", expected="a state of a loader over a metadataset with several datasets or a Blender", fix="blend reports exist for blended training datasets"))
+    totals = [0] * len(datasets)
+    for state in rank_states:
+        for worker_state in state["worker_states"]:
+            counts = consumed_counts(worker_state, len(datasets)) if worker_state is not None else None
+            for i, count in enumerate(counts or ()):
+                totals[i] += count
+    consumed = sum(totals)
+    return [
+        {
+            "path": leaf["path"],
+            "split_part": leaf["split_part"],
+            "target_share": leaf["target_share"],
+            "samples": count,
+            "share": count / consumed if consumed else 0.0,
+        }
+        for leaf, count in zip(datasets, totals)
+    ]
 
 
 def _check_state(state: Any, current: dict) -> None:
@@ -285,7 +326,24 @@ def _check_state(state: Any, current: dict) -> None:
         raise StateError(format_message("the saved state has a different number of workers", expected=str(max(1, current["worker_config.num_workers"])), found=str(len(state["worker_states"]))))
 
 
-def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, **settings) -> PipelineSpec:
+def _plan(path, split_part: str, *, training: bool) -> tuple[str, BlendPlan]:
+    """(a display name for ``path``, what it reads): a dataset folder, a .jsonl file, a metadataset
+    YAML, a metadataset dict or a :class:`Blender`."""
+    if is_metadataset_path(path):
+        name = "<metadataset dict>" if isinstance(path, Mapping) else "Blender" if isinstance(path, Blender) else str(path)
+        plan = load_blend_plan(path, split_part, training=training)
+    else:
+        name = str(path)
+        plan = single_dataset_plan(path, split_part)
+    zero = [leaf for leaf in plan.leaves if leaf.weight == 0]
+    if zero:
+        for leaf in zero:
+            logger.warning("%s has weight 0: it is left out of the blend", leaf.where)
+        plan = dataclasses.replace(plan, leaves=tuple(leaf for leaf in plan.leaves if leaf.weight != 0))
+    return name, plan
+
+
+def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:
     """Checks the arguments shared by both dataset constructors and builds the spec."""
     if packing_buffer_size is not None:
         raise ConfigError(format_message("packing_buffer_size is not supported yet", fix="leave it None; packing comes with a later release"))
@@ -298,7 +356,21 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise ConfigError(format_message(f"unknown keyword argument {unknown[0]!r}", expected=f"one of {', '.join(sorted(known))}", found=", ".join(unknown)))
-    return PipelineSpec(path=str(path), training=training, worker_config=worker_config, task_encoder=task_encoder, **settings, **kwargs)
+    if plan is None:
+        name, plan = _plan(path, split_part, training=training)
+    else:
+        name = str(path)
+    if blend_mode is not None and plan.blend_mode is not None and blend_mode != plan.blend_mode:
+        raise ConfigError(
+            format_message(
+                "blend_mode differs between the argument and the metadataset",
+                where=f"{plan.source}: blend_mode",
+                found=f"argument {blend_mode!r}, YAML {plan.blend_mode!r}",
+                fix="drop one of them",
+            )
+        )
+    mode = blend_mode or plan.blend_mode or "random"
+    return PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, **settings, **kwargs)
 
 
 def get_train_dataset(
@@ -315,9 +387,17 @@ def get_train_dataset(
     shuffle_over_epochs_multiplier: int | None = 1,
     task_encoder: TaskEncoder = _UNSET,
     repeat: bool = True,
+    blend_mode: str | None = None,
     **kwargs,
 ) -> SavableDataset:
-    """Energon's ``get_train_dataset``: shuffled slices, optional shuffle buffer, infinite by default."""
+    """Energon's ``get_train_dataset``: shuffled slices, optional shuffle buffer, infinite by default.
+
+    ``path`` is a prepared dataset, a ``.jsonl`` file, a metadataset YAML (or dict) or a
+    :class:`Blender`.  ``blend_mode`` (ours): ``"random"`` draws each sample's dataset by weight
+    as Energon does; ``"exact"`` follows a deterministic schedule that keeps the realized counts
+    within one sample of the weights at every step of the global stream.  Default: the YAML's
+    ``blend_mode``, else ``"random"``.
+    """
     spec = _spec(
         path,
         training=True,
@@ -333,6 +413,7 @@ def get_train_dataset(
         virtual_epoch_length=virtual_epoch_length,
         shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier,
         repeat=repeat,
+        blend_mode=blend_mode,
     )
     return SavableDataset(spec)
 
@@ -347,6 +428,7 @@ def get_val_dataset(
     packing_buffer_size: int | None = None,
     limit: int | None = None,
     task_encoder: TaskEncoder = _UNSET,
+    _leaf_plan: BlendPlan | None = None,
     **kwargs,
 ) -> SavableDataset:
     """Energon's ``get_val_dataset``: sequential, one pass, ``limit`` batches per pass."""
@@ -362,6 +444,7 @@ def get_val_dataset(
         batch_drop_last=batch_drop_last,
         limit=limit,
         repeat=False,
+        plan=_leaf_plan,
     )
     return SavableDataset(spec)
 
@@ -398,12 +481,15 @@ def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **e
     return _make_loader(dataset, prefetch_factor, energon_args)
 
 
-def get_val_datasets(path, **kwargs) -> list[tuple[SavableDataset, dict[str, Any]]]:
+def get_val_datasets(path, *, split_part: str = "val", **kwargs) -> list[tuple[SavableDataset, dict[str, Any]]]:
     """Energon's ``get_val_datasets``: one validation dataset per leaf dataset, not concatenated.
 
     Each entry is ``(dataset, description)``; Energon gives its factory object as the second
-    element, we give a plain dict (``path``, ``split_part``).  With a single dataset path (the
-    only kind of path until metadatasets land) the list has one entry.
+    element, we give a plain dict (``path``, ``split_part``, ``subflavors``, ...).
     """
-    dataset = get_val_dataset(path, **kwargs)
-    return [(dataset, {"path": dataset.spec.path, "split_part": dataset.spec.split_part})]
+    _, plan = _plan(path, split_part, training=False)
+    entries = []
+    for leaf in plan.leaves:
+        dataset = get_val_dataset(leaf.path, split_part=split_part, _leaf_plan=dataclasses.replace(plan, kind="single", leaves=(leaf,)), **kwargs)
+        entries.append((dataset, {k: v for k, v in leaf.describe().items() if k not in ("weight", "repetitions")}))
+    return entries

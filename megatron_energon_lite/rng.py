@@ -49,3 +49,16 @@ def worker_seed(global_worker_id: int, seed_offset: int = 0) -> int:
     """Energon's per-worker seed: the last 4 bytes of sha1(f"{worker},{offset}"), big-endian."""
     digest = hashlib.sha1(f"{global_worker_id},{seed_offset}".encode()).digest()
     return int.from_bytes(digest, "big") & 0xFFFFFFFF
+
+
+def dataset_seed(seed: int, dataset_index: int) -> int:
+    """The seed of dataset ``dataset_index`` of a blend in one worker.
+
+    The first dataset keeps the worker seed (a single dataset reads as before); the others get a
+    hash of it, so two entries of the same dataset do not read in the same order (in Energon they
+    do, en#266).
+    """
+    if dataset_index == 0:
+        return seed
+    digest = hashlib.sha1(f"{seed},dataset,{dataset_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")

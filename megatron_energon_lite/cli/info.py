@@ -1,4 +1,4 @@
-"""``energon-lite info``: what a prepared dataset holds."""
+"""``energon-lite info``: what a prepared dataset (or a metadataset YAML) holds."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from ..errors import EnergonLiteError
 from ..format.dataset_config import load_dataset_config
 from ..format.jsonl import JsonlReader
 from ..format.metadata import INDEX_SQLITE, meta_dir, read_info, read_split_config, resolve_split
+from ..format.metadataset import is_metadataset_path
+from .blend_tree import echo_trees, read_trees
 
 
 def _size(num_bytes: float) -> str:
@@ -52,7 +54,18 @@ def _describe_config(root: Path, name: str | None) -> str:
 @click.option("--split-config", default=None, help="Split file in .nv-meta/ (default split.yaml).")
 @click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")
 def info(path: Path, split_config: str | None, dataset_config: str | None) -> None:
-    """Print sample counts, sizes, splits, sample type and parts of the dataset at PATH."""
+    """Print sample counts, sizes, splits, sample type and parts of the dataset at PATH.
+
+    For a metadataset YAML: each split's blend, with one line per dataset it reads.
+    """
+    if is_metadataset_path(path):
+        if split_config or dataset_config:
+            raise click.UsageError("--split-config and --dataset-config apply to a dataset folder; a metadataset sets them per entry")
+        problems = echo_trees(path, read_trees(path))
+        if problems:
+            click.echo(f"{problems} entr{'y' if problems == 1 else 'ies'} of {path} cannot be read", err=True)
+            raise SystemExit(1)
+        return
     if path.is_file():
         reader = JsonlReader(path)
         click.echo(f"JSONL dataset {path}: {len(reader)} records, {_size(path.stat().st_size)}")

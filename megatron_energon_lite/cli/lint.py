@@ -1,4 +1,8 @@
-"""``energon-lite lint``: check indexes against counts, then decode every sample of each split."""
+"""``energon-lite lint``: check indexes against counts, then decode every sample of each split.
+
+A metadataset YAML is parsed and shown like ``info`` shows it, then every dataset it reads is
+linted (the splits the YAML reads of it).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,10 @@ from tqdm import tqdm
 from ..decode import SampleDecoder
 from ..errors import EmptyDatasetError, EnergonLiteError
 from ..format.metadata import read_info, read_split_config
+from ..format.metadataset import is_metadataset_path
 from ..format.tar_index import read_tar_index
 from ..pipeline.load import SampleLoader
+from .blend_tree import echo_trees, leaf_datasets, read_trees
 
 
 @dataclass(frozen=True)
@@ -70,9 +76,12 @@ def _decode_range(job: _Job) -> tuple[int, list[Finding]]:
             try:
                 loader.load(index)
             except EnergonLiteError as exc:
-                shard, local = loader.reader.locate(index)
                 lines = str(exc).splitlines()
-                where = f"split {job.split}, {loader.reader.split.shards[shard].name} sample #{local}"
+                if loader.reader is None:  # a .jsonl file: one split, records by line
+                    where = f"record #{index}"
+                else:
+                    shard, local = loader.reader.locate(index)
+                    where = f"split {job.split}, {loader.reader.split.shards[shard].name} sample #{local}"
                 findings.append(Finding(where, " ".join(line.strip() for line in lines)))
     finally:
         loader.close()
@@ -100,9 +109,55 @@ def check_samples(root: Path, split: str, *, parallel: int, progress: bool, data
     return findings
 
 
+def lint_dataset(path: Path, splits: list[str] | None, *, parallel: int, progress: bool, dataset_config: str | None, split_config: str | None, trust: bool) -> tuple[list[Finding], int]:
+    """Index checks, then decoding of ``splits`` (default: all); returns the findings and the splits decoded."""
+    jsonl = path.suffix == ".jsonl" and path.is_file()
+    findings = [] if jsonl else check_indexes(path)
+    if jsonl:
+        splits = splits[:1] if splits else ["train"]  # a JSONL file is one split, whatever its name
+    elif not splits:
+        splits = list(read_split_config(path, split_config).split_parts)
+    checked = 0
+    if not findings:  # decoding against broken indexes would only repeat the index findings
+        for split in splits:
+            try:
+                split_findings = check_samples(path, split, parallel=parallel, progress=progress, dataset_config=dataset_config, split_config=split_config, trust=trust)
+            except EmptyDatasetError:
+                click.echo(f"{path}: split {split} is empty; nothing to decode")
+                continue
+            except EnergonLiteError as exc:
+                findings.append(Finding(f"split {split}", " ".join(line.strip() for line in str(exc).splitlines())))
+                continue
+            findings += split_findings
+            checked += 1
+    return findings, checked
+
+
+def _echo_findings(path: Path | str, findings: list[Finding]) -> None:
+    for finding in findings:
+        click.echo(f"BAD {finding.where}: {finding.problem}", err=True)
+    click.echo(f"{len(findings)} problem(s) found in {path}", err=True)
+
+
+def _lint_metadataset(path: Path, splits: list[str] | None, *, parallel: int, progress: bool, trust: bool) -> None:
+    trees = read_trees(path, splits)  # a bad YAML raises: the CLI prints it and exits with 1
+    problems = echo_trees(path, trees)
+    for (root, dataset_config, split_config), parts in leaf_datasets(trees).items():
+        findings, checked = lint_dataset(Path(root), parts, parallel=parallel, progress=progress, dataset_config=dataset_config, split_config=split_config, trust=trust)
+        if findings:
+            _echo_findings(root, findings)
+            problems += len(findings)
+        else:
+            click.echo(f"OK: {root}, {checked} split(s) decoded ({', '.join(parts)})")
+    if problems:
+        click.echo(f"{problems} problem(s) found in {path} and its datasets", err=True)
+        raise SystemExit(1)
+    click.echo(f"OK: {path}, no problems found")
+
+
 @click.command()
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
-@click.option("--split-parts", default=None, help="Comma-separated splits to decode (default: all in split.yaml).")
+@click.option("--split-parts", default=None, help="Comma-separated splits to decode (default: all in split.yaml, or all of the metadataset's).")
 @click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")
 @click.option("--split-config", default=None, help="Split file in .nv-meta/ (default split.yaml).")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Processes that decode in parallel.")
@@ -111,26 +166,17 @@ def check_samples(root: Path, split: str, *, parallel: int, progress: bool, data
 def lint(path: Path, split_parts: str | None, dataset_config: str | None, split_config: str | None, parallel: int, progress: bool, trust_dataset_code: bool) -> None:
     """Check the dataset at PATH: indexes vs counts, then decode every sample.
 
+    For a metadataset YAML: check the YAML, show its blends, then lint every dataset it reads.
     Exits with status 1 and lists each bad shard or sample when anything is wrong.
     """
-    findings = check_indexes(path)
-    splits = split_parts.split(",") if split_parts else list(read_split_config(path, split_config).split_parts)
-    checked = 0
-    if not findings:  # decoding against broken indexes would only repeat the index findings
-        for split in splits:
-            try:
-                split_findings = check_samples(path, split, parallel=parallel, progress=progress, dataset_config=dataset_config, split_config=split_config, trust=trust_dataset_code)
-            except EmptyDatasetError:
-                click.echo(f"split {split} is empty; nothing to decode")
-                continue
-            except EnergonLiteError as exc:
-                findings.append(Finding(f"split {split}", " ".join(line.strip() for line in str(exc).splitlines())))
-                continue
-            findings += split_findings
-            checked += 1
+    splits = split_parts.split(",") if split_parts else None
+    if is_metadataset_path(path):
+        if split_config or dataset_config:
+            raise click.UsageError("--split-config and --dataset-config apply to a dataset folder; a metadataset sets them per entry")
+        _lint_metadataset(path, splits, parallel=parallel, progress=progress, trust=trust_dataset_code)
+        return
+    findings, checked = lint_dataset(path, splits, parallel=parallel, progress=progress, dataset_config=dataset_config, split_config=split_config, trust=trust_dataset_code)
     if findings:
-        for finding in findings:
-            click.echo(f"BAD {finding.where}: {finding.problem}", err=True)
-        click.echo(f"{len(findings)} problem(s) found in {path}", err=True)
+        _echo_findings(path, findings)
         raise SystemExit(1)
     click.echo(f"OK: {path}, {checked} split(s) decoded, no problems found")

@@ -4,22 +4,31 @@ A :class:`PipelineSpec` holds every setting (plain values plus the user's task e
 :func:`build_worker_pipeline` builds the stages of one dataloader worker.  Order, innermost first
 (as in Energon, research/energon.md 5.4):
 
-train: source (this worker's slices, shuffled per epoch) -> [cook] -> repeat -> [shuffle buffer]
-       -> encode_sample -> [batch] -> [encode_batch] -> [virtual epochs]
-val:   source (sequential) -> [cook] -> encode_sample -> [batch] -> [encode_batch] -> [limit]
+train: per dataset: source (this worker's slices, shuffled per epoch) -> [cook] -> repeat
+       (forever; ``repetitions`` times in an epochized blend) -> [blend, if several]
+       -> [repeat, epochized blend] -> [shuffle buffer] -> encode_sample -> [batch]
+       -> [encode_batch] -> [virtual epochs]
+val:   per dataset: source (sequential) -> [cook] -> [concat, if several] -> encode_sample
+       -> [batch] -> [encode_batch] -> [limit]
+
+The datasets come from the spec's :class:`BlendPlan` (one for a plain dataset path).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError, format_message
 from ..format.metadata import read_info, resolve_split
+from ..format.metadataset import BLEND_MODES, BlendPlan, LeafDataset
+from ..rng import dataset_seed
 from ..task_encoder import TaskEncoder, call_hook, hook_context, hook_spec, select_cooker
 from ..worker import WorkerConfig
 from .batch import BatchNode
+from .blend import BlendNode
+from .concat import ConcatNode
 from .epochize import EpochizeNode
 from .guard import SampleGuard, describe_item
 from .limit import LimitNode
@@ -27,7 +36,7 @@ from .load import SampleLoader
 from .map import MapNode
 from .node import Node
 from .repeat import RepeatNode
-from .sharding import epoch_slice_order, worker_slices
+from .sharding import epoch_slice_order, rotation_offset_for, worker_slices
 from .shuffle import ShuffleBufferNode
 from .source import SliceSource
 
@@ -53,6 +62,8 @@ class PipelineSpec:
     split_config: str | None = None
     trust_dataset_code: bool = False
     task_encoder: TaskEncoder = dataclasses.field(default=None, compare=False)
+    plan: BlendPlan = dataclasses.field(default=None, compare=False)
+    blend_mode: str = "random"
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain JSON describing the config, saved with every state and checked on restore."""
@@ -72,8 +83,23 @@ class PipelineSpec:
             "shuffle_over_epochs_multiplier": self.shuffle_over_epochs_multiplier,
             "task_encoder": type(self.task_encoder).__qualname__,
             "decoder": None if decoder is None else decoder.config(),
+            # Blends only, so that a plain dataset's fingerprint stays as it was.
+            **(self._blend_fingerprint() if self.plan.kind != "single" else {}),
             **{f"worker_config.{k}": v for k, v in self.worker_config.config().items()},
         }
+
+    def _blend_fingerprint(self) -> dict[str, Any]:
+        """The datasets of a blend (or val concatenation) and each one's target share of samples."""
+        leaves = [leaf.describe() for leaf in self.plan.leaves]
+        if self.plan.kind == "blend":
+            targets = [float(leaf.weight) for leaf in self.plan.leaves]
+        else:
+            repetitions = [leaf.repetitions if self.plan.kind == "blend_epochized" else 1.0 for leaf in self.plan.leaves]
+            sizes = [size * r for size, r in zip(dataset_sizes(self), repetitions)]
+            targets = [size / (sum(sizes) or 1) for size in sizes]
+        for leaf, target in zip(leaves, targets):
+            leaf["target_share"] = target
+        return {"datasets": leaves, "blend_kind": self.plan.kind, "blend_mode": self.blend_mode}
 
     @property
     def parallel_slices(self) -> int:
@@ -91,35 +117,85 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError(format_message("invalid virtual_epoch_length", expected="0 (off) or a positive number of batches", found=repr(spec.virtual_epoch_length)))
     if spec.shuffle_over_epochs_multiplier not in (1,) and not (isinstance(spec.shuffle_over_epochs_multiplier, int) and spec.shuffle_over_epochs_multiplier > 1):
         raise ConfigError(format_message("invalid shuffle_over_epochs_multiplier", expected="an integer >= 1 (-1 and None are not supported yet)", found=repr(spec.shuffle_over_epochs_multiplier)))
+    if spec.blend_mode not in BLEND_MODES:
+        raise ConfigError(format_message("invalid blend_mode", expected=" or ".join(BLEND_MODES), found=repr(spec.blend_mode)))
+    if spec.training and spec.plan.kind == "blend" and not spec.repeat:
+        raise ConfigError(
+            format_message(
+                "a weighted blend cannot stop after one pass (repeat=False)",
+                where=spec.path,
+                expected="repeat=True with blend, or blend_epochized for a pass that ends",
+                fix="use blend_epochized with repetitions, or drop repeat=False",
+            )
+        )
 
 
-def split_lengths(spec: PipelineSpec) -> tuple[int, list[int]]:
-    """(total samples of the split, cumulative shard starts) without opening any shard."""
-    split = resolve_split(spec.path, spec.split_part, split_config=spec.split_config, info=read_info(spec.path))
+def _split_lengths(leaf: LeafDataset, split_config: str | None) -> tuple[int, list[int]]:
+    """(samples in the dataset's split, cumulative shard starts) without opening any shard."""
+    path = leaf.path
+    if path.endswith(".jsonl"):
+        from ..format.jsonl import JsonlReader  # a JSONL file is one shard
+
+        count = len(JsonlReader(path))
+        return count, [0, count]
+    split = resolve_split(path, leaf.split_part, split_config=leaf.split_config or split_config, info=read_info(path))
     starts = [0]
     for shard in split.shards:
         starts.append(starts[-1] + shard.count)
     return starts[-1], starts
 
 
-def rank_slices(spec: PipelineSpec) -> list[list[tuple[int, int]]]:
-    total, starts = split_lengths(spec)
+def dataset_sizes(spec: PipelineSpec) -> list[int]:
+    """Samples each dataset of the plan reads per pass over all ranks (its subset applied)."""
+    sizes = []
+    for leaf in spec.plan.leaves:
+        start, end = leaf.sample_range(_split_lengths(leaf, spec.split_config)[0])
+        sizes.append(end - start)
+    return sizes
+
+
+def dataset_slices(spec: PipelineSpec) -> list[list[list[tuple[int, int]]]]:
+    """``[dataset][local worker]`` -> that worker's slices of that dataset (subset applied)."""
     wc = spec.worker_config
-    return worker_slices(
-        total_samples=total,
-        shard_starts=starts,
-        rank=wc.rank,
-        world_size=wc.world_size,
-        num_workers=wc.num_workers,
-        max_samples_per_sequence=spec.max_samples_per_sequence,
-    )
+    lengths = [_split_lengths(leaf, spec.split_config) for leaf in spec.plan.leaves]
+    totals = [total for total, _ in lengths]
+    workers = wc.world_size * wc.workers_per_rank
+    result = []
+    for k, (leaf, (total, starts)) in enumerate(zip(spec.plan.leaves, lengths)):
+        result.append(
+            worker_slices(
+                total_samples=total,
+                shard_starts=starts,
+                rank=wc.rank,
+                world_size=wc.world_size,
+                num_workers=wc.num_workers,
+                max_samples_per_sequence=spec.max_samples_per_sequence,
+                # Energon: remainders of later datasets continue where earlier ones ended.
+                rotation_offset=rotation_offset_for(k, totals, workers),
+                sample_range=leaf.sample_range(total),
+            )
+        )
+    return result
+
+
+def _leaf_samples(slices: list[tuple[int, int]]) -> int:
+    return sum(end - start for start, end in slices)
+
+
+def _repeated(samples: int, repetitions: float) -> int:
+    return int(samples * repetitions)  # Energon's RepeatDataset.len_worker
 
 
 def worker_lengths(spec: PipelineSpec) -> list[int]:
     """Items (batches, or samples without batching) each worker of this rank yields per pass."""
+    per_dataset = dataset_slices(spec)
+    epochized = spec.training and spec.plan.kind == "blend_epochized"
     lengths = []
-    for slices in rank_slices(spec):
-        samples = sum(end - start for start, end in slices)
+    for w in range(spec.worker_config.workers_per_rank):
+        samples = sum(
+            _repeated(_leaf_samples(slices[w]), leaf.repetitions) if epochized else _leaf_samples(slices[w])
+            for leaf, slices in zip(spec.plan.leaves, per_dataset)
+        )
         if spec.batch_size is None:
             lengths.append(samples)
         elif spec.batch_drop_last:
@@ -177,25 +253,39 @@ def _hook_fn(hook, *args, worker_seed: int, local_worker_id: int, workers: int, 
     return run
 
 
-def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
-    """The stages of worker ``local_worker_id`` of this rank (0 when there are no workers)."""
+def _global_position(spec: PipelineSpec, local_worker_id: int) -> Callable[[int], int]:
+    """Where this worker's ``n``-th blended sample sits in the global training stream.
+
+    The stream is ordered by training step, then rank, then position in the batch: the loader
+    takes one batch from each local worker in turn, so this worker's ``k``-th batch is rank step
+    ``k * workers + local_worker_id``, taken by all ranks at once.
+    """
     wc = spec.worker_config
+    batch = spec.batch_size or 1
+    workers, ranks, rank = wc.workers_per_rank, wc.world_size, wc.rank
+
+    def position(n: int) -> int:
+        k, j = divmod(n, batch)
+        return ((k * workers + local_worker_id) * ranks + rank) * batch + j
+
+    return position
+
+
+def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: int, guard, hook) -> Node:
+    """One dataset's stages: source -> [cook] (crude datasets and JSONL)."""
     te = spec.task_encoder
     hooks = hook_spec(te)
-    seed = wc.worker_seed(local_worker_id)
-    guard = partial(SampleGuard, wc.global_error_handler)
-    hook = partial(_hook_fn, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
-
     loader = SampleLoader(
-        spec.path,
-        spec.split_part,
-        dataset_config=spec.dataset_config,
-        split_config=spec.split_config,
+        leaf.path,
+        leaf.split_part,
+        dataset_config=leaf.dataset_config or spec.dataset_config,
+        split_config=leaf.split_config or spec.split_config,
         decoder=te.decoder,
+        subflavors=leaf.subflavors,
         trust_dataset_code=spec.trust_dataset_code,
     )
-    slices = rank_slices(spec)[local_worker_id]
-    order = partial(_slice_order, seed, spec.shuffle_over_epochs_multiplier) if spec.training else None
+    multiplier = spec.shuffle_over_epochs_multiplier * leaf.shuffle_over_epochs_multiplier
+    order = partial(_slice_order, seed, multiplier) if spec.training else None
     node: Node = SliceSource(
         loader,
         slices,
@@ -205,11 +295,53 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
         **({"slice_order": order} if order is not None else {}),
     )
     if loader.config is None or loader.config.kind == "crude":  # JSONL is always crude
-        subflavors = loader.config.subflavors if loader.config is not None else {}
-        cooker = None if hooks.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=spec.path)
+        subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
+        cooker = None if hooks.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
         node = MapNode(node, hook(te.cook_crude_sample, cooker), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample")), tag="Cook")
-    if spec.training and spec.repeat:
-        node = RepeatNode(node)
+    return node
+
+
+def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hook) -> Node:
+    """The datasets of the plan, repeated and blended (training) or concatenated (val)."""
+    plan = spec.plan
+    per_dataset = [slices[local_worker_id] for slices in dataset_slices(spec)]
+    nodes = [
+        _dataset_pipeline(spec, leaf, slices, seed=dataset_seed(seed, k), guard=guard, hook=hook)
+        for k, (leaf, slices) in enumerate(zip(plan.leaves, per_dataset))
+    ]
+    if not spec.training:
+        return nodes[0] if len(nodes) == 1 else ConcatNode(nodes)
+    if plan.kind == "single":
+        return RepeatNode(nodes[0]) if spec.repeat else nodes[0]
+    names = [leaf.where for leaf in plan.leaves]
+    if plan.kind == "blend":
+        nodes = [RepeatNode(node) for node in nodes]
+        position = _global_position(spec, local_worker_id) if spec.blend_mode == "exact" else None
+        return BlendNode(nodes, [leaf.weight for leaf in plan.leaves], seed=seed, mode=spec.blend_mode, position=position, names=names, infinite=True)
+    # blend_epochized: every dataset `repetitions` times per pass.
+    counts = [_leaf_samples(slices) for slices in per_dataset]
+    nodes = [RepeatNode(node, leaf.repetitions, worker_samples=n) for node, leaf, n in zip(nodes, plan.leaves, counts)]
+    if spec.blend_mode == "exact":
+        # Exact per worker: the schedule's weights are the items each dataset yields on this worker.
+        weights = [_repeated(n, leaf.repetitions) for n, leaf in zip(counts, plan.leaves)]
+    else:
+        # Energon's weights: dataset length (after its subset) times repetitions.
+        weights = [size * leaf.repetitions for size, leaf in zip(dataset_sizes(spec), plan.leaves)]
+    if sum(weights) == 0:
+        weights = [1] * len(nodes)  # this worker has no samples at all: the blend is empty
+    blend = BlendNode(nodes, weights, seed=seed, mode=spec.blend_mode, names=names)
+    return RepeatNode(blend) if spec.repeat else blend
+
+
+def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
+    """The stages of worker ``local_worker_id`` of this rank (0 when there are no workers)."""
+    wc = spec.worker_config
+    te = spec.task_encoder
+    hooks = hook_spec(te)
+    seed = wc.worker_seed(local_worker_id)
+    guard = partial(SampleGuard, wc.global_error_handler)
+    hook = partial(_hook_fn, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
+    node = _datasets(spec, local_worker_id, seed=seed, guard=guard, hook=hook)
     if spec.training and spec.shuffle_buffer_size is not None and spec.shuffle_buffer_size > 1:
         node = ShuffleBufferNode(node, spec.shuffle_buffer_size, seed=seed)
     if hooks.sample_encoder is not None:

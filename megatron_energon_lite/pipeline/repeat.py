@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError, format_message
@@ -25,20 +26,26 @@ class Epochal(Protocol):
 class RepeatNode(Node[Any]):
     """Repeats ``source`` for ``repeats`` epochs, or forever when ``repeats`` is ``None``.
 
-    At the end of each epoch it calls ``source.start_epoch(epoch + 1)``.  After the last epoch it
-    raises ``StopIteration`` on every call until ``reset``.  An epoch that yields nothing ends the
-    stream too (an empty source cannot be repeated forever).  Items and restore keys pass through
-    unchanged, so ``restore`` is the source's.
+    At the end of each epoch it calls ``source.start_epoch(epoch + 1)``; the source's epoch number
+    only grows, so every epoch gets its own slice order.  A fractional ``repeats`` (``2.5``) ends
+    with a partial epoch of ``floor(worker_samples * 0.5)`` items, as Energon's ``RepeatDataset``
+    (``worker_samples``: the items one epoch of the source holds on this worker).  After the last
+    epoch it raises ``StopIteration`` until ``start_epoch`` (the next pass of an epochized blend)
+    or ``reset``.  An epoch that yields nothing ends the stream too (an empty source cannot be
+    repeated forever).  Items and restore keys pass through unchanged, so ``restore`` is the
+    source's.
 
     State keys:
         ``stage``: ``"Repeat"``.
-        ``epoch``: the epoch the source is in (``repeats`` once all epochs are done).
+        ``epoch``: the source's epoch.
+        ``repetition``: epochs finished in this pass (``ceil(repeats)`` once the pass is over).
+        ``taken``: items yielded in the current epoch.
         ``source``: the source's state.
     """
 
     tag = "Repeat"
 
-    def __init__(self, source: Node[Any], repeats: int | None = None) -> None:
+    def __init__(self, source: Node[Any], repeats: float | None = None, *, worker_samples: int | None = None) -> None:
         if not isinstance(source, Epochal):
             raise ConfigError(
                 format_message(
@@ -48,37 +55,63 @@ class RepeatNode(Node[Any]):
                     fix="put the Repeat stage directly above the source (or above maps and filters over it)",
                 )
             )
-        if repeats is not None and (not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0):
-            raise ConfigError(format_message("invalid repeats", expected="None (forever) or an integer >= 0", found=repr(repeats)))
+        valid = repeats is None or (isinstance(repeats, (int, float)) and not isinstance(repeats, bool) and math.isfinite(repeats) and repeats >= 0)
+        if not valid:
+            raise ConfigError(format_message("invalid repeats", expected="None (forever) or a number >= 0", found=repr(repeats)))
+        if repeats is not None and repeats != int(repeats) and worker_samples is None:
+            raise ConfigError(format_message("a fractional repeats needs worker_samples", found=repr(repeats)))
         self.source = source
         self.repeats = repeats
-        self._epoch = 0
+        self.full_epochs = None if repeats is None else math.floor(repeats)
+        # Items of the final, partial epoch (0: there is none).
+        self.partial_items = 0 if repeats is None or worker_samples is None else math.floor(worker_samples * (repeats - math.floor(repeats)))
+        self.passes = 0 if repeats is None else self.full_epochs + (1 if self.partial_items else 0)
+        self._epoch = self._repetition = self._taken = 0
+
+    def _limit(self) -> int | None:
+        """Items the current epoch may still yield at most (None: until the source ends)."""
+        if self.repeats is None or self._repetition < self.full_epochs:
+            return None
+        return self.partial_items - self._taken
+
+    def _over(self) -> bool:
+        return self.repeats is not None and (self._repetition >= self.passes or self._limit() == 0)
 
     def next(self) -> Any:
-        if self.repeats is not None and self._epoch >= self.repeats:
+        if self._over():
+            self._repetition = self.passes
             raise StopIteration
         try:
-            return self.source.next()
+            item = self.source.next()
         except StopIteration:
-            pass
-        if self.repeats is not None and self._epoch + 1 >= self.repeats:
-            self._epoch = self.repeats
-            raise StopIteration
+            self._repetition += 1
+            self._taken = 0
+            if self.repeats is not None and (self._repetition >= self.passes or self._limit() == 0):
+                self._repetition = self.passes
+                raise
+            self._epoch += 1
+            self.source.start_epoch(self._epoch)
+            item = self.source.next()  # StopIteration here: the new epoch is empty, the stream ends
+        self._taken += 1
+        return item
+
+    def start_epoch(self, epoch: int) -> None:
+        """Starts the next pass (all ``repeats`` epochs again), on the source's next epoch."""
         self._epoch += 1
+        self._repetition = self._taken = 0
         self.source.start_epoch(self._epoch)
-        return self.source.next()  # StopIteration here: the new epoch is empty, the stream ends
 
     def get_state(self) -> State:
-        return {"stage": self.tag, "epoch": self._epoch, "source": self.source.get_state()}
+        return {"stage": self.tag, "epoch": self._epoch, "repetition": self._repetition, "taken": self._taken, "source": self.source.get_state()}
 
     def reset(self, state: State | None = None) -> None:
         if state is None:
             self.source.reset(None)
-            self._epoch = 0
+            self._epoch = self._repetition = self._taken = 0
             return
-        self.check_state(state, "epoch", "source")
+        self.check_state(state, "epoch", "repetition", "taken", "source")
         self.source.reset(state["source"])
-        self._epoch = state["epoch"]
+        self._epoch, self._repetition, self._taken = state["epoch"], state["repetition"], state["taken"]
 
     def restore(self, restore_key: tuple) -> Any:
         return self.source.restore(restore_key)

@@ -292,11 +292,14 @@ def worker_slices(
     num_workers: int,
     max_samples_per_sequence: int | None,
     rotation_offset: int = 0,
+    sample_range: tuple[int, int] | None = None,
 ) -> list[list[tuple[int, int]]]:
     """The slices of each local worker of ``rank``: Energon's ``Sharder.shard_workers``.
 
     Returns ``max(1, num_workers)`` lists (one per local worker id), each with that worker's
-    slices in sample order.  A worker with no samples gets an empty list.
+    slices in sample order.  A worker with no samples gets an empty list.  ``sample_range``
+    (a metadataset ``subset``) restricts the split to samples ``[start, end)``, which are then
+    divided over the workers as the whole split would be.
     """
     # 1. Check the inputs once: topology, msps, and shard_starts ending at total_samples.
     rank, world_size, num_workers = _check_topology(rank, world_size, num_workers)
@@ -305,7 +308,17 @@ def worker_slices(
     starts = _check_shard_starts(shard_starts, total)
     # 2. Split the samples over all global workers; the count depends on the product only.
     local = max(1, num_workers)
-    ranges = worker_sample_ranges(total, world_size * local, rotation_offset=rotation_offset)
+    first, last = (0, total) if sample_range is None else sample_range
+    if not (_is_int(first) and _is_int(last) and 0 <= first <= last <= total):
+        raise ConfigError(
+            format_message(
+                "Invalid sample_range for sharding.",
+                expected=f"0 <= start <= end <= {total}",
+                found=repr(sample_range),
+                fix="pass a range inside the split",
+            )
+        )
+    ranges = [(first + a, first + b) for a, b in worker_sample_ranges(last - first, world_size * local, rotation_offset=rotation_offset)]
     # 3. This rank's workers are global ids rank*local .. rank*local + local - 1; cut each one's
     #    range into slices.
     return [_slice_ranges(a, b, starts, msps) for a, b in ranges[rank * local : (rank + 1) * local]]

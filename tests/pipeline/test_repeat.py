@@ -26,7 +26,8 @@ def test_finite_repeats_start_new_epochs_then_stop() -> None:
     events = run(node, 3 * len(VALUES) + 2)
     assert values(events) == epoch_order(0) + epoch_order(1) + epoch_order(2)
     assert events[-2:] == [END, END]
-    assert node.get_state()["epoch"] == 3
+    state = node.get_state()
+    assert (state["epoch"], state["repetition"]) == (2, 3)
 
 
 def test_forever() -> None:
@@ -65,10 +66,40 @@ def test_map_over_a_source_without_epochs_fails_at_the_epoch_end() -> None:
         node.next()
 
 
-@pytest.mark.parametrize("repeats", [-1, 1.5, "2"])
+@pytest.mark.parametrize("repeats", [-1, float("inf"), "2", True])
 def test_invalid_repeats(repeats: object) -> None:
     with pytest.raises(ConfigError, match="repeats"):
         RepeatNode(ListSource(VALUES), repeats)  # type: ignore[arg-type]
+
+
+def test_fractional_repeats_need_the_worker_length() -> None:
+    with pytest.raises(ConfigError, match="worker_samples"):
+        RepeatNode(ListSource(VALUES), 1.5)
+
+
+@pytest.mark.parametrize(("repeats", "expected_items"), [(0.5, 2), (1.5, 6), (2.75, 11), (0.2, 0), (2.0, 8)])
+def test_fractional_repeats_end_with_a_partial_epoch(repeats: float, expected_items: int) -> None:
+    """Energon's rule: the last, partial epoch yields floor(worker_samples * fraction) items."""
+    node = RepeatNode(ListSource(VALUES), repeats, worker_samples=len(VALUES))
+    got = values(run(node, 20))
+    full = [v for e in range(int(repeats)) for v in epoch_order(e)]
+    assert len(got) == expected_items
+    assert got[: len(full)] == full
+    assert got[len(full) :] == epoch_order(int(repeats))[: expected_items - len(full)]
+
+
+def test_start_epoch_runs_another_pass_on_new_source_epochs() -> None:
+    node = RepeatNode(ListSource(VALUES), 1.5, worker_samples=len(VALUES))
+    first = values(run(node, 7))
+    node.start_epoch(1)
+    second = values(run(node, 7))
+    assert first == epoch_order(0) + epoch_order(1)[:2]
+    assert second == epoch_order(2) + epoch_order(3)[:2]  # the source's epochs keep counting
+
+
+@pytest.mark.parametrize("repeats", [0.5, 1.5, 2.75])
+def test_resume_fractional_at_every_step(repeats: float) -> None:
+    check_resume_at_every_step(lambda: RepeatNode(ListSource(VALUES), repeats, worker_samples=len(VALUES)), steps=14)
 
 
 def test_reset_none_starts_at_epoch_zero() -> None:

@@ -1,0 +1,484 @@
+"""Metadataset YAML (Energon's ``MetadatasetV2`` and the legacy V1 format) -> a flat blend plan.
+
+A metadataset names, per split, one dataset or a tree of blends over datasets, possibly through
+other metadataset files (research/energon.md 3).  The loader never walks that tree: it asks for a
+:class:`BlendPlan`, the list of leaf datasets with everything the tree said about each one
+multiplied or merged down to the leaf:
+
+* ``weight``: product over the levels of ``weight / sum(sibling weights)`` (``blend``);
+* ``repetitions``: product over the levels (``blend_epochized``);
+* ``subflavors``: outer levels override inner ones, which override ``dataset.yaml``;
+* ``shuffle_over_epochs_multiplier``: product over the levels;
+* ``subset``: the leaf's own range (absolute sample indices or percentages) first, then each outer
+  percentage range applied to what is left, innermost first.
+
+Parsing is strict like Energon's (unknown keys are errors), and every error names the YAML file
+and the key path (``splits.train.blend[2].weight``).  Our one extension is ``blend_mode: exact``
+on a ``blend`` (see :data:`BLEND_MODES`), which Energon would reject as an unknown key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import ConfigError, DatasetError, format_message
+from .metadata import check_mapping, is_prepared, load_structured
+
+__all__ = ["BLEND_MODES", "BlendPlan", "Blender", "LeafDataset", "is_metadataset_path", "load_blend_plan", "single_dataset_plan"]
+
+_OUR_MODULES = ("megatron.energon", "megatron_energon_lite")
+#: ``random``: Energon's per-sample weighted draw.  ``exact``: a deterministic schedule whose
+#: per-dataset counts stay within one sample of the weights at every prefix of the global stream.
+BLEND_MODES = ("random", "exact")
+_REF_KEYS = ("path", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config", "subset")
+_V1_REF_KEYS = ("path", "weight", "split_part", "subflavor", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config")
+_NODE_KINDS = ("path", "blend", "blend_epochized", "join")
+
+
+@dataclass(frozen=True)
+class LeafDataset:
+    """One dataset split as a blend sees it, with the tree's settings folded in."""
+
+    path: str
+    split_part: str
+    where: str  # "file.yaml: splits.train.blend[2]" (or the Python call) for messages
+    weight: Fraction = Fraction(1)  # exact, so that an exact blend follows the ratios as written
+    repetitions: float = 1.0
+    subflavors: Mapping[str, Any] = field(default_factory=dict)
+    shuffle_over_epochs_multiplier: int = 1
+    dataset_config: str | None = None
+    split_config: str | None = None
+    #: Absolute ``[start, end)`` sample indices of the split (``end`` None: to the end), or None.
+    absolute_range: tuple[int, int | None] | None = None
+    #: Fractions ``(start, end)`` of what the absolute range left, or None for all of it.
+    relative_range: tuple[float, float] | None = None
+
+    def sample_range(self, total: int) -> tuple[int, int]:
+        """``[start, end)`` of the split's samples this leaf reads (Energon's subset arithmetic)."""
+        start, end = 0, total
+        if self.absolute_range is not None:
+            start = self.absolute_range[0]
+            end = total if self.absolute_range[1] is None else self.absolute_range[1]
+            if not 0 <= start <= end <= total:
+                raise ConfigError(
+                    format_message(
+                        "subset range lies outside the dataset split",
+                        where=f"{self.where}.subset.range",
+                        expected=f"0 <= start <= end <= {total} (samples in {self.path} split {self.split_part!r})",
+                        found=f"[{self.absolute_range[0]}, {'end' if self.absolute_range[1] is None else self.absolute_range[1]}]",
+                        fix="use indices inside the split, or 'end' for its last sample",
+                    )
+                )
+        if self.relative_range is not None:
+            left = end - start
+            end = start + int(left * self.relative_range[1])
+            start = start + int(left * self.relative_range[0])
+        return start, end
+
+    def describe(self) -> dict[str, Any]:
+        """Plain JSON for fingerprints and reports."""
+        return {
+            "path": self.path,
+            "split_part": self.split_part,
+            "weight": float(self.weight),
+            "repetitions": self.repetitions,
+            "subflavors": dict(self.subflavors),
+            "shuffle_over_epochs_multiplier": self.shuffle_over_epochs_multiplier,
+            "subset": None if self.absolute_range is None and self.relative_range is None else [self.absolute_range, self.relative_range],
+        }
+
+
+@dataclass(frozen=True)
+class BlendPlan:
+    """What one split of a metadataset (or a single dataset) reads.
+
+    ``kind`` is ``"single"`` (one dataset, no blend), ``"blend"`` (weights; each leaf repeats
+    forever) or ``"blend_epochized"`` (each leaf read ``repetitions`` times per composed epoch).
+    """
+
+    kind: str
+    leaves: tuple[LeafDataset, ...]
+    blend_mode: str | None = None  # set by the YAML; the Python argument may also set it
+    source: str | None = None  # the YAML file, if any
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "blend_mode": self.blend_mode, "leaves": [leaf.describe() for leaf in self.leaves]}
+
+
+# --- entry points ----------------------------------------------------------------------------
+
+
+def is_metadataset_path(path: Any) -> bool:
+    """True for a metadataset given as a ``.yaml``/``.yml``/``.json`` file, a dict or a Blender."""
+    if isinstance(path, (Mapping, Blender)):
+        return True
+    return isinstance(path, (str, os.PathLike)) and Path(path).suffix in (".yaml", ".yml", ".json") and Path(path).is_file()
+
+
+def single_dataset_plan(path: str | os.PathLike, split_part: str, **settings: Any) -> BlendPlan:
+    """The plan for a plain dataset path (a prepared folder or a ``.jsonl`` file)."""
+    where = f"dataset {path}"
+    leaf = LeafDataset(path=str(path), split_part=split_part, where=where, **settings)
+    _check_dataset(leaf, where)
+    return BlendPlan("single", (leaf,))
+
+
+def load_blend_plan(source: Any, split_part: str, *, training: bool) -> BlendPlan:
+    """The plan of split ``split_part`` of a metadataset file, dict or :class:`Blender`.
+
+    For validation (``training=False``) every leaf is read once, in YAML order: weights,
+    repetitions and blend modes are ignored.
+    """
+    if isinstance(source, Blender):
+        plan = source.plan(split_part)
+    elif isinstance(source, Mapping):
+        plan = _Parser(Path.cwd(), "<metadataset dict>", ()).split(source, split_part)
+    else:
+        path = Path(source).resolve()
+        plan = _Parser(path.parent, str(path), (path,)).split(load_structured(path), split_part)
+    if not training:
+        leaves = tuple(replace(leaf, weight=Fraction(1), repetitions=1.0) for leaf in plan.leaves)
+        return BlendPlan("single" if len(leaves) == 1 else "concat", leaves, None, plan.source)
+    return plan
+
+
+class Blender:
+    """A blend built in Python: ``Blender([(path, 0.6), (path, 0.3), (path, 0.1)])``.
+
+    Each entry is ``(path, weight)`` where ``path`` is a prepared dataset folder, a ``.jsonl`` file
+    or a metadataset YAML; pass the Blender as ``path`` to ``get_train_dataset`` /
+    ``get_val_dataset``.  ``mode`` is ``"random"`` (Energon's draw) or ``"exact"``.
+    """
+
+    def __init__(self, entries: Sequence[tuple[Any, float]], *, mode: str = "random", split_part: str | None = None) -> None:
+        self.entries = [tuple(entry) for entry in entries]
+        self.mode = mode
+        self.split_part = split_part
+        _check_mode(mode, "Blender(mode=...)")
+        for i, entry in enumerate(self.entries):
+            if len(entry) != 2:
+                raise ConfigError(format_message("invalid Blender entry", where=f"Blender entry {i}", expected="(path, weight)", found=repr(entry)[:120]))
+
+    def plan(self, split_part: str) -> BlendPlan:
+        node = {"blend": [{"path": os.fspath(path), "weight": weight, **({"split_part": self.split_part} if self.split_part else {})} for path, weight in self.entries], "blend_mode": self.mode}
+        return _Parser(Path.cwd(), "Blender", ()).node_plan(node, "Blender", split_part)
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+
+def _check_mode(mode: Any, where: str) -> str:
+    if mode not in BLEND_MODES:
+        raise ConfigError(format_message("unknown blend mode", where=where, expected=" or ".join(BLEND_MODES), found=repr(mode)))
+    return mode
+
+
+def _number(value: Any, where: str, what: str, *, allow_zero: bool) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(
+            format_message(
+                f"invalid {what}",
+                where=where,
+                expected=f"a number {'>= 0' if allow_zero else '> 0'}",
+                found=repr(value),
+                fix=f"give every entry a {'non-negative' if allow_zero else 'positive'} {what}",
+            )
+        )
+    return float(value)
+
+
+def _exact(value: float | int) -> Fraction:
+    """A weight as the number it was written as: 0.6 -> 3/5 (not the nearest binary float)."""
+    return Fraction(value) if isinstance(value, int) else Fraction(repr(float(value)))
+
+
+def _range_bound(value: Any, where: str) -> tuple[str, float | int | None]:
+    """One end of a subset range: ("relative", fraction), ("absolute", index) or ("end", None)."""
+    if value == "end":
+        return "end", None
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            fraction = float(value.strip()[:-1]) / 100
+        except ValueError:
+            fraction = -1.0
+        if 0 <= fraction <= 1:
+            return "relative", fraction
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return "absolute", value
+    raise ConfigError(
+        format_message(
+            "invalid subset range bound",
+            where=where,
+            expected="a percentage string like '12.5%' (0% to 100%), a sample index >= 0, or 'end'",
+            found=repr(value),
+        )
+    )
+
+
+class _Parser:
+    """Reads one metadataset file (or dict); ``chain`` holds the files being read, for cycles."""
+
+    def __init__(self, base: Path, file: str, chain: tuple[Path, ...]) -> None:
+        self.base = base
+        self.file = file
+        self.chain = chain
+
+    def where(self, key_path: str) -> str:
+        return f"{self.file}: {key_path}"
+
+    def split(self, raw: Any, split_part: str) -> BlendPlan:
+        top = check_mapping(raw, file=self.file, key_path="", allowed=("__module__", "__class__", "splits"), required=("splits",))
+        module = top.get("__module__")
+        if module is not None and module not in _OUR_MODULES:
+            raise ConfigError(format_message("unknown __module__", where=self.where("__module__"), expected=" or ".join(_OUR_MODULES), found=repr(module)))
+        cls = top.get("__class__")
+        if cls not in (None, "MetadatasetV2", "Metadataset"):
+            raise ConfigError(format_message("unknown __class__", where=self.where("__class__"), expected="MetadatasetV2 (or Metadataset / none for the legacy format)", found=repr(cls)))
+        splits = check_mapping(top["splits"], file=self.file, key_path="splits", allowed=list(top["splits"] or {}))
+        if split_part not in splits:
+            raise ConfigError(
+                format_message(
+                    f"metadataset has no split {split_part!r}",
+                    where=self.where("splits"),
+                    expected=f"one of {', '.join(map(repr, splits)) or '(no splits)'}",
+                    fix="add the split to the YAML or pass another split_part",
+                )
+            )
+        key_path = f"splits.{split_part}"
+        if cls == "MetadatasetV2":
+            plan = self.node_plan(splits[split_part], key_path, split_part)
+        else:
+            plan = self.v1_plan(splits[split_part], key_path, split_part)
+        return replace(plan, source=self.file)
+
+    # V2 ------------------------------------------------------------------------------------------
+    def node_plan(self, node: Any, key_path: str, split_part: str) -> BlendPlan:
+        if not isinstance(node, Mapping):
+            raise ConfigError(format_message("expected a mapping", where=self.where(key_path), expected=f"a mapping with one of {', '.join(_NODE_KINDS)}", found=repr(node)[:80]))
+        kinds = [k for k in _NODE_KINDS if k in node]
+        if len(kinds) != 1:
+            hint = " ('split' is spelled 'split_part')" if "split" in node else ""
+            raise ConfigError(
+                format_message(
+                    "cannot tell what this entry is" + hint,
+                    where=self.where(key_path),
+                    expected=f"exactly one of the keys {', '.join(_NODE_KINDS)}",
+                    found=f"keys {', '.join(map(str, node)) or '(none)'}",
+                )
+            )
+        kind = kinds[0]
+        if kind == "path":
+            return self.ref_plan(node, key_path, split_part, extra=())
+        if kind == "join":
+            raise ConfigError(
+                format_message(
+                    "join is not supported yet",
+                    where=self.where(f"{key_path}.join"),
+                    fix="join the datasets when preparing them (one dataset with all parts), or use Megatron Energon for joins",
+                )
+            )
+        return self.blend_plan(node, key_path, split_part, kind)
+
+    def blend_plan(self, node: Mapping, key_path: str, split_part: str, kind: str) -> BlendPlan:
+        allowed = (kind, "subset", "blend_mode") if kind == "blend" else (kind, "subset")
+        check_mapping(node, file=self.file, key_path=key_path, allowed=allowed)
+        mode = _check_mode(node["blend_mode"], self.where(f"{key_path}.blend_mode")) if "blend_mode" in node else None
+        entries = node[kind]
+        if not isinstance(entries, list) or not entries:
+            raise ConfigError(format_message(f"{kind} needs a list of entries", where=self.where(f"{key_path}.{kind}"), expected="a non-empty list", found=repr(entries)[:80]))
+        extra_key = "weight" if kind == "blend" else "repetitions"
+        children: list[tuple[Any, BlendPlan]] = []
+        for i, entry in enumerate(entries):
+            entry_path = f"{key_path}.{kind}[{i}]"
+            if not isinstance(entry, Mapping):
+                raise ConfigError(format_message("expected a mapping", where=self.where(entry_path), expected="a dataset reference with path and " + extra_key, found=repr(entry)[:80]))
+            raw = entry.get(extra_key, 1)
+            factor = _number(raw, self.where(f"{entry_path}.{extra_key}"), extra_key, allow_zero=kind == "blend")
+            if kind == "blend":
+                factor = _exact(raw)
+            if "join" in entry:
+                self.node_plan(entry, entry_path, split_part)  # raises: join is not supported yet
+            if "path" not in entry:
+                raise ConfigError(format_message(f"{kind} entry without path", where=self.where(entry_path), expected="a dataset reference with a path", found=f"keys {', '.join(map(str, entry))}"))
+            child = self.ref_plan(entry, entry_path, split_part, extra=(extra_key,))
+            if child.kind != "single" and child.kind != kind:
+                raise ConfigError(
+                    format_message(
+                        "blend and blend_epochized are mixed in one tree",
+                        where=self.where(entry_path),
+                        expected=f"only {kind} below this {kind}",
+                        found=f"{child.kind} in {child.source or 'the referenced file'}",
+                        fix="use weights (blend) or repetitions (blend_epochized) throughout one split",
+                    )
+                )
+            mode = self._merge_mode(mode, child.blend_mode, entry_path)
+            children.append((factor, child))
+        leaves: list[LeafDataset] = []
+        if kind == "blend":
+            total = sum(weight for weight, _ in children)
+            if total <= 0:
+                raise ConfigError(format_message("all blend weights are zero", where=self.where(f"{key_path}.blend"), expected="at least one positive weight", found="weights " + ", ".join(f"{float(w):g}" for w, _ in children)))
+            for weight, child in children:
+                leaves.extend(replace(leaf, weight=leaf.weight * weight / total) for leaf in child.leaves)
+        else:
+            for repetitions, child in children:
+                leaves.extend(replace(leaf, repetitions=leaf.repetitions * repetitions) for leaf in child.leaves)
+        plan = BlendPlan(kind, tuple(leaves), mode)
+        if "subset" in node:
+            plan = self._apply_outer_subset(plan, node["subset"], f"{key_path}.subset")
+        return plan
+
+    def _merge_mode(self, mode: str | None, inner: str | None, key_path: str) -> str | None:
+        if mode is not None and inner is not None and mode != inner:
+            raise ConfigError(format_message("conflicting blend_mode values in one tree", where=self.where(key_path), found=f"{mode!r} above, {inner!r} in the referenced file", fix="use one blend_mode per split"))
+        return mode or inner
+
+    def ref_plan(self, ref: Mapping, key_path: str, split_part: str, *, extra: Iterable[str]) -> BlendPlan:
+        if "split" in ref:
+            raise ConfigError(format_message("unknown key 'split'", where=self.where(f"{key_path}.split"), expected="split_part", found="split", fix="rename 'split' to 'split_part' (Energon's docs show 'split' by mistake)"))
+        if "aux" in ref:
+            raise ConfigError(format_message("aux sources are not supported yet", where=self.where(f"{key_path}.aux"), fix="remove aux; read auxiliary files in your cooker instead"))
+        check_mapping(ref, file=self.file, key_path=key_path, allowed=(*_REF_KEYS, *extra), required=("path",))
+        settings = self._ref_settings(ref, key_path, split_part)
+        target = self._resolve(ref["path"], f"{key_path}.path")
+        if is_metadataset_path(target):
+            return self._nested(target, ref, key_path, settings)
+        leaf = LeafDataset(path=str(target), where=self.where(key_path), **settings)
+        if "subset" in ref:
+            leaf = _leaf_subset(leaf, ref["subset"], self.where(f"{key_path}.subset"), innermost=True)
+        _check_dataset(leaf, self.where(f"{key_path}.path"))
+        return BlendPlan("single", (leaf,))
+
+    def _ref_settings(self, ref: Mapping, key_path: str, split_part: str) -> dict[str, Any]:
+        subflavors = ref.get("subflavors") or {}
+        check_mapping(subflavors, file=self.file, key_path=f"{key_path}.subflavors", allowed=list(subflavors))
+        if ref.get("subflavor") is not None:  # V1's single subflavor, as Energon maps it
+            subflavors = {"__subflavor__": ref["subflavor"], **subflavors}
+        multiplier = ref.get("shuffle_over_epochs_multiplier", 1)
+        if not (isinstance(multiplier, int) and not isinstance(multiplier, bool) and multiplier >= 1):
+            raise ConfigError(
+                format_message(
+                    "invalid shuffle_over_epochs_multiplier",
+                    where=self.where(f"{key_path}.shuffle_over_epochs_multiplier"),
+                    expected="an integer >= 1 (-1 and None are not supported yet)",
+                    found=repr(multiplier),
+                )
+            )
+        part = ref.get("split_part", split_part)
+        if not isinstance(part, str) or not part:
+            raise ConfigError(format_message("invalid split_part", where=self.where(f"{key_path}.split_part"), expected="a split name such as train, val or test", found=repr(part)))
+        return {
+            "split_part": part,
+            "subflavors": dict(subflavors),
+            "shuffle_over_epochs_multiplier": multiplier,
+            "dataset_config": ref.get("dataset_config"),
+            "split_config": ref.get("split_config"),
+        }
+
+    def _resolve(self, value: Any, key_path: str) -> Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(format_message("invalid path", where=self.where(key_path), expected="a path relative to the YAML file, or absolute", found=repr(value)))
+        if "://" in value:
+            raise ConfigError(format_message("remote dataset paths are not supported yet", where=self.where(key_path), found=value, fix="use a local path"))
+        path = Path(value)
+        return (path if path.is_absolute() else self.base / path).resolve()
+
+    def _nested(self, target: Path, ref: Mapping, key_path: str, settings: dict[str, Any]) -> BlendPlan:
+        if target in self.chain:
+            cycle = " -> ".join(str(p) for p in (*self.chain, target))
+            raise ConfigError(format_message("circular metadataset reference", where=self.where(f"{key_path}.path"), found=cycle, fix="remove the reference that points back to a file that includes it"))
+        for key in ("dataset_config", "split_config"):
+            if settings[key] is not None:
+                raise ConfigError(format_message(f"{key} is not allowed on a reference to a metadataset", where=self.where(f"{key_path}.{key}"), fix=f"set {key} on the dataset entries inside {target}"))
+        plan = _Parser(target.parent, str(target), (*self.chain, target)).split(load_structured(target), settings["split_part"])
+        outer_flavors = settings["subflavors"]
+        multiplier = settings["shuffle_over_epochs_multiplier"]
+        leaves = tuple(
+            replace(leaf, subflavors={**leaf.subflavors, **outer_flavors}, shuffle_over_epochs_multiplier=leaf.shuffle_over_epochs_multiplier * multiplier)
+            for leaf in plan.leaves
+        )
+        plan = replace(plan, leaves=leaves)
+        if "subset" in ref:
+            plan = self._apply_outer_subset(plan, ref["subset"], f"{key_path}.subset")
+        return plan
+
+    def _apply_outer_subset(self, plan: BlendPlan, subset: Any, key_path: str) -> BlendPlan:
+        return replace(plan, leaves=tuple(_leaf_subset(leaf, subset, self.where(key_path), innermost=False) for leaf in plan.leaves))
+
+    # V1 ------------------------------------------------------------------------------------------
+    def v1_plan(self, node: Any, key_path: str, split_part: str) -> BlendPlan:
+        check_mapping(node, file=self.file, key_path=key_path, allowed=("datasets",), required=("datasets",))
+        entries = node["datasets"]
+        if not isinstance(entries, list) or not entries:
+            raise ConfigError(format_message("datasets needs a list of entries", where=self.where(f"{key_path}.datasets"), expected="a non-empty list", found=repr(entries)[:80]))
+        for i, entry in enumerate(entries):
+            check_mapping(entry, file=self.file, key_path=f"{key_path}.datasets[{i}]", allowed=_V1_REF_KEYS, required=("path",))
+        # The same rules as a V2 blend: weights normalised per level, subflavors merged.
+        converted = [{k: v for k, v in entry.items()} for entry in entries]
+        return self.v1_blend(converted, key_path, split_part)
+
+    def v1_blend(self, entries: list[dict], key_path: str, split_part: str) -> BlendPlan:
+        children = []
+        for i, entry in enumerate(entries):
+            entry_path = f"{key_path}.datasets[{i}]"
+            raw = entry.pop("weight", 1)
+            _number(raw, self.where(f"{entry_path}.weight"), "weight", allow_zero=True)
+            weight = _exact(raw)
+            settings = self._ref_settings(entry, entry_path, split_part)
+            target = self._resolve(entry["path"], f"{entry_path}.path")
+            if is_metadataset_path(target):
+                child = self._nested(target, entry, entry_path, settings)
+            else:
+                leaf = LeafDataset(path=str(target), where=self.where(entry_path), **settings)
+                _check_dataset(leaf, self.where(f"{entry_path}.path"))
+                child = BlendPlan("single", (leaf,))
+            children.append((weight, child))
+        total = sum(w for w, _ in children)
+        if total <= 0:
+            raise ConfigError(format_message("all blend weights are zero", where=self.where(f"{key_path}.datasets"), expected="at least one positive weight"))
+        leaves = [replace(leaf, weight=leaf.weight * w / total) for w, child in children for leaf in child.leaves]
+        return BlendPlan("blend", tuple(leaves))
+
+
+def _leaf_subset(leaf: LeafDataset, subset: Any, where: str, *, innermost: bool) -> LeafDataset:
+    """Folds one ``subset: {range: [start, end]}`` into ``leaf`` (inner ranges come first)."""
+    if not isinstance(subset, Mapping) or set(subset) != {"range"} or not isinstance(subset["range"], list) or len(subset["range"]) != 2:
+        raise ConfigError(format_message("invalid subset", where=where, expected="{range: [start, end]} with percentages ('10%'), sample indices or 'end'", found=repr(subset)[:120]))
+    (kind_a, a), (kind_b, b) = (_range_bound(v, f"{where}.range[{i}]") for i, v in enumerate(subset["range"]))
+    if kind_a == "end":
+        raise ConfigError(format_message("invalid subset range start", where=f"{where}.range[0]", expected="a percentage or a sample index", found="'end'"))
+    if kind_a == "absolute" or kind_b == "absolute":
+        if not innermost:
+            raise ConfigError(format_message("absolute subset ranges are only allowed on datasets", where=where, expected="percentages on blends and references to metadatasets", found=repr(subset["range"]), fix="use percentages here, or put the index range on the dataset entry"))
+        if kind_a != "absolute" or kind_b == "relative":
+            raise ConfigError(format_message("subset range mixes sample indices and percentages", where=where, expected="[index, index or 'end'] or [percent, percent]", found=repr(subset["range"])))
+        if b is not None and b < a:
+            raise ConfigError(format_message("subset range ends before it starts", where=where, found=repr(subset["range"])))
+        return replace(leaf, absolute_range=(a, b))
+    start, end = a, 1.0 if b is None else b
+    if end < start:
+        raise ConfigError(format_message("subset range ends before it starts", where=where, found=repr(subset["range"])))
+    if leaf.relative_range is None:
+        return replace(leaf, relative_range=(start, end))
+    inner_start, inner_end = leaf.relative_range
+    width = inner_end - inner_start  # an outer range selects a part of what the inner one left
+    return replace(leaf, relative_range=(inner_start + start * width, inner_start + end * width))
+
+
+def _check_dataset(leaf: LeafDataset, where: str) -> None:
+    """The leaf's path must be a prepared dataset folder or a ``.jsonl`` file."""
+    path = Path(leaf.path)
+    if path.suffix == ".jsonl" and path.is_file():
+        return
+    if not path.exists():
+        raise DatasetError(format_message("dataset path does not exist", where=where, found=str(path), fix="check the path (relative paths are relative to the YAML file)"))
+    if path.is_file():
+        raise DatasetError(format_message("not a dataset", where=where, expected="a prepared dataset folder, a .jsonl file or a metadataset .yaml", found=str(path)))
+    if not is_prepared(path):
+        raise DatasetError(format_message("dataset was never prepared", where=where, found=f"{path} has no .nv-meta/.info.json", fix=f"run `energon-lite prepare {path}` first"))

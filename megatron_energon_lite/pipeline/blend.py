@@ -1,0 +1,298 @@
+"""BlendNode: mixes several sources by weight, in one of two modes.
+
+``random`` (Energon's behaviour): each item's source is drawn with probability proportional to its
+weight, from draw ``n`` of a counter-based stream, so a state only needs the draw counter.
+
+``exact``: the source of each item is read from :class:`ExactSchedule`, a deterministic schedule
+over positions ``0, 1, 2, ...`` of a stream whose per-source counts stay within one item of
+``weight * position`` at every prefix.  With ``position`` mapping this worker's ``n``-th item to
+its place in the global stream (all ranks and workers; see ``build.py``), the whole training
+stream holds the weights within one sample at every step, not only each worker's share.
+
+A source that ends is exhausted: its weight drops to 0 and the others go on; the blend ends when
+all are exhausted.  ``start_epoch`` starts every source's next epoch (``blend_epochized`` with
+``repeat=True``).
+
+Restore keys: ``("Blend", source_index)`` prepended to the item's key.
+
+State keys:
+    ``stage``: ``"Blend"``.
+    ``emitted``: items yielded in this epoch (the next item is number ``emitted``).
+    ``draws``: random draws used in this epoch (random mode).
+    ``counts``: items yielded per source since the start (all epochs; for blend reports).
+    ``exhausted``: per source, whether it ended in this epoch.
+    ``epoch``: the epoch (``start_epoch`` calls so far).
+    ``schedule``: the exact schedule's cursor (exact mode), else ``None``.
+    ``sources``: the sources' states.
+"""
+
+from __future__ import annotations
+
+import bisect
+from fractions import Fraction
+from itertools import accumulate
+from math import lcm
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, DatasetError, StateError, format_message
+from ..rng import UniformStream
+from .node import Node, State, as_key, get_restore_key, set_restore_key
+
+__all__ = ["BlendNode", "ExactSchedule", "integer_weights"]
+
+#: Periods up to this length are tabulated once, so a jump to any position costs O(sources).
+_TABLE_LIMIT = 1 << 16
+
+
+def integer_weights(weights: Sequence[Fraction | float | int]) -> list[int]:
+    """Exact integer weights with the same ratios (floats are read as the decimal they print as)."""
+    fractions = [w if isinstance(w, Fraction) else Fraction(repr(float(w))) for w in weights]
+    scale = lcm(*(f.denominator for f in fractions))
+    return [int(f * scale) for f in fractions]
+
+
+class ExactSchedule:
+    """Which source takes each position of a stream, with counts within one of the weights.
+
+    Tijdeman's solution of the chairman assignment problem: at position ``p`` (time ``n = p + 1``)
+    the candidates are the sources with ``w_i * n - c_i >= d`` (``d = 1 / (2K - 2)``, ``K`` sources,
+    ``c_i`` the count so far) and the one whose next deadline ``(c_i + 1 - d) / w_i`` comes first
+    wins (ties: the lowest index).  This keeps ``|c_i - w_i * n| <= 1 - d < 1`` for every source
+    at every ``n`` (Megatron-LM's greedy rule reaches 1.5).  Integer weights make every comparison
+    exact.  The schedule repeats with period ``sum(weights)``; periods up to 65,536 are tabulated.
+
+    The cursor (next position and the counts before it) is the only state; positions must be
+    visited in increasing order.
+    """
+
+    def __init__(self, weights: Sequence[int]) -> None:
+        self.weights = [int(w) for w in weights]
+        if not self.weights or any(w < 0 for w in self.weights) or sum(self.weights) == 0:
+            raise ConfigError(format_message("invalid exact blend weights", expected="non-negative integers, at least one positive", found=repr(weights)))
+        self.period = sum(self.weights)
+        self._scale = 2 * len(self.weights) - 2
+        self._table: np.ndarray | None = None
+        self._prefix: np.ndarray | None = None
+        if self.period <= _TABLE_LIMIT:
+            self._tabulate()
+        self.reset()
+
+    def reset(self, state: dict | None = None) -> None:
+        if state is None:
+            self.position, self.counts = 0, [0] * len(self.weights)
+            return
+        self.position, self.counts = int(state["position"]), [int(c) for c in state["counts"]]
+
+    def get_state(self) -> dict:
+        return {"position": self.position, "counts": list(self.counts)}
+
+    def _step(self, position: int, counts: list[int]) -> int:
+        """The source at ``position`` given the counts before it (no table)."""
+        if len(self.weights) == 1:
+            return 0
+        n, total, scale = position + 1, self.period, self._scale
+        best, best_num, best_den = -1, 0, 1
+        for i, w in enumerate(self.weights):
+            # Eligible: (w_i * n - c_i * total) / total >= 1 / scale, in integers.
+            if w == 0 or (w * n - counts[i] * total) * scale < total:
+                continue
+            num = (counts[i] + 1) * scale - 1  # deadline ~ num / w_i
+            if best < 0 or num * best_den < best_num * w:
+                best, best_num, best_den = i, num, w
+        return best
+
+    def _tabulate(self) -> None:
+        counts = [0] * len(self.weights)
+        table = np.empty(self.period, dtype=np.int32)
+        prefix = np.zeros((self.period + 1, len(self.weights)), dtype=np.int64)
+        for p in range(self.period):
+            i = self._step(p, counts)
+            table[p] = i
+            counts[i] += 1
+            prefix[p + 1] = counts
+        self._table, self._prefix = table, prefix
+
+    def source_at(self, position: int) -> int:
+        """The source of ``position`` (>= the cursor); moves the cursor past it."""
+        if position < self.position:
+            raise StateError(format_message("exact blend schedule asked for a past position", expected=f">= {self.position}", found=str(position)))
+        if self._table is not None:
+            cycles, offset = divmod(position, self.period)
+            source = int(self._table[offset])
+            counts = self._prefix[offset] + cycles * np.asarray(self.weights, dtype=np.int64)
+            self.counts = [int(c) for c in counts]
+        else:
+            counts = self.counts
+            for p in range(self.position, position):
+                counts[self._step(p, counts)] += 1
+            source = self._step(position, counts)
+        self.counts[source] += 1
+        self.position = position + 1
+        return source
+
+
+class BlendNode(Node[Any]):
+    """Mixes ``sources`` by ``weights`` (random draws, or an :class:`ExactSchedule`)."""
+
+    tag = "Blend"
+
+    def __init__(
+        self,
+        sources: Sequence[Node[Any]],
+        weights: Sequence[Fraction | float],
+        *,
+        seed: int,
+        mode: str = "random",
+        position: Callable[[int], int] | None = None,
+        names: Sequence[str] | None = None,
+        infinite: bool = False,
+    ) -> None:
+        self.sources = list(sources)
+        if len(self.sources) != len(weights) or not self.sources:
+            raise ConfigError(format_message("BlendNode needs one weight per source", found=f"{len(self.sources)} sources, {len(weights)} weights"))
+        if mode not in ("random", "exact"):
+            raise ConfigError(format_message("unknown blend mode", expected="random or exact", found=repr(mode)))
+        self.weights = [float(w) for w in weights]
+        self.mode = mode
+        self.seed = seed
+        self.infinite = infinite  # every source repeats forever (a weighted blend)
+        self.names = list(names) if names is not None else [f"source {i}" for i in range(len(self.sources))]
+        # The exact schedule runs over global positions; by default this worker's own items.
+        self.position = position if position is not None else (lambda n: n)
+        self.schedule = ExactSchedule(integer_weights(weights)) if mode == "exact" else None
+        self._stream: UniformStream | None = None
+        self._counts = [0] * len(self.sources)
+        self.reset()
+
+    # --- state -------------------------------------------------------------------------------
+    def _start(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._emitted = 0
+        self._draws = 0
+        self._exhausted = [w == 0 for w in self.weights]
+        self._stream = UniformStream(self.seed, "blend", epoch)
+        if self.schedule is not None:
+            self.schedule.reset()
+
+    def start_epoch(self, epoch: int) -> None:
+        for source in self.sources:
+            start_epoch = getattr(source, "start_epoch", None)
+            if start_epoch is None:
+                raise ConfigError(format_message("a blended source cannot start a new epoch", found=type(source).__name__))
+            start_epoch(epoch)
+        self._start(epoch)
+
+    def reset(self, state: State | None = None) -> None:
+        if state is None:
+            for source in self.sources:
+                source.reset(None)
+            self._counts = [0] * len(self.sources)
+            self._start(0)
+            return
+        self.check_state(state, "epoch", "emitted", "draws", "counts", "exhausted", "schedule", "sources")
+        if len(state["sources"]) != len(self.sources) or len(state["counts"]) != len(self.sources):
+            raise StateError(
+                format_message(
+                    "saved Blend state has a different number of datasets",
+                    expected=f"{len(self.sources)} datasets ({', '.join(self.names)})",
+                    found=f"{len(state['sources'])} source states",
+                    fix="restore a state saved by a loader over the same blend",
+                )
+            )
+        for source, source_state in zip(self.sources, state["sources"]):
+            source.reset(source_state)
+        self._start(state["epoch"])
+        self._emitted, self._draws = state["emitted"], state["draws"]
+        self._counts = [int(c) for c in state["counts"]]
+        self._exhausted = [bool(e) for e in state["exhausted"]]
+        if self.schedule is not None:
+            self.schedule.reset(state["schedule"])
+
+    def get_state(self) -> State:
+        return {
+            "stage": self.tag,
+            "epoch": self._epoch,
+            "emitted": self._emitted,
+            "draws": self._draws,
+            "counts": list(self._counts),
+            "exhausted": list(self._exhausted),
+            "schedule": None if self.schedule is None else self.schedule.get_state(),
+            "sources": [source.get_state() for source in self.sources],
+        }
+
+    # --- iteration -----------------------------------------------------------------------------
+    def _choose(self) -> int:
+        if self.schedule is not None:
+            return self.schedule.source_at(self.position(self._emitted))
+        live = [0.0 if done else w for w, done in zip(self.weights, self._exhausted)]
+        cumulative = list(accumulate(live))
+        draw = self._stream.at(self._draws) * cumulative[-1]
+        self._draws += 1
+        return min(bisect.bisect_right(cumulative, draw), len(live) - 1)
+
+    def next(self) -> Any:
+        while not all(self._exhausted):
+            index = self._choose()
+            if self._exhausted[index]:
+                # Exact mode only (random draws skip exhausted sources): this position's source
+                # has ended (an epochized pass with excluded samples); its slot stays empty.
+                self._emitted += 1
+                continue
+            try:
+                item = self.sources[index].next()
+            except StopIteration:
+                self._exhausted[index] = True
+                if self.schedule is not None and self.infinite:
+                    raise DatasetError(
+                        format_message(
+                            "a blended dataset ran out of samples on this worker",
+                            where=self.names[index],
+                            expected="every dataset of an exact blend to have samples on every worker",
+                            fix="use fewer workers or ranks, or blend_mode: random",
+                        )
+                    ) from None
+                if self.schedule is not None:
+                    self._emitted += 1
+                continue
+            self._emitted += 1
+            self._counts[index] += 1
+            return set_restore_key(item, (self.tag, index) + get_restore_key(item))
+        raise StopIteration
+
+    def restore(self, restore_key: tuple) -> Any:
+        key = as_key(restore_key)
+        if len(key) < 2 or key[0] != self.tag or not isinstance(key[1], int) or not 0 <= key[1] < len(self.sources):
+            raise StateError(format_message("restore key does not belong to this Blend stage", expected=f"('Blend', source index < {len(self.sources)}, *item_key)", found=repr(key)[:200]))
+        return set_restore_key(self.sources[key[1]].restore(key[2:]), key)
+
+
+def consumed_counts(state: Any, num_sources: int) -> list[int] | None:
+    """Per-source items a worker has handed on past its shuffle buffer, from its state alone.
+
+    The blend counts what it yielded; items still waiting in a shuffle buffer above it (saved as
+    restore keys starting with ``("Blend", source)``) are not consumed yet and are subtracted.
+    Returns None when the state holds no blend.
+    """
+    counts: list[int] | None = None
+    waiting = [0] * num_sources
+
+    def walk(node: Any) -> None:
+        nonlocal counts
+        if not isinstance(node, dict):
+            return
+        if node.get("stage") == BlendNode.tag:
+            counts = [int(c) for c in node["counts"]]
+            return
+        if node.get("stage") == "Shuffle":
+            for key in node.get("buffer", ()):
+                if len(key) >= 2 and key[0] == BlendNode.tag and 0 <= key[1] < num_sources:
+                    waiting[key[1]] += 1
+        for child in [node.get("source")] + list(node.get("sources") or []):
+            walk(child)
+
+    walk(state)
+    if counts is None:
+        return None
+    return [c - w for c, w in zip(counts, waiting)]

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from resume import END, ListSource, check_resume_at_every_step, run
+
+from megatron_energon_lite.errors import ConfigError, StateError
+from megatron_energon_lite.pipeline.blend import BlendNode, ExactSchedule, consumed_counts, integer_weights
+from megatron_energon_lite.pipeline.repeat import RepeatNode
+from megatron_energon_lite.pipeline.shuffle import ShuffleBufferNode
+
+
+def sources(*sizes: int, repeat: bool = True) -> list:
+    lists = [ListSource([f"{chr(97 + i)}{j}" for j in range(n)]) for i, n in enumerate(sizes)]
+    return [RepeatNode(s) for s in lists] if repeat else lists
+
+
+def origin(event) -> int:
+    return event[0][1]  # ("Blend", source index, ...)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=8).filter(lambda w: sum(w) > 0), st.integers(1, 2500))
+def test_exact_schedule_stays_within_one_of_the_weights_at_every_prefix(weights: list[int], length: int) -> None:
+    schedule = ExactSchedule(weights)
+    total = sum(weights)
+    counts = [0] * len(weights)
+    for position in range(length):
+        counts[schedule.source_at(position)] += 1
+        n = position + 1
+        for c, w in zip(counts, weights):
+            assert abs(c - w * n / total) < 1, (weights, position, counts)
+    assert schedule.counts == counts
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=2, max_size=5), st.lists(st.integers(0, 400), min_size=1, max_size=30))
+def test_jumping_to_positions_gives_the_full_schedule(weights: list[int], positions: list[int]) -> None:
+    """Visiting only some positions (a worker's share) reads the same sources as the full run,
+    with and without the period table."""
+    full = ExactSchedule(weights)
+    expected = [full.source_at(p) for p in range(401)]
+    for tabulated in (True, False):
+        schedule = ExactSchedule(weights)
+        if not tabulated:
+            schedule._table = None
+        assert [schedule.source_at(p) for p in sorted(set(positions))] == [expected[p] for p in sorted(set(positions))]
+
+
+def test_exact_schedule_refuses_going_back() -> None:
+    schedule = ExactSchedule([1, 1])
+    schedule.source_at(5)
+    with pytest.raises(StateError, match="past position"):
+        schedule.source_at(3)
+
+
+def test_integer_weights_read_floats_as_their_decimals() -> None:
+    assert integer_weights([0.6, 0.3, 0.1]) == [6, 3, 1]
+    assert integer_weights([Fraction(1, 3), Fraction(2, 3)]) == [1, 2]
+    assert integer_weights([5, 2, 1]) == [5, 2, 1]
+
+
+def test_random_blend_matches_the_weights_within_3_percent() -> None:
+    node = BlendNode(sources(7, 5, 3), [6, 3, 1], seed=11)
+    counts = Counter(origin(e) for e in run(node, 10_000))
+    for index, target in enumerate([6000, 3000, 1000]):
+        assert abs(counts[index] - target) <= 0.03 * target
+
+
+def test_exact_blend_counts_are_within_one_at_every_prefix() -> None:
+    node = BlendNode(sources(7, 5, 3), [0.6, 0.3, 0.1], seed=11, mode="exact")
+    counts = [0, 0, 0]
+    for n, event in enumerate(run(node, 10_000), start=1):
+        counts[origin(event)] += 1
+        assert all(abs(c - w * n) < 1 for c, w in zip(counts, [0.6, 0.3, 0.1]))
+
+
+def test_exact_blend_is_exact_over_interleaved_workers() -> None:
+    """Two workers take alternate global positions; their interleaved streams are exact."""
+    workers = [BlendNode(sources(7, 5, 3), [5, 2, 1], seed=s, mode="exact", position=lambda n, l=l: 2 * n + l) for l, s in enumerate((3, 4))]
+    streams = [run(w, 500) for w in workers]
+    counts = [0, 0, 0]
+    for n in range(1, 1001):
+        counts[origin(streams[(n - 1) % 2][(n - 1) // 2])] += 1
+        assert all(abs(c - w * n / 8) < 1 for c, w in zip(counts, [5, 2, 1]))
+
+
+def test_finite_sources_give_every_item_once_then_end() -> None:
+    node = BlendNode(sources(5, 3, 7, repeat=False), [1, 1, 1], seed=9)
+    events = run(node, 20)
+    items = [e[1]["value"] for e in events if e is not END]
+    assert sorted(items) == sorted([f"a{j}" for j in range(5)] + [f"b{j}" for j in range(3)] + [f"c{j}" for j in range(7)])
+    assert events[15:] == [END] * 5
+
+
+def test_exact_with_per_worker_sizes_uses_every_item_once() -> None:
+    node = BlendNode(sources(5, 3, 7, repeat=False), [5, 3, 7], seed=9, mode="exact")
+    items = [e[1]["value"] for e in run(node, 16) if e is not END]
+    assert len(items) == 15 and len(set(items)) == 15
+
+
+def test_zero_weight_sources_are_never_read() -> None:
+    events = run(BlendNode(sources(3, 3), [1, 0], seed=1), 30)
+    assert {origin(e) for e in events} == {0}
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_resume_at_every_step(mode: str) -> None:
+    check_resume_at_every_step(lambda: BlendNode(sources(4, 3, 2), [3, 2, 1], seed=5, mode=mode), steps=40)
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_resume_across_epochs_of_a_repeated_epochized_blend(mode: str) -> None:
+    def make():
+        inner = [RepeatNode(s, r, worker_samples=n) for s, r, n in zip(sources(4, 6, repeat=False), [2, 0.5], [4, 6])]
+        return RepeatNode(BlendNode(inner, [4 * 2, 6 * 0.5], seed=5, mode=mode))
+
+    events = check_resume_at_every_step(make, steps=40)
+    first_pass = [e[1]["value"] for e in events[:11]]
+    assert Counter(v[0] for v in first_pass) == {"a": 8, "b": 3}
+    assert Counter(first_pass)["a0"] == 2
+
+
+def test_restore_rebuilds_from_the_right_source() -> None:
+    node = BlendNode(sources(4, 3), [1, 1], seed=5)
+    for key, item in run(node, 10):
+        assert node.restore(key) == {**item, "__restore_key__": key}
+    with pytest.raises(StateError, match="Blend"):
+        node.restore(("Blend", 7, "List", 0))
+
+
+def test_state_from_another_blend_is_refused() -> None:
+    state = BlendNode(sources(4, 3), [1, 1], seed=5).get_state()
+    with pytest.raises(StateError, match="different number of datasets"):
+        BlendNode(sources(4, 3, 2), [1, 1, 1], seed=5).reset({**state})
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ConfigError, match="one weight per source"):
+        BlendNode(sources(4, 3), [1], seed=5)
+    with pytest.raises(ConfigError, match="blend mode"):
+        BlendNode(sources(4, 3), [1, 1], seed=5, mode="greedy")
+
+
+def test_consumed_counts_leave_out_what_waits_in_the_shuffle_buffer() -> None:
+    node = ShuffleBufferNode(BlendNode(sources(5, 5), [1, 1], seed=3), 6, seed=4)
+    taken = [origin(e) for e in run(node, 9)]
+    consumed = consumed_counts(node.get_state(), 2)
+    assert consumed == [taken.count(0), taken.count(1)]
+    assert consumed_counts({"stage": "Source"}, 2) is None

@@ -1,0 +1,327 @@
+"""Blends end to end: metadataset YAML -> get_train_dataset / get_val_dataset -> loader."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from megatron_energon_lite import (
+    Blender,
+    ConfigError,
+    DatasetError,
+    WorkerConfig,
+    blend_report,
+    get_loader,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+    get_val_datasets,
+)
+from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_text_dataset
+
+TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
+SIZES = {"A": 55, "B": 55, "C": 30}
+HEADER = "__module__: megatron.energon\n__class__: MetadatasetV2\n"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """Three text datasets whose keys start with their name (A: 5 shards x 11, ...)."""
+    base = tmp_path_factory.mktemp("mds")
+    for name, size in SIZES.items():
+        shards = 5 if size % 5 == 0 and size > 30 else 3
+        generate_text_dataset(base / name, num_shards=shards, samples_per_shard=size // shards, max_words=8, seed=ord(name), key_pattern=name + "{shard:02d}_{index:03d}")
+        prepare_dataset(base / name, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
+    return base
+
+
+def write(root: Path, name: str, text: str) -> Path:
+    path = root / name
+    path.write_text(HEADER + text)
+    return path
+
+
+def config(workers: int = 0, rank: int = 0, world_size: int = 1) -> WorkerConfig:
+    return WorkerConfig(rank=rank, world_size=world_size, num_workers=workers)
+
+
+def train(path, workers: int = 0, **kwargs):
+    settings = dict(worker_config=config(workers), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None)
+    settings.update(kwargs)
+    return get_train_dataset(path, **settings)
+
+
+def keys(loader, n: int) -> list[str]:
+    out: list[str] = []
+    for item in loader:
+        out.extend(item.__key__ if isinstance(item.__key__, list) else [item.__key__])
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+def blend_yaml(root: Path, weights=(6, 3, 1), extra: str = "") -> Path:
+    entries = "".join(f"      - weight: {w}\n        path: ./{name}\n        split_part: train\n" for name, w in zip("ABC", weights))
+    return write(root, f"blend_{'_'.join(map(str, weights))}{abs(hash(extra))}.yaml", f"splits:\n  train:\n{extra}    blend:\n{entries}")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_blend_lands_within_3_percent(root: Path, workers: int) -> None:
+    """Per-sample draws: each count is binomial, so allow 4 standard deviations (C: +-120 of
+    1000; Energon observed 955), which is inside 3% of the 10,000 samples."""
+    got = Counter(k[0] for k in keys(get_loader(train(blend_yaml(root), workers)), 10_000))
+    for name, share in zip("ABC", (0.6, 0.3, 0.1)):
+        assert abs(got[name] - share * 10_000) <= 4 * (10_000 * share * (1 - share)) ** 0.5, got
+
+
+@pytest.mark.parametrize(("workers", "batch_size"), [(0, None), (2, None), (2, 4), (0, 5)])
+def test_exact_blend_is_within_one_at_every_prefix(root: Path, workers: int, batch_size) -> None:
+    loader = get_loader(train(blend_yaml(root, extra="    blend_mode: exact\n"), workers, batch_size=batch_size))
+    counts = Counter()
+    for n, key in enumerate(keys(loader, 3000), start=1):
+        counts[key[0]] += 1
+        for name, weight in zip("ABC", (0.6, 0.3, 0.1)):
+            assert abs(counts[name] - weight * n) < 1, (n, counts)
+
+
+def test_exact_blend_with_a_shuffle_buffer_still_holds_the_totals(root: Path) -> None:
+    """The buffer reorders inside a window; counts stay within the buffer size of the weights."""
+    loader = get_loader(train(blend_yaml(root), 2, blend_mode="exact", shuffle_buffer_size=20))
+    got = Counter(k[0] for k in keys(loader, 2000))
+    for name, weight in zip("ABC", (0.6, 0.3, 0.1)):
+        assert abs(got[name] - weight * 2000) <= 2 * 20
+
+
+def test_blend_mode_from_python_and_yaml_must_agree(root: Path) -> None:
+    path = blend_yaml(root, extra="    blend_mode: exact\n")
+    with pytest.raises(ConfigError, match="blend_mode differs"):
+        train(path, blend_mode="random")
+    assert train(path, blend_mode="exact").config()["blend_mode"] == "exact"
+
+
+def test_epochized_blend_matches_energons_numbers(root: Path) -> None:
+    """Energon 7.4.1, observed: A x2 + B x0.5 (55 samples each, 2 workers) -> 137 per pass,
+    every A key exactly twice and 27 distinct B keys once; the next pass again 137."""
+    path = write(root, "epochized.yaml", "splits:\n  train:\n    blend_epochized:\n      - repetitions: 2\n        path: ./A\n      - repetitions: 0.5\n        path: ./B\n")
+    ds = train(path, 2, repeat=False)
+    assert len(ds) == 137
+    loader = get_loader(ds)
+    for _ in range(2):
+        got = Counter(sample.__key__ for sample in loader)
+        a = {k: v for k, v in got.items() if k[0] == "A"}
+        b = {k: v for k, v in got.items() if k[0] == "B"}
+        assert len(a) == 55 and set(a.values()) == {2}
+        assert len(b) == 27 and set(b.values()) == {1}
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_epochized_blend_repeats_pass_after_pass(root: Path, mode: str) -> None:
+    path = write(root, f"epochized_{mode}.yaml", f"splits:\n  train:\n    blend_epochized:\n      - repetitions: 1\n        path: ./A\n      - repetitions: 1\n        path: ./C\n")
+    loader = get_loader(train(path, 0, blend_mode=mode))
+    stream = keys(loader, 3 * 85)
+    for p in range(3):
+        assert sorted(stream[p * 85 : (p + 1) * 85]) == sorted(stream[:85])
+        assert len(set(stream[p * 85 : (p + 1) * 85])) == 85
+
+
+def test_subset_selects_energons_sample_range(root: Path) -> None:
+    """Energon, observed: subset [80%, 100%] of 55 samples reads samples 44..54."""
+    path = write(root, "subset.yaml", "splits:\n  train:\n    path: ./A\n    subset: {range: [80%, 100%]}\n")
+    got = {s.__key__ for s in get_loader(train(path, 0, repeat=False))}
+    all_keys = [s.__key__ for s in get_loader(get_val_dataset(root / "A", split_part="train", worker_config=config(), batch_size=None))]
+    assert got == set(all_keys[44:55])
+
+
+def test_nested_subsets_compose_and_absolute_ranges_apply_first(root: Path) -> None:
+    all_keys = [s.__key__ for s in get_loader(get_val_dataset(root / "A", split_part="train", worker_config=config(), batch_size=None))]
+    inner = write(root, "inner_subset.yaml", "splits:\n  train:\n    path: ./A\n    subset: {range: [10, 50]}\n")
+    outer = write(root, "outer_subset.yaml", f"splits:\n  train:\n    blend:\n      - path: {inner.name}\n        subset: {{range: [25%, 75%]}}\n")
+    ds = get_val_dataset(outer, split_part="train", worker_config=config(), batch_size=None)
+    got = [s.__key__ for s in get_loader(ds)]
+    assert got == all_keys[10 + 10 : 10 + 30]  # 40 samples left by [10, 50); 25%..75% of them
+
+
+def test_subflavors_outer_override_inner(root: Path) -> None:
+    inner = write(root, "inner_flavors.yaml", "splits:\n  train:\n    path: ./C\n    subflavors: {source: inner, keep: yes}\n")
+    outer = write(root, "outer_flavors.yaml", f"splits:\n  train:\n    blend:\n      - path: {inner.name}\n        subflavors: {{source: outer}}\n      - path: ./A\n")
+    flavors = {s.__key__[0]: s.__subflavors__ for s in keys_samples(get_loader(train(outer, 0)), 200)}
+    assert flavors["C"] == {"source": "outer", "keep": True}
+    assert flavors["A"] in ({}, None)
+
+
+def keys_samples(loader, n: int) -> list:
+    out = []
+    for sample in loader:
+        out.append(sample)
+        if len(out) >= n:
+            return out
+    return out
+
+
+def test_nested_weights_multiply(root: Path) -> None:
+    inner = write(root, "inner_weights.yaml", "splits:\n  train:\n    blend:\n      - {weight: 1, path: ./B}\n      - {weight: 3, path: ./C}\n")
+    outer = write(root, "outer_weights.yaml", f"splits:\n  train:\n    blend:\n      - {{weight: 1, path: ./A}}\n      - {{weight: 1, path: {inner.name}}}\n")
+    ds = train(outer, 0, blend_mode="exact")
+    shares = {d["path"][-1]: d["target_share"] for d in ds.config()["datasets"]}
+    assert shares == {"A": 0.5, "B": 0.125, "C": 0.375}
+    got = Counter(k[0] for k in keys(get_loader(ds), 800))
+    assert got == {"A": 400, "B": 100, "C": 300}
+
+
+def test_legacy_v1_format(root: Path) -> None:
+    path = root / "v1.yaml"
+    path.write_text("__module__: megatron.energon\nsplits:\n  train:\n    datasets:\n      - {weight: 3, path: ./A, split_part: train, subflavor: legacy}\n      - {weight: 1, path: ./C, split_part: train}\n")
+    samples = keys_samples(get_loader(train(path, 0, blend_mode="exact")), 400)
+    assert Counter(s.__key__[0] for s in samples) == {"A": 300, "C": 100}
+    assert next(s for s in samples if s.__key__[0] == "A").__subflavors__ == {"__subflavor__": "legacy"}
+
+
+def test_val_concatenates_in_yaml_order_without_weights(root: Path) -> None:
+    path = write(root, "val.yaml", "splits:\n  val:\n    blend:\n      - {weight: 9, path: ./C, split_part: train}\n      - {weight: 1, path: ./A, split_part: train}\n")
+    got = [s.__key__ for s in get_loader(get_val_dataset(path, worker_config=config(), batch_size=None))]
+    assert len(got) == 85 and [k[0] for k in got] == ["C"] * 30 + ["A"] * 55
+    entries = get_val_datasets(path, worker_config=config(), batch_size=5)
+    assert [(Path(d["path"]).name, len(ds)) for ds, d in entries] == [("C", 6), ("A", 11)]
+
+
+def test_blender_equals_the_yaml(root: Path) -> None:
+    yaml_keys = keys(get_loader(train(blend_yaml(root), 0)), 300)
+    blender = Blender([(root / "A", 6), (root / "B", 3), (root / "C", 1)], split_part="train")
+    assert keys(get_loader(train(blender, 0)), 300) == yaml_keys
+
+
+def test_a_dict_works_like_a_file(root: Path) -> None:
+    import yaml
+
+    text = HEADER + f"splits:\n  train:\n    blend:\n      - {{weight: 2, path: {root / 'A'}}}\n      - {{weight: 1, path: {root / 'C'}}}\n"
+    assert keys(get_loader(train(yaml.safe_load(text), 0)), 99)[:99] == keys(get_loader(train(write(root, "as_file.yaml", text[len(HEADER):]), 0)), 99)
+
+
+def test_two_entries_of_one_dataset_read_in_different_orders(root: Path) -> None:
+    """Energon gives both entries the same order (en#266); here each has its own seed."""
+    path = write(root, "twice.yaml", "splits:\n  train:\n    blend:\n      - {weight: 1, path: ./A}\n      - {weight: 1, path: ./A}\n")
+    samples = keys_samples(get_loader(train(path, 0, max_samples_per_sequence=2)), 200)
+    by_entry = [[s.__key__ for s in samples if s.__restore_key__[3] == i] for i in (0, 1)]
+    assert by_entry[0][:20] != by_entry[1][:20]
+
+
+# --- state ---------------------------------------------------------------------------------
+
+
+def _resume_everywhere(make, steps: int, at) -> None:
+    loader = get_savable_loader(make())
+    it = iter(loader)
+    states, stream = [loader.save_state_rank()], []
+    for _ in range(steps):
+        item = next(it)
+        stream.append(list(item.__key__) if isinstance(item.__key__, list) else item.__key__)
+        states.append(json.loads(json.dumps(loader.save_state_rank())))
+    for step in at:
+        fresh = get_savable_loader(make())
+        fresh.restore_state_rank(states[step])
+        rest = []
+        for _, item in zip(range(steps - step), fresh):
+            rest.append(list(item.__key__) if isinstance(item.__key__, list) else item.__key__)
+        assert rest == stream[step:], f"restored at step {step}"
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_resume_inside_a_blend_at_every_step(root: Path, mode: str) -> None:
+    path = blend_yaml(root)
+    _resume_everywhere(lambda: train(path, 0, blend_mode=mode, batch_size=3, shuffle_buffer_size=7, max_samples_per_sequence=4), 40, range(41))
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_resume_inside_and_across_epochized_passes(root: Path, mode: str) -> None:
+    path = write(root, f"epochized_state_{mode}.yaml", "splits:\n  train:\n    blend_epochized:\n      - repetitions: 2\n        path: ./C\n      - repetitions: 0.5\n        path: ./B\n")
+    # 60 + 27 = 87 samples per pass, batches of 4 (the last of a pass has 3): 22 per pass.
+    _resume_everywhere(lambda: train(path, 0, blend_mode=mode, batch_size=4, shuffle_buffer_size=5), 50, range(51))
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_resume_with_two_workers(root: Path, mode: str) -> None:
+    path = blend_yaml(root)
+    _resume_everywhere(lambda: train(path, 2, blend_mode=mode, batch_size=3, shuffle_buffer_size=7, max_samples_per_sequence=4), 30, (0, 1, 2, 7, 18, 29))
+
+
+def test_epochized_resume_with_two_workers_across_the_pass_end(root: Path) -> None:
+    path = write(root, "epochized_workers.yaml", "splits:\n  train:\n    blend_epochized:\n      - repetitions: 1\n        path: ./C\n      - repetitions: 0.5\n        path: ./A\n")
+    _resume_everywhere(lambda: train(path, 2, batch_size=4), 30, (0, 5, 13, 14, 15, 29))
+
+
+def test_blend_state_is_refused_by_another_blend(root: Path) -> None:
+    loader = get_savable_loader(train(blend_yaml(root), 0))
+    next(iter(loader))
+    other = get_savable_loader(train(blend_yaml(root, weights=(1, 1, 1)), 0))
+    with pytest.raises(Exception, match="weight"):
+        other.restore_state_rank(loader.save_state_rank())
+
+
+# --- reports -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_blend_report_counts_consumed_samples_from_the_state(root: Path, workers: int) -> None:
+    loader = get_savable_loader(train(blend_yaml(root), workers, batch_size=4, shuffle_buffer_size=16))
+    seen = Counter()
+    for _, batch in zip(range(25), loader):
+        seen.update(k[0] for k in batch.__key__)
+    report = loader.blend_report()
+    assert [Path(r["path"]).name for r in report] == ["A", "B", "C"]
+    assert [r["samples"] for r in report] == [seen["A"], seen["B"], seen["C"]]
+    assert [round(r["target_share"], 9) for r in report] == [0.6, 0.3, 0.1]
+    assert sum(r["share"] for r in report) == pytest.approx(1.0)
+    # The same report from a saved, serialised state (a checkpoint), as a one-rank global list.
+    state = json.loads(json.dumps(loader.save_state_rank()))
+    assert blend_report([state]) == report
+
+
+def test_blend_report_needs_a_blend(root: Path) -> None:
+    loader = get_savable_loader(train(root / "A", 0))
+    with pytest.raises(ConfigError, match="no blend"):
+        loader.blend_report()
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "message"),
+    [
+        ("    blend:\n      - {weight: -1, path: ./A}\n", ConfigError, r"splits\.train\.blend\[0\]\.weight"),
+        ("    blend:\n      - {weight: 0, path: ./A}\n      - {weight: 0, path: ./B}\n", ConfigError, "all blend weights are zero"),
+        ("    path: ./A\n    split: train\n", ConfigError, "split_part"),
+        ("    path: ./nope\n", DatasetError, "does not exist"),
+        ("    blend:\n      - {weight: 1, path: ./A, subset: {range: [10, 99]}}\n", ConfigError, r"subset\.range"),
+        ("    blend:\n      - {weight: 1, path: ./A}\n    blend_mode: greedy\n", ConfigError, "blend mode"),
+    ],
+)
+def test_bad_yaml_is_named_by_file_and_key_path(root: Path, body: str, error, message: str) -> None:
+    path = write(root, "bad.yaml", "splits:\n  train:\n" + body)
+    with pytest.raises(error, match=message) as info:
+        train(path, 0)
+    assert "bad.yaml" in str(info.value)
+
+
+def test_unprepared_dataset_says_how_to_prepare(root: Path) -> None:
+    (root / "raw").mkdir(exist_ok=True)
+    path = write(root, "raw.yaml", "splits:\n  train:\n    path: ./raw\n")
+    with pytest.raises(DatasetError, match="energon-lite prepare"):
+        train(path, 0)
+
+
+def test_weighted_blend_cannot_stop_after_one_pass(root: Path) -> None:
+    with pytest.raises(ConfigError, match="repeat=False"):
+        train(blend_yaml(root), 0, repeat=False)
+
+
+def test_zero_weight_entries_are_left_out_with_a_warning(root: Path, caplog) -> None:
+    path = blend_yaml(root, weights=(1, 0, 1))
+    with caplog.at_level("WARNING"):
+        ds = train(path, 0)
+    assert "weight 0" in caplog.text
+    assert {k[0] for k in keys(get_loader(ds), 200)} == {"A", "C"}
