@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
+from megatron_energon_lite import WorkerConfig, blend_report, get_savable_loader, get_train_dataset, get_val_dataset
 
 
 def main() -> None:
-    dataset, out = Path(sys.argv[1]), Path(sys.argv[2])
+    dataset, out, blend = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     config = WorkerConfig.default_worker_config(num_workers=1)
@@ -40,8 +40,25 @@ def main() -> None:
     restored.restore_state_global(states, src_rank=0)
     resumed = [list(b.__key__) for _, b in zip(range(5), restored)]
 
+    # An exact blend over both ranks: 10 batches, a global save, 10 more, and a resumed loader.
+    def blend_loader():
+        return get_savable_loader(get_train_dataset(blend, worker_config=config, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=3))
+
+    blended = blend_loader()
+    blend_iterator = iter(blended)
+    blend_before = [list(next(blend_iterator).__key__) for _ in range(10)]
+    blend_states = blended.save_state_global(global_dst_rank=0)
+    blend_after = [list(next(blend_iterator).__key__) for _ in range(10)]
+    blend_restored = blend_loader()
+    blend_restored.restore_state_global(blend_states, src_rank=0)
+    blend_resumed = [list(b.__key__) for _, b in zip(range(10), blend_restored)]
+
     result = {
         "rank": rank,
+        "blend_before": blend_before,
+        "blend_after": blend_after,
+        "blend_resumed": blend_resumed,
+        "blend_report": None if blend_states is None else blend_report(blend_states),
         "world_size": dist.get_world_size(),
         "config": [config.rank, config.world_size],
         "epoch_keys": epoch_keys,
