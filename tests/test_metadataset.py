@@ -325,3 +325,29 @@ def test_zero_weight_entries_are_left_out_with_a_warning(root: Path, caplog) -> 
         ds = train(path, 0)
     assert "weight 0" in caplog.text
     assert {k[0] for k in keys(get_loader(ds), 200)} == {"A", "C"}
+
+
+def test_circular_references_are_named(root: Path) -> None:
+    write(root, "loop_a.yaml", "splits:\n  train:\n    blend:\n      - {weight: 1, path: ./loop_b.yaml}\n")
+    write(root, "loop_b.yaml", "splits:\n  train:\n    blend:\n      - {weight: 1, path: ./A}\n      - {weight: 1, path: ./loop_a.yaml}\n")
+    with pytest.raises(ConfigError, match=r"circular.*\n.*loop_b.yaml: splits.train.blend\[1\].path\n.*loop_a.yaml -> .*loop_b.yaml -> .*loop_a.yaml"):
+        train(root / "loop_a.yaml", 0)
+
+
+def test_blend_and_blend_epochized_cannot_mix(root: Path) -> None:
+    inner = write(root, "inner_epochized.yaml", "splits:\n  train:\n    blend_epochized:\n      - {repetitions: 1, path: ./A}\n")
+    outer = write(root, "outer_mixed.yaml", f"splits:\n  train:\n    blend:\n      - {{weight: 1, path: ./B}}\n      - {{weight: 1, path: {inner.name}}}\n")
+    with pytest.raises(ConfigError, match=r"mixed in one tree\n.*outer_mixed.yaml: splits.train.blend\[1\]"):
+        train(outer, 0)
+
+
+def test_absolute_subsets_only_on_datasets(root: Path) -> None:
+    inner = write(root, "inner_plain.yaml", "splits:\n  train:\n    path: ./A\n")
+    outer = write(root, "outer_absolute.yaml", f"splits:\n  train:\n    blend:\n      - {{path: {inner.name}, subset: {{range: [0, 10]}}}}\n")
+    with pytest.raises(ConfigError, match="only allowed on datasets"):
+        train(outer, 0)
+
+
+def test_unknown_split_lists_the_splits(root: Path) -> None:
+    with pytest.raises(ConfigError, match="no split 'val'.*\n.*\n.*'train'"):
+        get_val_dataset(blend_yaml(root), worker_config=config(), batch_size=None)

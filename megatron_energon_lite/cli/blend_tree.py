@@ -101,9 +101,12 @@ def leaf_datasets(trees: list[SplitTree]) -> dict[tuple[str, str | None, str | N
     found: dict[tuple[str, str | None, str | None], list[str]] = {}
     for tree in trees:
         for row in tree.rows:
-            parts = found.setdefault((row.leaf.path, row.leaf.dataset_config, row.leaf.split_config), [])
-            if row.leaf.split_part not in parts:
-                parts.append(row.leaf.split_part)
+            # A join reads each of its members.
+            members = row.leaf.join.members if row.leaf.join is not None else [row.leaf]
+            for member in members:
+                parts = found.setdefault((member.path, member.dataset_config, member.split_config), [])
+                if member.split_part not in parts:
+                    parts.append(member.split_part)
     return found
 
 
@@ -151,7 +154,7 @@ def _columns(tree: SplitTree, top: Path) -> list[list[str]]:
     lines = [header]
     for row in tree.rows:
         leaf, samples = row.leaf, row.samples
-        line = [_entry(leaf, top), _display(leaf.path, top), leaf.split_part]
+        line = [_entry(leaf, top), _dataset_label(leaf, top), leaf.split_part]
         if kind == "blend":
             line.append(f"{float(leaf.weight):.1%}")  # float(): the plan may hold Fractions
         elif kind == "blend_epochized":
@@ -185,6 +188,14 @@ def _entry(leaf: LeafDataset, top: Path) -> str:
     if not file:
         return leaf.where
     return key_path if Path(file) == top else f"{_display(file, top)}: {key_path}"
+
+
+def _dataset_label(leaf: LeafDataset, top: Path) -> str:
+    """The dataset path; for a join, every member (the primary first) with its nonmatch."""
+    if leaf.join is None:
+        return _display(leaf.path, top)
+    members = [_display(m.path, top) + ("" if i == 0 else f" ({m.nonmatch})") for i, m in enumerate(leaf.join.members)]
+    return "join " + " + ".join(members)
 
 
 def _display(path: str, top: Path) -> str:

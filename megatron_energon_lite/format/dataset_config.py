@@ -131,7 +131,7 @@ def resolve_class(spec: Any, *, file: str, key_path: str) -> tuple[str, str]:
     return str(spec.get("__module__", "megatron.energon")), str(spec["__class__"])
 
 
-def _sample_class(module: str, name: str, *, where: str) -> type:
+def sample_class(module: str, name: str, *, where: str) -> type:
     if module in _OUR_MODULES or module.startswith(tuple(m + "." for m in _OUR_MODULES)):
         found = sample_type_by_name(name)
         if found is None:
@@ -198,7 +198,7 @@ def load_dataset_config(
     else:
         check_mapping(raw, file=file, key_path="", allowed=allowed, required=("sample_type",))
         module, name_ = resolve_class(raw["sample_type"], file=file, key_path="sample_type")
-        sample_type = _sample_class(module, name_, where=f"{file}: sample_type")
+        sample_type = sample_class(module, name_, where=f"{file}: sample_type")
     has_map, has_loader = "field_map" in raw, "sample_loader" in raw
     if has_map == has_loader:
         raise ConfigError(

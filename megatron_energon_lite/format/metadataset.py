@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..errors import ConfigError, DatasetError, format_message
 from .metadata import check_mapping, is_prepared, load_structured
 
-__all__ = ["BLEND_MODES", "BlendPlan", "Blender", "LeafDataset", "is_metadataset_path", "load_blend_plan", "single_dataset_plan"]
+__all__ = ["BLEND_MODES", "BlendPlan", "Blender", "JoinMember", "JoinSpec", "LeafDataset", "is_metadataset_path", "load_blend_plan", "single_dataset_plan"]
 
 _OUR_MODULES = ("megatron.energon", "megatron_energon_lite")
 #: ``random``: Energon's per-sample weighted draw.  ``exact``: a deterministic schedule whose
@@ -38,6 +38,30 @@ BLEND_MODES = ("random", "exact")
 _REF_KEYS = ("path", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config", "subset")
 _V1_REF_KEYS = ("path", "weight", "split_part", "subflavor", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config")
 _NODE_KINDS = ("path", "blend", "blend_epochized", "join")
+_JOIN_KEYS = ("join", "joiner", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "subset")
+_JOIN_MEMBER_KEYS = ("path", "split_part", "nonmatch", "dataset_config", "split_config")
+NONMATCH = ("error", "skip", "none")
+
+
+@dataclass(frozen=True)
+class JoinMember:
+    """One dataset of a join; the first member of a join is its primary."""
+
+    path: str
+    split_part: str
+    nonmatch: str  # error | skip | none: what a primary sample without a match here does
+    where: str
+    dataset_config: str | None = None
+    split_config: str | None = None
+
+
+@dataclass(frozen=True)
+class JoinSpec:
+    """Datasets joined by sample key: every primary sample with its matches in the others."""
+
+    members: tuple[JoinMember, ...]
+    names: tuple[str, ...] | None  # the dict form's names (joiner gets keyword arguments)
+    joiner: tuple[str, str, str]  # (module, "__class__" or "__function__", name)
 
 
 @dataclass(frozen=True)
@@ -57,6 +81,8 @@ class LeafDataset:
     absolute_range: tuple[int, int | None] | None = None
     #: Fractions ``(start, end)`` of what the absolute range left, or None for all of it.
     relative_range: tuple[float, float] | None = None
+    #: Set when this "dataset" is a join of several (``path`` is then the primary's).
+    join: JoinSpec | None = None
 
     def sample_range(self, total: int) -> tuple[int, int]:
         """``[start, end)`` of the split's samples this leaf reads (Energon's subset arithmetic)."""
@@ -90,6 +116,7 @@ class LeafDataset:
             "subflavors": dict(self.subflavors),
             "shuffle_over_epochs_multiplier": self.shuffle_over_epochs_multiplier,
             "subset": None if self.absolute_range is None and self.relative_range is None else [self.absolute_range, self.relative_range],
+            **({"join": [[m.path, m.split_part, m.nonmatch] for m in self.join.members]} if self.join is not None else {}),
         }
 
 
@@ -276,14 +303,58 @@ class _Parser:
         if kind == "path":
             return self.ref_plan(node, key_path, split_part, extra=())
         if kind == "join":
-            raise ConfigError(
-                format_message(
-                    "join is not supported yet",
-                    where=self.where(f"{key_path}.join"),
-                    fix="join the datasets when preparing them (one dataset with all parts), or use Megatron Energon for joins",
-                )
-            )
+            return self.join_plan(node, key_path, split_part, extra=())
         return self.blend_plan(node, key_path, split_part, kind)
+
+    def join_plan(self, node: Mapping, key_path: str, split_part: str, *, extra: Iterable[str]) -> BlendPlan:
+        for key in ("dataset_config", "split_config"):
+            if key in node:
+                raise ConfigError(format_message(f"{key} is not allowed on a join", where=self.where(f"{key_path}.{key}"), fix=f"set {key} on the joined datasets' entries"))
+        check_mapping(node, file=self.file, key_path=key_path, allowed=(*_JOIN_KEYS, *extra), required=("join", "joiner"))
+        entries = node["join"]
+        if isinstance(entries, Mapping):
+            names: tuple[str, ...] | None = tuple(str(name) for name in entries)
+            items = [(f"{key_path}.join.{name}", entry) for name, entry in entries.items()]
+        elif isinstance(entries, list):
+            names = None
+            items = [(f"{key_path}.join[{i}]", entry) for i, entry in enumerate(entries)]
+        else:
+            items = []
+        if len(items) < 2:
+            raise ConfigError(format_message("a join needs at least two datasets", where=self.where(f"{key_path}.join"), expected="a list or a mapping of at least two dataset references", found=repr(entries)[:120]))
+        join_part = node.get("split_part")
+        members = []
+        for i, (member_path, entry) in enumerate(items):
+            check_mapping(entry, file=self.file, key_path=member_path, allowed=_JOIN_MEMBER_KEYS, required=("path",))
+            nonmatch = entry.get("nonmatch", "error")
+            if nonmatch not in NONMATCH or (i == 0 and nonmatch != "error"):
+                expected = "error (the primary dataset: the first entry)" if i == 0 else " | ".join(NONMATCH)
+                raise ConfigError(format_message("invalid nonmatch", where=self.where(f"{member_path}.nonmatch"), expected=expected, found=repr(nonmatch)))
+            target = self._resolve(entry["path"], f"{member_path}.path")
+            member = JoinMember(
+                path=str(target),
+                # Energon's precedence: the dataset's own split_part, the join's, the split's.
+                split_part=entry.get("split_part") or join_part or split_part,
+                nonmatch=nonmatch,
+                where=self.where(member_path),
+                dataset_config=entry.get("dataset_config"),
+                split_config=entry.get("split_config"),
+            )
+            if target.suffix in (".jsonl", ".yaml", ".yml", ".json"):
+                raise ConfigError(format_message("only prepared dataset folders can be joined", where=self.where(f"{member_path}.path"), found=str(target)))
+            _check_dataset(LeafDataset(path=member.path, split_part=member.split_part, where=member.where), self.where(f"{member_path}.path"))
+            members.append(member)
+        joiner = node["joiner"]
+        check_mapping(joiner, file=self.file, key_path=f"{key_path}.joiner", allowed=("__module__", "__class__", "__function__"), required=("__module__",))
+        kinds = [k for k in ("__class__", "__function__") if k in joiner]
+        if len(kinds) != 1:
+            raise ConfigError(format_message("invalid joiner", where=self.where(f"{key_path}.joiner"), expected="__module__ and exactly one of __class__ (a Sample type) or __function__", found=repr(dict(joiner))))
+        spec = JoinSpec(tuple(members), names, (str(joiner["__module__"]), kinds[0], str(joiner[kinds[0]])))
+        settings = self._ref_settings({k: v for k, v in node.items() if k in ("subflavors", "shuffle_over_epochs_multiplier")}, key_path, members[0].split_part)
+        leaf = LeafDataset(path=members[0].path, where=self.where(key_path), join=spec, **settings)
+        if "subset" in node:
+            leaf = _leaf_subset(leaf, node["subset"], self.where(f"{key_path}.subset"), innermost=True)
+        return BlendPlan("single", (leaf,))
 
     def blend_plan(self, node: Mapping, key_path: str, split_part: str, kind: str) -> BlendPlan:
         allowed = (kind, "subset", "blend_mode") if kind == "blend" else (kind, "subset")
@@ -303,7 +374,9 @@ class _Parser:
             if kind == "blend":
                 factor = _exact(raw)
             if "join" in entry:
-                self.node_plan(entry, entry_path, split_part)  # raises: join is not supported yet
+                child = self.join_plan(entry, entry_path, split_part, extra=(extra_key,))
+                children.append((factor, child))
+                continue
             if "path" not in entry:
                 raise ConfigError(format_message(f"{kind} entry without path", where=self.where(entry_path), expected="a dataset reference with a path", found=f"keys {', '.join(map(str, entry))}"))
             child = self.ref_plan(entry, entry_path, split_part, extra=(extra_key,))

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any, Callable
 
 from ..errors import ConfigError, format_message
+from ..format.join import join_index
 from ..format.metadata import read_info, resolve_split
 from ..format.metadataset import BLEND_MODES, BlendPlan, LeafDataset
 from ..rng import dataset_seed
@@ -32,7 +33,7 @@ from .concat import ConcatNode
 from .epochize import EpochizeNode
 from .guard import SampleGuard, describe_item
 from .limit import LimitNode
-from .load import SampleLoader
+from .load import JoinLoader, SampleLoader
 from .map import MapNode
 from .node import Node
 from .repeat import RepeatNode
@@ -133,6 +134,9 @@ def validate(spec: PipelineSpec) -> None:
 def _split_lengths(leaf: LeafDataset, split_config: str | None) -> tuple[int, list[int]]:
     """(samples in the dataset's split, cumulative shard starts) without opening any shard."""
     path = leaf.path
+    if leaf.join is not None:
+        index = join_index(leaf.join)
+        return len(index), list(index.shard_starts)
     if path.endswith(".jsonl"):
         from ..format.jsonl import JsonlReader  # a JSONL file is one shard
 
@@ -275,15 +279,18 @@ def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: in
     """One dataset's stages: source -> [cook] (crude datasets and JSONL)."""
     te = spec.task_encoder
     hooks = hook_spec(te)
-    loader = SampleLoader(
-        leaf.path,
-        leaf.split_part,
-        dataset_config=leaf.dataset_config or spec.dataset_config,
-        split_config=leaf.split_config or spec.split_config,
-        decoder=te.decoder,
-        subflavors=leaf.subflavors,
-        trust_dataset_code=spec.trust_dataset_code,
-    )
+    if leaf.join is not None:
+        loader = JoinLoader(leaf.join, where=leaf.where, decoder=te.decoder, subflavors=leaf.subflavors, trust_dataset_code=spec.trust_dataset_code)
+    else:
+        loader = SampleLoader(
+            leaf.path,
+            leaf.split_part,
+            dataset_config=leaf.dataset_config or spec.dataset_config,
+            split_config=leaf.split_config or spec.split_config,
+            decoder=te.decoder,
+            subflavors=leaf.subflavors,
+            trust_dataset_code=spec.trust_dataset_code,
+        )
     multiplier = spec.shuffle_over_epochs_multiplier * leaf.shuffle_over_epochs_multiplier
     order = partial(_slice_order, seed, multiplier) if spec.training else None
     node: Node = SliceSource(

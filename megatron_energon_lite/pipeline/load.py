@@ -8,16 +8,20 @@ WebDataset folders and for prepared ``.jsonl`` files.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..decode import SampleDecoder
-from ..errors import DatasetError, format_message
-from ..format.dataset_config import DatasetConfig, load_dataset_config, make_sample
+from ..errors import ConfigError, DatasetError, format_message
+from ..format.dataset_config import DatasetConfig, load_dataset_config, make_sample, sample_class
+from ..format.join import join_index
 from ..format.jsonl import JsonlReader
 from ..format.metadata import require_prepared
+from ..format.metadataset import JoinSpec
 from ..format.split_reader import SplitReader
 from ..samples import CrudeSample, Sample, SourceInfo
+from .node import set_restore_key
 
 RESTORE_TAG = "Webdataset"  # Energon's tag for a raw sample's restore key
 
@@ -105,3 +109,67 @@ class SampleLoader:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+
+
+def resolve_joiner(spec: JoinSpec, where: str) -> Callable[..., Any]:
+    """The join's ``joiner``: a Sample type (its ``from_joined``) or a function.
+
+    As for sample types in dataset.yaml, a module other than ours must already be imported by
+    the program: a data file never makes us import code.
+    """
+    module, kind, name = spec.joiner
+    if kind == "__class__":
+        return sample_class(module, name, where=f"{where}.joiner").from_joined
+    function = getattr(sys.modules.get(module), name, None)
+    if not callable(function):
+        raise ConfigError(
+            format_message(
+                f"joiner function {module}.{name} is not available",
+                where=f"{where}.joiner",
+                expected="a function in a module your program has imported",
+                found="module not imported" if module not in sys.modules else f"no callable {name!r}",
+                fix=f"import {module} in your training script before loading the dataset",
+            )
+        )
+    return function
+
+
+class JoinLoader:
+    """Loads the rows of a join: the primary sample and its matches, combined by the joiner.
+
+    Row ``r`` is the ``r``-th primary sample that has its matches (see ``format/join.py``); its
+    restore key is ``("Webdataset", r)``, so a join slots into the pipeline like one dataset.
+    """
+
+    def __init__(self, spec: JoinSpec, *, where: str, decoder: SampleDecoder | None = None, subflavors: dict[str, Any] | None = None, trust_dataset_code: bool = False) -> None:
+        self.spec = spec
+        self.index = join_index(spec)
+        self.loaders = [
+            SampleLoader(m.path, m.split_part, dataset_config=m.dataset_config, split_config=m.split_config, decoder=decoder, subflavors=subflavors, trust_dataset_code=trust_dataset_code)
+            for m in spec.members
+        ]
+        for member, loader in zip(spec.members, self.loaders):
+            if loader.config is None or loader.config.kind == "crude":
+                raise ConfigError(format_message("crude datasets cannot be joined", where=member.where, expected="datasets with a typed dataset.yaml (sample_type and field_map)", fix="join typed datasets, or combine the parts in your cooker"))
+        self.config = self.loaders[0].config
+        self.joiner = resolve_joiner(spec, where)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def load(self, row: int) -> Sample | None:
+        samples = []
+        for m, (loader, index) in enumerate(zip(self.loaders, self.index.rows[row])):
+            sample = loader.load(int(index)) if index >= 0 else None
+            if sample is None and m == 0:
+                return None  # the primary sample is excluded by key
+            samples.append(sample)
+        if self.spec.names is not None:
+            joined = self.joiner(**dict(zip(self.spec.names, samples)))
+        else:
+            joined = self.joiner(*samples)
+        return set_restore_key(joined, (RESTORE_TAG, row))
+
+    def close(self) -> None:
+        for loader in self.loaders:
+            loader.close()

@@ -187,7 +187,7 @@ def test_every_config_parses(tmp_path: Path) -> None:
     configs = tmp_path / "configs"
     shutil.copytree(REPO / "configs", configs)
     files = sorted(configs.glob("*.yaml"))
-    assert {f.name for f in files} >= {"image_text_blend.yaml", "text_mix.yaml", "curriculum_epochized.yaml", "exact_blend.yaml"}
+    assert {f.name for f in files} >= {"image_text_blend.yaml", "text_mix.yaml", "curriculum_epochized.yaml", "exact_blend.yaml", "image_caption_join.yaml"}
     needed: set[str] = set()
     for file in files:
         _dataset_paths(yaml.safe_load(file.read_text()), needed)

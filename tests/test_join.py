@@ -1,0 +1,165 @@
+"""Joins in metadatasets: samples of several datasets paired by key, through index.sqlite."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from megatron_energon_lite import (
+    CaptioningSample,
+    ConfigError,
+    Sample,
+    WorkerConfig,
+    get_loader,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+)
+from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_captioning_dataset
+
+IMAGE_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: ImageSample\nfield_map:\n  image: jpg\n"
+TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
+HEADER = "__module__: megatron.energon\n__class__: MetadatasetV2\n"
+
+
+@dataclasses.dataclass
+class ImageText(Sample):
+    """What the default joiner makes of an ImageSample joined with a TextSample."""
+
+    image: Any = None
+    text: str = ""
+
+
+def caption_joiner(image, caption) -> CaptioningSample:
+    """A dict-form joiner: keyword arguments named as in the YAML; caption may be None."""
+    keys = {name: getattr(image, name) for name in ("__key__", "__restore_key__", "__subflavors__", "__sources__")}
+    return CaptioningSample(**keys, image=image.image, caption="" if caption is None else caption.text)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """imgs: 4 shards x 5 images; caps: the same keys' captions for the first 3 shards only."""
+    base = tmp_path_factory.mktemp("join")
+    generate_captioning_dataset(base / "raw", num_shards=4, samples_per_shard=5, image_size=(8, 6), seed=7)
+    shutil.copytree(base / "raw", base / "imgs")
+    prepare_dataset(base / "imgs", split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=IMAGE_YAML)
+    generate_captioning_dataset(base / "caps", num_shards=3, samples_per_shard=5, image_size=(8, 6), seed=7)
+    prepare_dataset(base / "caps", split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
+    shutil.copytree(base / "raw", base / "caps_all")
+    prepare_dataset(base / "caps_all", split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
+    return base
+
+
+def write(root: Path, name: str, body: str) -> Path:
+    path = root / name
+    path.write_text(HEADER + "splits:\n  train:\n" + body)
+    return path
+
+
+def dict_join(root: Path, nonmatch: str, caps: str = "caps") -> Path:
+    return write(
+        root,
+        f"join_{nonmatch}_{caps}.yaml",
+        f"    join:\n      image: {{path: ./imgs}}\n      caption: {{path: ./{caps}, nonmatch: {nonmatch}}}\n"
+        f"    joiner: {{__module__: {__name__}, __function__: caption_joiner}}\n",
+    )
+
+
+def config(workers: int = 0) -> WorkerConfig:
+    return WorkerConfig(rank=0, world_size=1, num_workers=workers)
+
+
+def val(path: Path, **kwargs) -> list:
+    return list(get_loader(get_val_dataset(path, split_part="train", worker_config=config(), batch_size=None, **kwargs)))
+
+
+def texts(root: Path) -> dict[str, str]:
+    return {s.__key__: s.text for s in val(root / "caps_all")}
+
+
+def test_skip_keeps_only_rows_with_a_caption(root: Path) -> None:
+    samples = val(dict_join(root, "skip"))
+    assert [s.__key__ for s in samples] == [f"{shard:04d}_{i:06d}" for shard in range(3) for i in range(5)]
+    captions = texts(root)
+    for s in samples:
+        assert isinstance(s, CaptioningSample) and s.caption == captions[s.__key__]
+        assert isinstance(s.image, torch.Tensor) and s.image.shape == (3, 6, 8)
+
+
+def test_none_passes_none_for_missing_matches(root: Path) -> None:
+    samples = val(dict_join(root, "none"))
+    assert len(samples) == 20
+    assert [s.caption == "" for s in samples] == [False] * 15 + [True] * 5
+
+
+def test_error_names_the_missing_key(root: Path) -> None:
+    with pytest.raises(ConfigError, match=r"'0003_000000'.*\n.*join\.caption"):
+        val(dict_join(root, "error"))
+
+
+def test_list_form_with_the_default_joiner_merges_fields(root: Path) -> None:
+    path = write(root, "join_list.yaml", f"    join:\n      - path: ./imgs\n      - path: ./caps_all\n    joiner: {{__module__: {__name__}, __class__: ImageText}}\n")
+    samples = val(path)
+    captions = texts(root)
+    assert len(samples) == 20 and all(isinstance(s, ImageText) and s.text == captions[s.__key__] for s in samples)
+    assert all(len(s.__sources__) == 2 for s in samples)
+
+
+def test_join_inside_a_blend_with_subset_and_training(root: Path) -> None:
+    path = write(
+        root,
+        "join_blend.yaml",
+        "    blend:\n"
+        f"      - weight: 1\n        join:\n          image: {{path: ./imgs}}\n          caption: {{path: ./caps, nonmatch: skip}}\n"
+        f"        joiner: {{__module__: {__name__}, __function__: caption_joiner}}\n        subset: {{range: [0%, 60%]}}\n"
+        f"      - weight: 1\n        join:\n          image: {{path: ./imgs}}\n          caption: {{path: ./caps_all}}\n"
+        f"        joiner: {{__module__: {__name__}, __function__: caption_joiner}}\n",
+    )
+    ds = get_train_dataset(path, worker_config=config(), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None, blend_mode="exact")
+    assert len(ds) == 9 + 20
+    samples = [s for _, s in zip(range(60), get_loader(ds))]
+    first = {s.__key__ for s in samples if s.__restore_key__[2:4] == ("Blend", 0)}
+    assert first == {f"{shard:04d}_{i:06d}" for shard in range(2) for i in range(5)} - {"0001_000004"}  # 60% of 15 rows
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_through_a_join(root: Path, workers: int) -> None:
+    path = dict_join(root, "skip")
+
+    def make():
+        return get_savable_loader(get_train_dataset(path, worker_config=config(workers), batch_size=2, shuffle_buffer_size=4, max_samples_per_sequence=2))
+
+    loader = make()
+    it = iter(loader)
+    states, batches = [loader.save_state_rank()], []
+    for _ in range(20):
+        batches.append(list(next(it).__key__))
+        states.append(loader.save_state_rank())
+    for step in (range(21) if workers == 0 else (0, 3, 11, 20)):
+        fresh = make()
+        fresh.restore_state_rank(states[step])
+        assert [list(b.__key__) for _, b in zip(range(20 - step), fresh)] == batches[step:], step
+    rebuilt = loader.restore_sample(next(it).__restore_key__)
+    assert isinstance(rebuilt, CaptioningSample)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (f"    join:\n      - {{path: ./imgs, nonmatch: skip}}\n      - {{path: ./caps}}\n    joiner: {{__module__: {__name__}, __class__: ImageText}}\n", "primary"),
+        ("    join:\n      - {path: ./imgs}\n      - {path: ./caps_all}\n    joiner: {__module__: not_imported_module, __function__: f}\n", "import not_imported_module"),
+        ("    join:\n      - {path: ./imgs}\n    joiner: {__module__: megatron.energon, __class__: CaptioningSample}\n", "at least two"),
+        ("    join:\n      - {path: ./imgs}\n      - {path: ./caps_all}\n", "joiner"),
+        ("    join:\n      - {path: ./imgs}\n      - {path: ./caps_all, nonmatch: maybe}\n    joiner: {__module__: megatron.energon, __class__: CaptioningSample}\n", "nonmatch"),
+    ],
+)
+def test_bad_joins(root: Path, body: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        val(write(root, "bad_join.yaml", body))
+    assert "bad_join.yaml" in str(info.value)
