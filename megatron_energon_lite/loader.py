@@ -343,6 +343,20 @@ def _plan(path, split_part: str, *, training: bool) -> tuple[str, BlendPlan]:
     return name, plan
 
 
+def _warn_slow_exact_schedule(plan: BlendPlan, worker_config: WorkerConfig) -> None:
+    from .pipeline.blend import TABLE_LIMIT, integer_weights
+
+    period = sum(integer_weights([leaf.weight for leaf in plan.leaves]))
+    workers = worker_config.world_size * worker_config.workers_per_rank
+    if period > TABLE_LIMIT and workers > 1:
+        logger.warning(
+            "exact blend: the weights of %s normalise to a schedule period of %d positions (more than %d), "
+            "so each worker steps through about %d schedule positions per sample (~0.6 us each); "
+            "round the weights (e.g. to 4 significant digits) to make every step a table lookup",
+            plan.source or "the blend", period, TABLE_LIMIT, workers,
+        )
+
+
 def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:
     """Checks the arguments shared by both dataset constructors and builds the spec."""
     if packing_buffer_size is not None:
@@ -370,6 +384,8 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
             )
         )
     mode = blend_mode or plan.blend_mode or "random"
+    if mode == "exact" and plan.kind == "blend" and training:
+        _warn_slow_exact_schedule(plan, worker_config)
     return PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, **settings, **kwargs)
 
 

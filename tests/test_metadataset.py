@@ -351,3 +351,44 @@ def test_absolute_subsets_only_on_datasets(root: Path) -> None:
 def test_unknown_split_lists_the_splits(root: Path) -> None:
     with pytest.raises(ConfigError, match="no split 'val'.*\n.*\n.*'train'"):
         get_val_dataset(blend_yaml(root), worker_config=config(), batch_size=None)
+
+
+def test_jsonl_leaf_with_a_cooker_blends_with_a_dataset(root: Path) -> None:
+    from megatron_energon_lite import Cooker, DefaultTaskEncoder, TextSample, basic_sample_keys, stateless
+    from megatron_energon_lite.format.jsonl import write_jsonl_index
+    from megatron_energon_lite.synthetic import write_jsonl
+
+    write_jsonl(root / "records.jsonl", [{"text": f"record {i}"} for i in range(12)])
+    write_jsonl_index(root / "records.jsonl")
+
+    @stateless
+    def cook(crude: dict) -> TextSample:
+        return TextSample(**basic_sample_keys(crude), text=crude["json"]["text"])
+
+    class Encoder(DefaultTaskEncoder):
+        cookers = [Cooker(cook, has_subflavors={"kind": "records"})]
+
+    path = write(root, "jsonl_blend.yaml", "splits:\n  train:\n    blend:\n      - {weight: 1, path: ./C}\n      - {weight: 1, path: ./records.jsonl, subflavors: {kind: records}}\n")
+    samples = keys_samples(get_loader(train(path, 0, blend_mode="exact", task_encoder=Encoder())), 48)
+    # Exact 1:1 over 48 samples: 24 records, two full passes over the 12 records.
+    assert Counter(s.text for s in samples if s.text.startswith("record")) == {f"record {i}": 2 for i in range(12)}
+
+
+def test_unprepared_jsonl_says_how_to_prepare(root: Path) -> None:
+    from megatron_energon_lite.synthetic import write_jsonl
+
+    write_jsonl(root / "raw.jsonl", [{"text": "x"}])
+    path = write(root, "raw_jsonl.yaml", "splits:\n  train:\n    path: ./raw.jsonl\n")
+    with pytest.raises(DatasetError, match=r"never prepared(.|\n)*energon-lite prepare"):
+        train(path, 0)
+
+
+def test_exact_blend_warns_when_weights_need_stepping(root: Path, caplog) -> None:
+    path = write(root, "big_period.yaml", "splits:\n  train:\n    blend_mode: exact\n    blend:\n      - {weight: 1234567, path: ./A}\n      - {weight: 7654321, path: ./B}\n")
+    with caplog.at_level("WARNING"):
+        train(path, 2)
+    assert "schedule period of 8888888 positions" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        train(blend_yaml(root, extra="    blend_mode: exact\n"), 2)
+    assert "schedule period" not in caplog.text

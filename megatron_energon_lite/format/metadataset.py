@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError, DatasetError, format_message
+from .jsonl import jsonl_index_path
 from .metadata import check_mapping, is_prepared, load_structured
 
 __all__ = ["BLEND_MODES", "BlendPlan", "Blender", "JoinMember", "JoinSpec", "LeafDataset", "is_metadataset_path", "load_blend_plan", "single_dataset_plan"]
@@ -548,6 +549,8 @@ def _check_dataset(leaf: LeafDataset, where: str) -> None:
     """The leaf's path must be a prepared dataset folder or a ``.jsonl`` file."""
     path = Path(leaf.path)
     if path.suffix == ".jsonl" and path.is_file():
+        if not jsonl_index_path(path).is_file():
+            raise DatasetError(format_message("JSONL file was never prepared", where=where, found=f"{path} has no {jsonl_index_path(path).name}", fix=f"run `energon-lite prepare {path}` first"))
         return
     if not path.exists():
         raise DatasetError(format_message("dataset path does not exist", where=where, found=str(path), fix="check the path (relative paths are relative to the YAML file)"))

@@ -40,10 +40,10 @@ from ..errors import ConfigError, DatasetError, StateError, format_message
 from ..rng import UniformStream
 from .node import Node, State, as_key, get_restore_key, set_restore_key
 
-__all__ = ["BlendNode", "ExactSchedule", "integer_weights"]
+__all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "consumed_counts", "integer_weights"]
 
 #: Periods up to this length are tabulated once, so a jump to any position costs O(sources).
-_TABLE_LIMIT = 1 << 16
+TABLE_LIMIT = 1 << 16
 
 
 def integer_weights(weights: Sequence[Fraction | float | int]) -> list[int]:
@@ -73,20 +73,28 @@ class ExactSchedule:
             raise ConfigError(format_message("invalid exact blend weights", expected="non-negative integers, at least one positive", found=repr(weights)))
         self.period = sum(self.weights)
         self._scale = 2 * len(self.weights) - 2
-        self._table: np.ndarray | None = None
+        self._table: list[int] | None = None
         self._prefix: np.ndarray | None = None
-        if self.period <= _TABLE_LIMIT:
+        if self.period <= TABLE_LIMIT:
             self._tabulate()
         self.reset()
 
     def reset(self, state: dict | None = None) -> None:
         if state is None:
-            self.position, self.counts = 0, [0] * len(self.weights)
+            self.position, self._counts = 0, [0] * len(self.weights)
             return
-        self.position, self.counts = int(state["position"]), [int(c) for c in state["counts"]]
+        self.position, self._counts = int(state["position"]), [int(c) for c in state["counts"]]
+
+    @property
+    def counts(self) -> list[int]:
+        """How often each source was scheduled before the cursor."""
+        if self._table is None:
+            return list(self._counts)
+        cycles, offset = divmod(self.position, self.period)
+        return [int(c) + cycles * w for c, w in zip(self._prefix[offset], self.weights)]
 
     def get_state(self) -> dict:
-        return {"position": self.position, "counts": list(self.counts)}
+        return {"position": self.position, "counts": self.counts}
 
     def _step(self, position: int, counts: list[int]) -> int:
         """The source at ``position`` given the counts before it (no table)."""
@@ -105,11 +113,11 @@ class ExactSchedule:
 
     def _tabulate(self) -> None:
         counts = [0] * len(self.weights)
-        table = np.empty(self.period, dtype=np.int32)
+        table = []
         prefix = np.zeros((self.period + 1, len(self.weights)), dtype=np.int64)
         for p in range(self.period):
             i = self._step(p, counts)
-            table[p] = i
+            table.append(i)
             counts[i] += 1
             prefix[p + 1] = counts
         self._table, self._prefix = table, prefix
@@ -119,16 +127,14 @@ class ExactSchedule:
         if position < self.position:
             raise StateError(format_message("exact blend schedule asked for a past position", expected=f">= {self.position}", found=str(position)))
         if self._table is not None:
-            cycles, offset = divmod(position, self.period)
-            source = int(self._table[offset])
-            counts = self._prefix[offset] + cycles * np.asarray(self.weights, dtype=np.int64)
-            self.counts = [int(c) for c in counts]
-        else:
-            counts = self.counts
-            for p in range(self.position, position):
-                counts[self._step(p, counts)] += 1
-            source = self._step(position, counts)
-        self.counts[source] += 1
+            # A lookup: the schedule repeats with its period; counts are derived when asked.
+            self.position = position + 1
+            return self._table[position % self.period]
+        counts = self._counts
+        for p in range(self.position, position):
+            counts[self._step(p, counts)] += 1
+        source = self._step(position, counts)
+        counts[source] += 1
         self.position = position + 1
         return source
 
