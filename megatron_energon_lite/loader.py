@@ -359,14 +359,12 @@ def _warn_slow_exact_schedule(plan: BlendPlan, worker_config: WorkerConfig) -> N
 
 def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:
     """Checks the arguments shared by both dataset constructors and builds the spec."""
-    if packing_buffer_size is not None:
-        raise ConfigError(format_message("packing_buffer_size is not supported yet", fix="leave it None; packing comes with a later release"))
     if not isinstance(worker_config, WorkerConfig):
         raise ConfigError(format_message("worker_config must be a WorkerConfig", found=type(worker_config).__name__, fix="pass WorkerConfig.default_worker_config(num_workers)"))
     task_encoder = DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder
     if not isinstance(task_encoder, TaskEncoder):
         raise ConfigError(format_message("task_encoder must be a TaskEncoder", found=type(task_encoder).__name__))
-    known = {"split_config", "dataset_config", "parallel_shard_iters", "trust_dataset_code"}
+    known = {"split_config", "dataset_config", "parallel_shard_iters", "trust_dataset_code", "group_buffer_size"}
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise ConfigError(format_message(f"unknown keyword argument {unknown[0]!r}", expected=f"one of {', '.join(sorted(known))}", found=", ".join(unknown)))
@@ -386,7 +384,7 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     mode = blend_mode or plan.blend_mode or "random"
     if mode == "exact" and plan.kind == "blend" and training:
         _warn_slow_exact_schedule(plan, worker_config)
-    return PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, **settings, **kwargs)
+    return PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, packing_buffer_size=packing_buffer_size, **settings, **kwargs)
 
 
 def get_train_dataset(

@@ -34,7 +34,9 @@ from .epochize import EpochizeNode
 from .guard import SampleGuard, describe_item
 from .limit import LimitNode
 from .load import JoinLoader, SampleLoader
+from .group import GroupBatchNode
 from .map import MapNode
+from .pack import PackNode
 from .node import Node
 from .repeat import RepeatNode
 from .sharding import epoch_slice_order, rotation_offset_for, worker_slices
@@ -65,6 +67,9 @@ class PipelineSpec:
     task_encoder: TaskEncoder = dataclasses.field(default=None, compare=False)
     plan: BlendPlan = dataclasses.field(default=None, compare=False)
     blend_mode: str = "random"
+    packing_buffer_size: int | None = None
+    #: Most items the length-grouping buckets hold together (None: unbounded, as Energon).
+    group_buffer_size: int | None = None
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain JSON describing the config, saved with every state and checked on restore."""
@@ -79,6 +84,8 @@ class PipelineSpec:
             "max_samples_per_sequence": self.max_samples_per_sequence,
             "parallel_shard_iters": self.parallel_slices,
             "virtual_epoch_length": self.virtual_epoch_length,
+            **({"packing_buffer_size": self.packing_buffer_size} if self.packing_buffer_size is not None else {}),
+            **({"group_buffer_size": self.group_buffer_size} if self.group_buffer_size is not None else {}),
             "limit": self.limit,
             "repeat": self.repeat,
             "shuffle_over_epochs_multiplier": self.shuffle_over_epochs_multiplier,
@@ -111,13 +118,23 @@ class PipelineSpec:
 
 def validate(spec: PipelineSpec) -> None:
     """Argument checks with messages that name the argument and the fix."""
-    for name, value in (("batch_size", spec.batch_size), ("max_samples_per_sequence", spec.max_samples_per_sequence), ("shuffle_buffer_size", spec.shuffle_buffer_size), ("limit", spec.limit)):
+    for name, value in (("batch_size", spec.batch_size), ("max_samples_per_sequence", spec.max_samples_per_sequence), ("shuffle_buffer_size", spec.shuffle_buffer_size), ("limit", spec.limit), ("packing_buffer_size", spec.packing_buffer_size), ("group_buffer_size", spec.group_buffer_size)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(format_message(f"invalid {name}", expected="a positive integer or None", found=repr(value)))
     if spec.virtual_epoch_length < 0:
         raise ConfigError(format_message("invalid virtual_epoch_length", expected="0 (off) or a positive number of batches", found=repr(spec.virtual_epoch_length)))
     if spec.shuffle_over_epochs_multiplier not in (1,) and not (isinstance(spec.shuffle_over_epochs_multiplier, int) and spec.shuffle_over_epochs_multiplier > 1):
         raise ConfigError(format_message("invalid shuffle_over_epochs_multiplier", expected="an integer >= 1 (-1 and None are not supported yet)", found=repr(spec.shuffle_over_epochs_multiplier)))
+    hooks = hook_spec(spec.task_encoder)
+    if spec.packing_buffer_size is not None and not hooks.packing:
+        raise ConfigError(
+            format_message(
+                "packing_buffer_size needs a task encoder that packs",
+                where=type(spec.task_encoder).__name__,
+                expected="select_samples_to_pack and pack_selected_samples overridden",
+                fix="override both hooks, or leave packing_buffer_size None",
+            )
+        )
     if spec.blend_mode not in BLEND_MODES:
         raise ConfigError(format_message("invalid blend_mode", expected=" or ".join(BLEND_MODES), found=repr(spec.blend_mode)))
     if spec.training and spec.plan.kind == "blend" and not spec.repeat:
@@ -194,13 +211,15 @@ def worker_lengths(spec: PipelineSpec) -> list[int]:
     """Items (batches, or samples without batching) each worker of this rank yields per pass."""
     per_dataset = dataset_slices(spec)
     epochized = spec.training and spec.plan.kind == "blend_epochized"
+    grouping = hook_spec(spec.task_encoder).grouping
     lengths = []
     for w in range(spec.worker_config.workers_per_rank):
         samples = sum(
             _repeated(_leaf_samples(slices[w]), leaf.repetitions) if epochized else _leaf_samples(slices[w])
             for leaf, slices in zip(spec.plan.leaves, per_dataset)
         )
-        if spec.batch_size is None:
+        if spec.batch_size is None or grouping:
+            # Grouped batches: Energon reports the number of samples, an upper bound.
             lengths.append(samples)
         elif spec.batch_drop_last:
             lengths.append(samples // spec.batch_size)
@@ -354,12 +373,34 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
     if hooks.sample_encoder is not None:
         name = hooks.sample_encoder
         node = MapNode(node, hook(getattr(te, name)), guard=guard(stage=name, tolerance=hooks.tolerance(name)))
-    if hooks.postencoder:
-        node = MapNode(node, hook(te.postencode_sample), guard=guard(stage="postencode_sample", tolerance=hooks.tolerance("postencode_sample")), tag="Postencode")
+    postencode = hook(te.postencode_sample) if hooks.postencoder else None
+    if spec.packing_buffer_size is not None:
+        # Members are post-encoded once they are chosen for a pack (Energon's order).
+        node = PackNode(
+            node,
+            spec.packing_buffer_size,
+            hook(te.select_samples_to_pack),
+            hook(te.pack_selected_samples),
+            postencode=postencode,
+            allow_drop=bool(getattr(te, "packing_may_drop_samples", False)),
+            guard=guard(stage="pack_selected_samples", tolerance=hooks.tolerance("pack_selected_samples")),
+        )
+    elif postencode is not None:
+        node = MapNode(node, postencode, guard=guard(stage="postencode_sample", tolerance=hooks.tolerance("postencode_sample")), tag="Postencode")
+    batcher = hook(te.batch, batch=True)
     if hooks.grouping:
-        raise ConfigError(format_message("batch_group_criterion is not supported yet", where=type(te).__name__, fix="remove the override; length grouping comes with a later release"))
-    if spec.batch_size is not None:
-        node = BatchNode(node, spec.batch_size, hook(te.batch, batch=True), drop_last=spec.batch_drop_last, guard=guard(stage="batch", tolerance=hooks.tolerance("batch")))
+        node = GroupBatchNode(
+            node,
+            hook(te.batch_group_criterion),
+            batcher,
+            batch_size=spec.batch_size,
+            drop_last=spec.batch_drop_last,
+            max_buffered=spec.group_buffer_size,
+            guard=guard(stage="batch", tolerance=hooks.tolerance("batch")),
+        )
+    elif spec.batch_size is not None:
+        node = BatchNode(node, spec.batch_size, batcher, drop_last=spec.batch_drop_last, guard=guard(stage="batch", tolerance=hooks.tolerance("batch")))
+    if hooks.grouping or spec.batch_size is not None:
         if hooks.batch_encoder:
             node = MapNode(node, hook(te.encode_batch, batch=True), guard=guard(stage="encode_batch", tolerance=hooks.tolerance("encode_batch")), tag="EncodeBatch")
     if spec.training and spec.virtual_epoch_length > 0:

@@ -1,0 +1,174 @@
+"""GroupBatchNode: batches of items that share a group key (length or aspect-ratio buckets).
+
+``criterion(item, index)`` returns ``(key, batch_size)``; ``batch_size`` None means the default.
+Each key has a bucket; a bucket that reaches its batch size is emitted as one batch
+(``batcher(items, batch_index)``).  The buckets together hold at most ``max_buffered`` items: when
+one more item would exceed that, the fullest bucket is emitted early as a smaller batch (so
+memory stays bounded even with many rare keys).  When the source ends, the remaining buckets
+are emitted, oldest first, as partial batches, or dropped with ``drop_last`` (for validation:
+every sample of a pass reaches some batch unless ``drop_last``).
+
+A key must be hashable and JSON-serialisable (it is saved in the state) and must always come
+with the same batch size.
+
+State: the buckets' restore keys (never samples), re-read by random access when their batch is
+emitted, as the shuffle buffer does.
+
+Restore keys: ``("Group", batch_index, *member_keys)``.
+
+State keys:
+    ``stage``: ``"Group"``.
+    ``buckets``: ``[[key, batch_size, [member restore keys]], ...]`` in bucket creation order.
+    ``index``: batches attempted so far.  ``inputs``: items taken from the source so far.
+    ``failures``: the guard's consecutive-failure count.  ``source``: the source's state.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Hashable
+
+from ..errors import ConfigError, StateError, format_message
+from .guard import DROPPED, SampleGuard, describe_item
+from .node import Node, State, as_key, get_restore_key, key_to_json, set_restore_key
+
+__all__ = ["GroupBatchNode"]
+
+
+class _Pending:
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+
+def _group_key(value: Any) -> Hashable:
+    """The dict key of a group: JSON lists become tuples so that restored keys match."""
+    return tuple(_group_key(v) for v in value) if isinstance(value, list) else value
+
+
+class GroupBatchNode(Node[Any]):
+    tag = "Group"
+
+    def __init__(
+        self,
+        source: Node[Any],
+        criterion: Callable[[Any, int], tuple[Any, int | None]],
+        batcher: Callable[[list[Any], int], Any],
+        *,
+        batch_size: int | None,
+        drop_last: bool = False,
+        max_buffered: int | None = None,
+        guard: SampleGuard | None = None,
+    ) -> None:
+        self.source = source
+        self.criterion = criterion
+        self.batcher = batcher
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.max_buffered = max_buffered
+        self.guard = guard if guard is not None else SampleGuard(stage="batch")
+        self.reset()
+
+    # --- state ---------------------------------------------------------------------------------
+    def reset(self, state: State | None = None) -> None:
+        # bucket key -> [json key, batch size, items, restore keys (JSON)]
+        self._buckets: dict[Hashable, list] = {}
+        self._source_done = False
+        if state is None:
+            self.source.reset(None)
+            self.guard.reset()
+            self._index = self._inputs = 0
+            return
+        self.check_state(state, "buckets", "index", "inputs", "failures", "source")
+        self.source.reset(state["source"])
+        self.guard.reset(state["failures"])
+        self._index, self._inputs = state["index"], state["inputs"]
+        for key, size, members in state["buckets"]:
+            keys = [list(m) for m in members]
+            self._buckets[_group_key(key)] = [key, size, [_Pending(as_key(m)) for m in keys], keys]
+
+    def get_state(self) -> State:
+        return {
+            "stage": self.tag,
+            "buckets": [[key, size, list(keys)] for key, size, _, keys in self._buckets.values()],
+            "index": self._index,
+            "inputs": self._inputs,
+            "failures": self.guard.failures,
+            "source": self.source.get_state(),
+        }
+
+    # --- iteration -----------------------------------------------------------------------------
+    def _classify(self, item: Any) -> tuple[Any, int]:
+        result = self.criterion(item, self._inputs)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ConfigError(format_message("batch_group_criterion must return (group key, batch size or None)", where=f"sample {describe_item(item)}", found=repr(result)[:120]))
+        key, size = result
+        size = self.batch_size if size is None else size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ConfigError(format_message("batch_group_criterion gave no valid batch size", where=f"sample {describe_item(item)}, group {key!r}", expected="a positive integer, or None with get_*_dataset(batch_size=...) set", found=repr(size)))
+        try:
+            text = json.dumps(key)
+            hash(key)
+        except (TypeError, ValueError):
+            raise ConfigError(format_message("batch_group_criterion returned a group key that cannot be saved", where=f"sample {describe_item(item)}", expected="a hashable, JSON-serialisable key: str, int, float, bool, None or a tuple of them", found=repr(key)[:120])) from None
+        return json.loads(text), size
+
+    def _add(self, item: Any) -> list | None:
+        """Buckets ``item``; returns a bucket that must be emitted now, if any."""
+        key, size = self._classify(item)
+        self._inputs += 1
+        bucket_id = _group_key(key)
+        bucket = self._buckets.get(bucket_id)
+        if bucket is None:
+            bucket = self._buckets[bucket_id] = [key, size, [], []]
+        elif bucket[1] != size:
+            raise ConfigError(format_message("batch_group_criterion gave one group two batch sizes", where=f"group {key!r}, sample {describe_item(item)}", found=f"{bucket[1]} and {size}", fix="return the same batch size for every sample of a group"))
+        bucket[2].append(item)
+        bucket[3].append(key_to_json(get_restore_key(item)))
+        if len(bucket[2]) >= size:
+            return self._take(bucket_id)
+        if self.max_buffered is not None and sum(len(b[2]) for b in self._buckets.values()) >= self.max_buffered:
+            fullest = max(self._buckets, key=lambda k: len(self._buckets[k][2]) / self._buckets[k][1])
+            return self._take(fullest)
+        return None
+
+    def _take(self, bucket_id: Hashable) -> list:
+        return self._buckets.pop(bucket_id)[2]
+
+    def _emit(self, items: list[Any]) -> Any:
+        items = [self.source.restore(item.key) if isinstance(item, _Pending) else item for item in items]
+        index = self._index
+        self._index += 1
+        batch = self.guard.call(items, self.batcher, items, index)
+        if batch is DROPPED:
+            return DROPPED
+        self.guard.passed()
+        return set_restore_key(batch, (self.tag, index, *(get_restore_key(item) for item in items)))
+
+    def next(self) -> Any:
+        while True:
+            if self._source_done:
+                if not self._buckets or self.drop_last:
+                    self._buckets.clear()
+                    raise StopIteration
+                ready = self._take(next(iter(self._buckets)))  # oldest bucket first
+            else:
+                try:
+                    item = self.source.next()
+                except StopIteration:
+                    self._source_done = True
+                    continue
+                ready = self._add(item)
+                if ready is None:
+                    continue
+            batch = self._emit(ready)
+            if batch is not DROPPED:
+                return batch
+
+    def restore(self, restore_key: tuple) -> Any:
+        key = as_key(restore_key)
+        if len(key) < 3 or key[0] != self.tag or not isinstance(key[1], int):
+            raise StateError(format_message("restore key does not belong to a Group stage", expected="('Group', batch_index, *member_keys)", found=repr(key)[:200]))
+        items = [self.source.restore(member) for member in key[2:]]
+        return set_restore_key(self.batcher(items, key[1]), key)

@@ -1,0 +1,203 @@
+"""PackNode: Energon's sequence packing, restorable by replaying one buffer.
+
+The stage reads ``buffer_size`` items from its source, asks ``select(items)`` how to group them
+(a list of lists of the buffered items), and emits one pack per group:
+``pack(postencode(member) for member in group)``.  ``pack`` may return a generator (0..n packs
+per group).  When the groups of a buffer are used up, the next buffer is read.
+
+Every buffered item must appear in exactly one group: a group that repeats an item or a
+selection that leaves items out is an error naming the keys, unless ``allow_drop`` says the
+selection may leave items out on purpose.
+
+State (DESIGN.md rule 3: positions, never samples): the source's state taken just before the
+current buffer was read, how many groups of it were emitted, and how many outputs of the current
+group's generator were emitted.  ``reset`` re-reads the buffer from that state (one buffer of
+replay), calls ``select`` again (it must be deterministic, like every restorable hook) and skips
+what was emitted.
+
+Restore keys: ``("Pack", pack_index, *member_keys)``, or ``("Pack", pack_index, sub_index,
+*member_keys)`` for the ``sub_index``-th output of a generator; ``restore`` re-reads the members
+and packs them again.
+
+State keys:
+    ``stage``: ``"Pack"``.
+    ``source``: the source's state before the current buffer (or now, when no buffer is open).
+    ``open``: whether a buffer is being emitted.
+    ``groups_done``: groups of the open buffer already emitted.
+    ``emitted``: outputs of the current group's generator already emitted (0 for plain packs).
+    ``index``: packs attempted so far; the next pack gets this index.
+    ``buffer_index``: the pack index of the open buffer's first group (``select`` sees it).
+    ``failures``: the guard's consecutive-failure count.
+"""
+
+from __future__ import annotations
+
+from types import GeneratorType
+from typing import Any, Callable
+
+from ..errors import ConfigError, StateError, format_message
+from .guard import DROPPED, SampleGuard, describe_item
+from .node import Node, State, as_key, get_restore_key, set_restore_key
+
+__all__ = ["PackNode"]
+
+
+class PackNode(Node[Any]):
+    tag = "Pack"
+
+    def __init__(
+        self,
+        source: Node[Any],
+        buffer_size: int,
+        select: Callable[[list[Any], int], list[list[Any]]],
+        pack: Callable[[list[Any], int], Any],
+        *,
+        postencode: Callable[[Any, int], Any] | None = None,
+        allow_drop: bool = False,
+        guard: SampleGuard | None = None,
+    ) -> None:
+        if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size < 1:
+            raise ConfigError(format_message("invalid packing_buffer_size", expected="an integer >= 1", found=repr(buffer_size)))
+        self.source = source
+        self.buffer_size = buffer_size
+        self.select = select
+        self.pack = pack
+        self.postencode = postencode
+        self.allow_drop = allow_drop
+        self.guard = guard if guard is not None else SampleGuard(stage="pack")
+        self.reset()
+
+    # --- state ---------------------------------------------------------------------------------
+    def reset(self, state: State | None = None) -> None:
+        self._groups: list[list[Any]] = []
+        self._gen: GeneratorType | None = None
+        self._gen_key: tuple = ()
+        if state is None:
+            self.source.reset(None)
+            self.guard.reset()
+            self._start = self.source.get_state()
+            self._open, self._groups_done, self._emitted, self._index, self._buffer_index = False, 0, 0, 0, 0
+            return
+        self.check_state(state, "source", "open", "groups_done", "emitted", "index", "buffer_index", "failures")
+        self.source.reset(state["source"])
+        self.guard.reset(state["failures"])
+        self._start = state["source"]
+        self._open, self._index, self._buffer_index = False, state["index"], state["buffer_index"]
+        self._groups_done, self._emitted = 0, 0
+        if state["open"]:
+            # Replay: read the same buffer again, select again, skip what was emitted.
+            self._read_buffer(state["buffer_index"])
+            self._groups_done = state["groups_done"]
+            if state["emitted"]:
+                self._start_group(self._groups[self._groups_done], state["index"] - 1)
+                for _ in range(state["emitted"]):
+                    next(self._gen)
+                self._emitted = state["emitted"]
+
+    def get_state(self) -> State:
+        return {
+            "stage": self.tag,
+            "source": self._start if self._open else self.source.get_state(),
+            "open": self._open,
+            "groups_done": self._groups_done,
+            "emitted": self._emitted,
+            "index": self._index,
+            "buffer_index": self._buffer_index,
+            "failures": self.guard.failures,
+        }
+
+    # --- iteration -----------------------------------------------------------------------------
+    def _read_buffer(self, index: int) -> None:
+        self._start = self.source.get_state()
+        items = []
+        while len(items) < self.buffer_size:
+            try:
+                items.append(self.source.next())
+            except StopIteration:
+                break
+        if not items:
+            raise StopIteration
+        groups = self.select(items, index)
+        self._groups = self._check_groups(items, groups)
+        self._buffer_index = index
+        self._open, self._groups_done, self._emitted = True, 0, 0
+
+    def _check_groups(self, items: list[Any], groups: Any) -> list[list[Any]]:
+        if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in groups):
+            raise ConfigError(format_message("select_samples_to_pack must return a list of lists of samples", found=type(groups).__name__))
+        position = {id(item): i for i, item in enumerate(items)}
+        seen: dict[int, int] = {}
+        for group in groups:
+            for member in group:
+                i = position.get(id(member))
+                if i is None:
+                    raise ConfigError(format_message("select_samples_to_pack returned a sample that was not in the buffer", found=describe_item(member), fix="return the buffer's own sample objects, grouped"))
+                seen[i] = seen.get(i, 0) + 1
+        repeated = [describe_item(items[i]) for i, n in seen.items() if n > 1]
+        if repeated:
+            raise ConfigError(format_message("select_samples_to_pack put a sample into more than one pack", found=", ".join(repeated[:5]), fix="put every sample of the buffer into exactly one group"))
+        dropped = [describe_item(item) for i, item in enumerate(items) if i not in seen]
+        if dropped and not self.allow_drop:
+            raise ConfigError(
+                format_message(
+                    f"select_samples_to_pack left {len(dropped)} of {len(items)} samples out",
+                    found=", ".join(dropped[:5]),
+                    fix="put every sample into a group, or set packing_may_drop_samples = True on the task encoder to drop on purpose",
+                )
+            )
+        return [list(group) for group in groups if group]
+
+    def _start_group(self, group: list[Any], index: int) -> Any:
+        members = group
+        if self.postencode is not None:
+            members = [self.postencode(member, index) for member in group]
+        result = self.pack(members, index)
+        key = (self.tag, index, *(get_restore_key(member) for member in group))
+        if isinstance(result, GeneratorType):
+            self._gen, self._gen_key, self._emitted = result, key, 0
+            return None
+        return set_restore_key(result, key)
+
+    def next(self) -> Any:
+        while True:
+            if self._gen is not None:
+                try:
+                    output = next(self._gen)
+                except StopIteration:
+                    self._gen, self._emitted = None, 0
+                    self._groups_done += 1
+                    continue
+                self._emitted += 1
+                self.guard.passed()
+                head, rest = self._gen_key[:2], self._gen_key[2:]
+                return set_restore_key(output, (*head, self._emitted - 1, *rest))
+            if not self._open or self._groups_done >= len(self._groups):
+                self._open = False
+                self._read_buffer(self._index)
+            group = self._groups[self._groups_done]
+            index = self._index
+            self._index += 1
+            result = self.guard.call(group, self._start_group, group, index)
+            if result is DROPPED:
+                self._groups_done += 1
+                continue
+            if result is None:  # a generator: its outputs come on the next turns
+                continue
+            self._groups_done += 1
+            self.guard.passed()
+            return result
+
+    def restore(self, restore_key: tuple) -> Any:
+        key = as_key(restore_key)
+        if len(key) < 3 or key[0] != self.tag or not isinstance(key[1], int):
+            raise StateError(format_message("restore key does not belong to a Pack stage", expected="('Pack', pack_index, [sub_index,] *member_keys)", found=repr(key)[:200]))
+        sub = key[2] if isinstance(key[2], int) else None
+        members = [self.source.restore(member) for member in key[3 if sub is not None else 2 :]]
+        if self.postencode is not None:
+            members = [self.postencode(member, key[1]) for member in members]
+        result = self.pack(members, key[1])
+        if isinstance(result, GeneratorType):
+            for _ in range(sub or 0):
+                next(result)
+            result = next(result)
+        return set_restore_key(result, key)

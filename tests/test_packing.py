@@ -1,0 +1,166 @@
+"""Packing and length grouping through the loader, with exact save/restore."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from megatron_energon_lite import (
+    ConfigError,
+    DefaultTaskEncoder,
+    Sample,
+    TextSample,
+    WorkerConfig,
+    get_loader,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+    stateless,
+)
+from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_text_dataset
+
+TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
+SEQ = 64
+
+
+def tokenize(text: str) -> list[int]:
+    """A byte-level tokenizer: one token per UTF-8 byte (no downloads in tests)."""
+    return list(text.encode("utf-8"))
+
+
+@dataclasses.dataclass
+class Tokens(Sample):
+    tokens: Any = None
+
+
+@dataclasses.dataclass
+class Packed(Sample):
+    tokens: Any = None  # (SEQ,) int64, padded with 0
+    cu_seqlens: Any = None  # sequence boundaries inside the pack
+    keys: Any = None
+
+
+class PackingEncoder(DefaultTaskEncoder):
+    @stateless
+    def encode_sample(self, sample: TextSample) -> Tokens:
+        tokens = tokenize(sample.text)[:SEQ]
+        return Tokens(__key__=sample.__key__, __restore_key__=sample.__restore_key__, __subflavors__=sample.__subflavors__, __sources__=sample.__sources__, tokens=tokens)
+
+    def select_samples_to_pack(self, samples: list[Tokens]) -> list[list[Tokens]]:
+        groups: list[list[Tokens]] = []
+        for sample in sorted(samples, key=lambda s: -len(s.tokens)):
+            for group in groups:
+                if sum(len(m.tokens) for m in group) + len(sample.tokens) <= SEQ:
+                    group.append(sample)
+                    break
+            else:
+                groups.append([sample])
+        return groups
+
+    @stateless
+    def pack_selected_samples(self, samples: list[Tokens]) -> Packed:
+        tokens = torch.zeros(SEQ, dtype=torch.int64)
+        bounds, offset = [0], 0
+        for sample in samples:
+            tokens[offset : offset + len(sample.tokens)] = torch.tensor(sample.tokens)
+            offset += len(sample.tokens)
+            bounds.append(offset)
+        return Packed(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), __subflavors__=None, __sources__=(), tokens=tokens, cu_seqlens=torch.tensor(bounds), keys=[s.__key__ for s in samples])
+
+
+class GroupingEncoder(DefaultTaskEncoder):
+    @stateless
+    def batch_group_criterion(self, sample: TextSample):
+        words = len(sample.text.split())
+        return ("short", 4) if words < 10 else ("long", 2)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("packing") / "text"
+    generate_text_dataset(root, num_shards=4, samples_per_shard=15, min_words=1, max_words=20, seed=5)
+    prepare_dataset(root, split_ratio=(2, 2, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
+    return root
+
+
+def config(workers: int) -> WorkerConfig:
+    return WorkerConfig(rank=0, world_size=1, num_workers=workers)
+
+
+def packed_train(dataset: Path, workers: int, **kwargs):
+    settings = dict(worker_config=config(workers), batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4, packing_buffer_size=8, task_encoder=PackingEncoder())
+    settings.update(kwargs)
+    return get_train_dataset(dataset, **settings)
+
+
+def test_one_pass_packs_every_sample_once_within_the_length(dataset: Path) -> None:
+    packs = list(get_loader(packed_train(dataset, 0, repeat=False, batch_size=None, shuffle_buffer_size=None)))
+    keys = [k for p in packs for k in p.keys]
+    assert sorted(keys) == sorted(set(keys)) and len(keys) == 30
+    for p in packs:
+        assert int(p.cu_seqlens[-1]) <= SEQ and p.tokens.shape == (SEQ,)
+        assert len(p.cu_seqlens) == len(p.keys) + 1
+
+
+def _keys(batch) -> list:
+    return [list(k) for k in batch.keys] if isinstance(batch.keys[0], list) else list(batch.keys)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packing_resumes_at_every_step(dataset: Path, workers: int) -> None:
+    loader = get_savable_loader(packed_train(dataset, workers))
+    it = iter(loader)
+    states, batches = [loader.save_state_rank()], []
+    for _ in range(16):
+        batches.append(_keys(next(it)))
+        states.append(loader.save_state_rank())
+    for step in (range(17) if workers == 0 else (0, 1, 4, 9, 16)):
+        fresh = get_savable_loader(packed_train(dataset, workers))
+        fresh.restore_state_rank(states[step])
+        assert [_keys(b) for _, b in zip(range(16 - step), fresh)] == batches[step:], step
+
+
+def test_restore_sample_rebuilds_a_packed_batch(dataset: Path) -> None:
+    loader = get_savable_loader(packed_train(dataset, 2))
+    batch = [b for _, b in zip(range(3), loader)][-1]
+    rebuilt = loader.restore_sample(batch.__restore_key__)
+    assert _keys(rebuilt) == _keys(batch) and torch.equal(rebuilt.tokens, batch.tokens)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grouped_batches_resume_at_every_step(dataset: Path, workers: int) -> None:
+    def make():
+        return get_savable_loader(get_train_dataset(dataset, worker_config=config(workers), batch_size=None, shuffle_buffer_size=5, max_samples_per_sequence=4, task_encoder=GroupingEncoder()))
+
+    loader = make()
+    it = iter(loader)
+    states, batches = [loader.save_state_rank()], []
+    for _ in range(20):
+        batch = next(it)
+        words = [len(t.split()) for t in batch.text]
+        assert len(batch.text) == (4 if words[0] < 10 else 2) and len({w < 10 for w in words}) == 1
+        batches.append(list(batch.__key__))
+        states.append(loader.save_state_rank())
+    for step in (range(21) if workers == 0 else (0, 3, 11, 20)):
+        fresh = make()
+        fresh.restore_state_rank(states[step])
+        assert [list(b.__key__) for _, b in zip(range(20 - step), fresh)] == batches[step:], step
+
+
+def test_validation_flushes_partial_groups_at_the_end(dataset: Path) -> None:
+    ds = get_val_dataset(dataset, worker_config=config(0), batch_size=None, task_encoder=GroupingEncoder())
+    batches = list(get_loader(ds))
+    keys = [k for b in batches for k in b.__key__]
+    assert len(keys) == 30 and len(set(keys)) == 30
+    dropped = get_val_dataset(dataset, worker_config=config(0), batch_size=None, batch_drop_last=True, task_encoder=GroupingEncoder())
+    assert all(len(b.__key__) in (2, 4) for b in get_loader(dropped))
+
+
+def test_packing_needs_the_packing_hooks(dataset: Path) -> None:
+    with pytest.raises(ConfigError, match="packing_buffer_size needs a task encoder that packs"):
+        packed_train(dataset, 0, task_encoder=DefaultTaskEncoder())
