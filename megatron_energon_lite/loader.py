@@ -286,22 +286,27 @@ def blend_report(states: dict | list[dict]) -> list[dict[str, Any]]:
     so a blend can be checked while training or from a checkpoint.  Each row holds the dataset's
     ``path``, ``split_part``, ``target_share`` (its normalised weight; for ``blend_epochized``
     its share of the samples of one pass), ``samples`` consumed so far (samples waiting in a
-    shuffle buffer are not counted) and ``share`` of all consumed samples.
+    shuffle buffer are not counted) and ``share`` of all consumed samples; with
+    ``blend_mode="cost"`` also ``cost`` (e.g. tokens) and ``cost_share``, counted as the blend
+    yielded them (a shuffle buffer's waiting samples included).
     """
-    from .pipeline.blend import consumed_counts
+    from .pipeline.blend import blended_costs, consumed_counts
 
     rank_states = [states] if isinstance(states, dict) else list(states)
     datasets = rank_states[0].get("config", {}).get("datasets") if rank_states else None
     if not datasets:
         raise ConfigError(format_message("the state holds no blend", expected="a state of a loader over a metadataset with several datasets or a Blender", fix="blend reports exist for blended training datasets"))
     totals = [0] * len(datasets)
+    costs = [0] * len(datasets)
     for state in rank_states:
         for worker_state in state["worker_states"]:
             counts = consumed_counts(worker_state, len(datasets)) if worker_state is not None else None
             for i, count in enumerate(counts or ()):
                 totals[i] += count
+            for i, cost in enumerate((blended_costs(worker_state) if worker_state is not None else None) or ()):
+                costs[i] += cost
     consumed = sum(totals)
-    return [
+    rows = [
         {
             "path": leaf["path"],
             "split_part": leaf["split_part"],
@@ -311,6 +316,12 @@ def blend_report(states: dict | list[dict]) -> list[dict[str, Any]]:
         }
         for leaf, count in zip(datasets, totals)
     ]
+    if rank_states[0]["config"].get("blend_mode") == "cost":
+        # Costs of everything the blends yielded, samples waiting in a shuffle buffer included.
+        for row, cost in zip(rows, costs):
+            row["cost"] = cost
+            row["cost_share"] = cost / sum(costs) if sum(costs) else 0.0
+    return rows
 
 
 def _check_state(state: Any, current: dict) -> None:

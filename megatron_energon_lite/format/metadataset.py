@@ -35,7 +35,9 @@ __all__ = ["BLEND_MODES", "BlendPlan", "Blender", "JoinMember", "JoinSpec", "Lea
 _OUR_MODULES = ("megatron.energon", "megatron_energon_lite")
 #: ``random``: Energon's per-sample weighted draw.  ``exact``: a deterministic schedule whose
 #: per-dataset counts stay within one sample of the weights at every prefix of the global stream.
-BLEND_MODES = ("random", "exact")
+#: ``cost``: weights share a cost the task encoder reports per sample (``sample_cost``, e.g.
+#: tokens) instead of the number of samples.
+BLEND_MODES = ("random", "exact", "cost")
 _REF_KEYS = ("path", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config", "subset")
 _V1_REF_KEYS = ("path", "weight", "split_part", "subflavor", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config")
 _NODE_KINDS = ("path", "blend", "blend_epochized", "join")

@@ -3,6 +3,10 @@
 ``random`` (Energon's behaviour): each item's source is drawn with probability proportional to its
 weight, from draw ``n`` of a counter-based stream, so a state only needs the draw counter.
 
+``cost``: weights share a per-sample cost (tokens, say) instead of samples: each item comes from
+the source furthest behind ``weight x total cost so far`` (deterministic, per worker), so each
+source's cost share stays within about one sample's cost of its weight.
+
 ``exact``: the source of each item is read from :class:`ExactSchedule`, a deterministic schedule
 over positions ``0, 1, 2, ...`` of a stream whose per-source counts stay within one item of
 ``weight * position`` at every prefix.  With ``position`` mapping this worker's ``n``-th item to
@@ -20,6 +24,7 @@ State keys:
     ``emitted``: items yielded in this epoch (the next item is number ``emitted``).
     ``draws``: random draws used in this epoch (random mode).
     ``counts``: items yielded per source since the start (all epochs; for blend reports).
+    ``costs``: summed cost of those items per source (cost mode; zeros otherwise).
     ``exhausted``: per source, whether it ended in this epoch.
     ``epoch``: the epoch (``start_epoch`` calls so far).
     ``schedule``: the exact schedule's cursor (exact mode), else ``None``.
@@ -40,7 +45,7 @@ from ..errors import ConfigError, DatasetError, StateError, format_message
 from ..rng import UniformStream
 from .node import Node, State, as_key, get_restore_key, set_restore_key
 
-__all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "consumed_counts", "integer_weights"]
+__all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "blended_costs", "consumed_counts", "integer_weights"]
 
 #: Periods up to this length are tabulated once, so a jump to any position costs O(sources).
 TABLE_LIMIT = 1 << 16
@@ -154,12 +159,16 @@ class BlendNode(Node[Any]):
         position: Callable[[int], int] | None = None,
         names: Sequence[str] | None = None,
         infinite: bool = False,
+        cost: Callable[[Any], int] | None = None,
     ) -> None:
         self.sources = list(sources)
         if len(self.sources) != len(weights) or not self.sources:
             raise ConfigError(format_message("BlendNode needs one weight per source", found=f"{len(self.sources)} sources, {len(weights)} weights"))
-        if mode not in ("random", "exact"):
-            raise ConfigError(format_message("unknown blend mode", expected="random or exact", found=repr(mode)))
+        if mode not in ("random", "exact", "cost"):
+            raise ConfigError(format_message("unknown blend mode", expected="random, exact or cost", found=repr(mode)))
+        if (mode == "cost") != (cost is not None):
+            raise ConfigError(format_message("blend mode 'cost' needs a cost function (and only it takes one)", found=f"mode {mode!r}, cost {cost!r}"))
+        self.cost = cost
         self.weights = [float(w) for w in weights]
         self.mode = mode
         self.seed = seed
@@ -170,6 +179,7 @@ class BlendNode(Node[Any]):
         self.schedule = ExactSchedule(integer_weights(weights)) if mode == "exact" else None
         self._stream: UniformStream | None = None
         self._counts = [0] * len(self.sources)
+        self._costs = [0] * len(self.sources)
         self.reset()
 
     # --- state -------------------------------------------------------------------------------
@@ -195,9 +205,10 @@ class BlendNode(Node[Any]):
             for source in self.sources:
                 source.reset(None)
             self._counts = [0] * len(self.sources)
+            self._costs = [0] * len(self.sources)
             self._start(0)
             return
-        self.check_state(state, "epoch", "emitted", "draws", "counts", "exhausted", "schedule", "sources")
+        self.check_state(state, "epoch", "emitted", "draws", "counts", "costs", "exhausted", "schedule", "sources")
         if len(state["sources"]) != len(self.sources) or len(state["counts"]) != len(self.sources):
             raise StateError(
                 format_message(
@@ -212,6 +223,7 @@ class BlendNode(Node[Any]):
         self._start(state["epoch"])
         self._emitted, self._draws = state["emitted"], state["draws"]
         self._counts = [int(c) for c in state["counts"]]
+        self._costs = [int(c) for c in state["costs"]]
         self._exhausted = [bool(e) for e in state["exhausted"]]
         if self.schedule is not None:
             self.schedule.reset(state["schedule"])
@@ -223,6 +235,7 @@ class BlendNode(Node[Any]):
             "emitted": self._emitted,
             "draws": self._draws,
             "counts": list(self._counts),
+            "costs": list(self._costs),
             "exhausted": list(self._exhausted),
             "schedule": None if self.schedule is None else self.schedule.get_state(),
             "sources": [source.get_state() for source in self.sources],
@@ -230,6 +243,11 @@ class BlendNode(Node[Any]):
 
     # --- iteration -----------------------------------------------------------------------------
     def _choose(self) -> int:
+        if self.cost is not None:
+            # The source furthest behind its share of the cost so far (ties: the larger weight).
+            total = sum(self._costs)
+            live = [i for i, done in enumerate(self._exhausted) if not done]
+            return max(live, key=lambda i: (self.weights[i] * total - self._costs[i], self.weights[i], -i))
         if self.schedule is not None:
             return self.schedule.source_at(self.position(self._emitted))
         live = [0.0 if done else w for w, done in zip(self.weights, self._exhausted)]
@@ -264,14 +282,48 @@ class BlendNode(Node[Any]):
                 continue
             self._emitted += 1
             self._counts[index] += 1
+            if self.cost is not None:
+                self._costs[index] += self._cost_of(item)
             return set_restore_key(item, (self.tag, index) + get_restore_key(item))
         raise StopIteration
+
+    def _cost_of(self, item: Any) -> int:
+        value = self.cost(item)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(
+                format_message(
+                    "sample_cost must return a non-negative integer",
+                    where=f"sample {getattr(item, '__key__', None) or (item.get('__key__') if isinstance(item, dict) else '?')}",
+                    found=repr(value)[:80],
+                    fix="return the sample's token count (or another integer cost)",
+                )
+            )
+        return value
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)
         if len(key) < 2 or key[0] != self.tag or not isinstance(key[1], int) or not 0 <= key[1] < len(self.sources):
             raise StateError(format_message("restore key does not belong to this Blend stage", expected=f"('Blend', source index < {len(self.sources)}, *item_key)", found=repr(key)[:200]))
         return set_restore_key(self.sources[key[1]].restore(key[2:]), key)
+
+
+def _blend_state(state: Any) -> dict | None:
+    """The Blend stage's state inside a worker's pipeline state, if any."""
+    if not isinstance(state, dict):
+        return None
+    if state.get("stage") == BlendNode.tag:
+        return state
+    for child in [state.get("source")] + list(state.get("sources") or []):
+        found = _blend_state(child)
+        if found is not None:
+            return found
+    return None
+
+
+def blended_costs(state: Any) -> list[int] | None:
+    """Per-source summed cost of the items a worker's blend yielded (cost mode), from its state."""
+    blend = _blend_state(state)
+    return None if blend is None else [int(c) for c in blend["costs"]]
 
 
 def consumed_counts(state: Any, num_sources: int) -> list[int] | None:

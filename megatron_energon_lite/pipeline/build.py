@@ -137,6 +137,18 @@ def validate(spec: PipelineSpec) -> None:
         )
     if spec.blend_mode not in BLEND_MODES:
         raise ConfigError(format_message("invalid blend_mode", expected=" or ".join(BLEND_MODES), found=repr(spec.blend_mode)))
+    if spec.blend_mode == "cost" and spec.training and spec.plan.kind != "single":
+        if spec.plan.kind != "blend":
+            raise ConfigError(format_message("blend_mode cost needs weights", where=spec.path, found=spec.plan.kind, expected="a blend with weights", fix="use blend (weights), not blend_epochized"))
+        if not callable(getattr(spec.task_encoder, "sample_cost", None)):
+            raise ConfigError(
+                format_message(
+                    "blend_mode cost needs the task encoder to report a cost per sample",
+                    where=type(spec.task_encoder).__name__,
+                    expected="a method sample_cost(sample) -> int (e.g. its token count), called on each sample before encode_sample",
+                    fix="add sample_cost, or use TextPackingTaskEncoder which has one",
+                )
+            )
     if spec.training and spec.plan.kind == "blend" and not spec.repeat:
         raise ConfigError(
             format_message(
@@ -343,7 +355,8 @@ def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hoo
     if plan.kind == "blend":
         nodes = [RepeatNode(node) for node in nodes]
         position = _global_position(spec, local_worker_id) if spec.blend_mode == "exact" else None
-        return BlendNode(nodes, [leaf.weight for leaf in plan.leaves], seed=seed, mode=spec.blend_mode, position=position, names=names, infinite=True)
+        cost = spec.task_encoder.sample_cost if spec.blend_mode == "cost" else None
+        return BlendNode(nodes, [leaf.weight for leaf in plan.leaves], seed=seed, mode=spec.blend_mode, position=position, names=names, infinite=True, cost=cost)
     # blend_epochized: every dataset `repetitions` times per pass.
     counts = [_leaf_samples(slices) for slices in per_dataset]
     nodes = [RepeatNode(node, leaf.repetitions, worker_samples=n) for node, leaf, n in zip(nodes, plan.leaves, counts)]
