@@ -35,6 +35,8 @@ def test_a_pack_has_labels_loss_mask_positions_and_boundaries() -> None:
     assert pack.loss_mask.tolist() == [1, 1, 0, 1, 0, 0, 0, 0, 0, 0]
     assert pack.position_ids.tolist() == [0, 1, 2, 0, 1, 0, 0, 0, 0, 0]
     assert pack.cu_seqlens.tolist() == [0, 3, 5, 10] and pack.sample_keys == ["a", "b"]
+    with_empty = encoder.pack_selected_samples([tokenized("e", []), tokenized("a", [5, 6, 7])])
+    assert with_empty.loss_mask.tolist()[:4] == [1, 1, 0, 0] and with_empty.cu_seqlens.tolist() == [0, 0, 3, 10]
     batch = encoder.batch([pack, pack])
     assert batch.tokens.shape == (2, 10) and batch.cu_seqlens.tolist() == [0, 3, 5, 10, 13, 15, 20]
 
@@ -141,3 +143,17 @@ def test_bad_buckets() -> None:
         AspectRatioGroupingTaskEncoder(())
     with pytest.raises(ConfigError, match="do not exist"):
         AspectRatioGroupingTaskEncoder((1.0,), batch_sizes={2.0: 4})
+
+
+@pytest.mark.parametrize(("script", "args", "expected"), [
+    ("text_packing.py", ["--workers", "0", "--batches", "12", "--seq-length", "512"], "continuation matches"),
+    ("aspect_ratio_grouping.py", ["--images", "30"], "bucket  2.0: 3 batch(es) of 4"),
+])
+def test_examples_run(tmp_path: Path, script: str, args: list[str], expected: str) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / script
+    run = subprocess.run([sys.executable, str(example), "--data-dir", str(tmp_path), *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert expected in run.stdout
