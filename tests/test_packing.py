@@ -164,3 +164,10 @@ def test_validation_flushes_partial_groups_at_the_end(dataset: Path) -> None:
 def test_packing_needs_the_packing_hooks(dataset: Path) -> None:
     with pytest.raises(ConfigError, match="packing_buffer_size needs a task encoder that packs"):
         packed_train(dataset, 0, task_encoder=DefaultTaskEncoder())
+
+
+def test_restore_sample_rebuilds_a_grouped_batch(dataset: Path) -> None:
+    loader = get_savable_loader(get_train_dataset(dataset, worker_config=config(2), batch_size=None, shuffle_buffer_size=5, max_samples_per_sequence=4, task_encoder=GroupingEncoder()))
+    batch = [b for _, b in zip(range(5), loader)][-1]
+    rebuilt = loader.restore_sample(batch.__restore_key__)
+    assert list(rebuilt.__key__) == list(batch.__key__) and list(rebuilt.text) == list(batch.text)
