@@ -575,3 +575,65 @@ def generate_jsonl(path: str | os.PathLike[str], *, num_records: int, seed: int 
             }
 
     return write_jsonl(path, records())
+
+
+def make_video(frames: int = 16, fps: int = 8, size: tuple[int, int] = (64, 48), codec: str = "libx264", audio_rate: int | None = None, gop: int = 4) -> bytes:
+    """An H.264 mp4 (lossless) whose frame i is a flat gray of value ``(8 * i) % 256``, so tests can
+    tell frames apart; with ``audio_rate`` also a mono AAC 440 Hz tone.  Needs PyAV (the ``av`` extra)."""
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height = size
+        stream.pix_fmt = "yuv420p"
+        stream.codec_context.gop_size = gop
+        if codec == "libx264":
+            stream.options = {"preset": "ultrafast", "crf": "0"}
+        audio = None
+        if audio_rate:
+            audio = container.add_stream("aac", rate=audio_rate)
+            audio.layout = "mono"
+        for i in range(frames):
+            image = np.full((size[1], size[0], 3), (8 * i) % 256, dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+        if audio is not None:
+            samples = make_tone(frames / fps, audio_rate)
+            for start in range(0, samples.shape[1], 1024):
+                chunk = av.AudioFrame.from_ndarray(samples[:, start : start + 1024], format="fltp", layout="mono")
+                chunk.sample_rate = audio_rate
+                for packet in audio.encode(chunk):
+                    container.mux(packet)
+            for packet in audio.encode():
+                container.mux(packet)
+    return buffer.getvalue()
+
+
+def make_tone(seconds: float, rate: int) -> np.ndarray:
+    """A mono 440 Hz sine, float32 of shape (1, samples)."""
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None, :]
+
+
+def make_audio(seconds: float = 1.0, rate: int = 16000, fmt: str = "wav") -> bytes:
+    """A mono 440 Hz tone as 16-bit WAV or FLAC.  Needs PyAV (the ``av`` extra)."""
+    import av
+
+    codec = {"wav": "pcm_s16le", "flac": "flac"}[fmt]
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        samples = (make_tone(seconds, rate) * 32767).astype(np.int16)
+        for start in range(0, samples.shape[1], 4096):
+            frame = av.AudioFrame.from_ndarray(samples[:, start : start + 4096], format="s16", layout="mono")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()

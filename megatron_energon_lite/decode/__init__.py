@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ConfigError, DecodeError, MissingDependencyError, format_message
 from ..format.tar_reader import split_name
-from . import basic, image
+from . import av, basic, image
 from .image import IMAGE_DECODE_MODES, IMAGE_EXTENSIONS, check_image_decode, decode_image_bytes
 
 __all__ = [
@@ -47,7 +47,8 @@ logger = logging.getLogger(__name__)
 #: ``fn(data, decoder) -> value``: decodes one part; may read the decoder's settings.
 DecoderFn = Callable[[bytes, "SampleDecoder"], Any]
 
-#: Energon's ``av_decode`` values (stored and validated; the video/audio decoders come later).
+#: Energon's ``av_decode`` values: a lazy :class:`~.av.AVDecoder` (default), everything decoded
+#: to :class:`~.av.AVData` (``"torch"``), or the opened PyAV container (``"pyav"``).
 AV_DECODE_MODES: tuple[str, ...] = ("torch", "AVDecoder", "pyav")
 
 _GENERIC_FIX = (
@@ -158,6 +159,7 @@ register_decoder(("pth",), basic.decode_pth, name="torch.load", fix=f"save tenso
 register_decoder(("pkl", "pickle", "pyd"), basic.decode_pickle, name="pickle")
 register_decoder(("mp", "msg", "msgpack"), basic.decode_msgpack, name="msgpack")
 register_decoder(("cbor",), basic.decode_cbor, name="cbor")
+register_decoder(av.AV_EXTENSIONS, av.decode_av, name="video/audio (PyAV)", fix="check the file with ffprobe or re-encode it (ffmpeg -i in.mp4 -c:v libx264 out.mp4)", by_content=True)
 
 
 class SampleDecoder:
@@ -187,6 +189,7 @@ class SampleDecoder:
         guess_content: bool = False,
         allow_pickle: bool = False,
         image_max_size: int | None = None,
+        av_byte_budget: int = av.DEFAULT_BYTE_BUDGET,
     ) -> None:
         check_image_decode(image_decode)
         if av_decode not in AV_DECODE_MODES:
@@ -227,6 +230,9 @@ class SampleDecoder:
         self.guess_content = guess_content
         self.allow_pickle = allow_pickle
         self.image_max_size = image_max_size
+        if isinstance(av_byte_budget, bool) or not isinstance(av_byte_budget, int) or av_byte_budget < 1:
+            raise ConfigError(format_message("av_byte_budget must be a positive number of bytes", found=repr(av_byte_budget)))
+        self.av_byte_budget = av_byte_budget
 
     def config(self) -> dict[str, Any]:
         """The settings as plain JSON, for the config fingerprint."""
@@ -238,6 +244,8 @@ class SampleDecoder:
             "guess_content": self.guess_content,
             "allow_pickle": self.allow_pickle,
             "image_max_size": self.image_max_size,
+            "av_byte_budget": self.av_byte_budget,
+            "av_backend": av.backend(),
         }
 
     def __repr__(self) -> str:
@@ -276,7 +284,10 @@ class SampleDecoder:
         if entry is None:
             return data
         try:
-            return entry.fn(data, self)
+            value = entry.fn(data, self)
+            if isinstance(value, av.AVDecoder):
+                value.name = f"sample {key!r}, part {part_name!r}"  # lazy: errors come later
+            return value
         except MissingDependencyError:
             raise
         except Exception as exc:
