@@ -10,6 +10,7 @@ import click
 from ..errors import EnergonLiteError
 from ..format.dataset_config import load_dataset_config
 from ..format.jsonl import JsonlReader
+from ..format.media_metadata import media_counts
 from ..format.metadata import INDEX_SQLITE, meta_dir, read_info, read_split_config, resolve_split
 from ..format.metadataset import is_metadataset_path
 from .blend_tree import echo_trees, read_trees
@@ -88,3 +89,6 @@ def info(path: Path, split_config: str | None, dataset_config: str | None) -> No
     parts = _part_counts(path)
     if parts is not None:
         click.echo("  parts:       " + ", ".join(f"{name} ({count})" for name, count in parts.items()))
+    media = media_counts(path)
+    if media is not None:
+        click.echo(f"  media:       {sum(media.values())} entries with metadata" + "".join(f", {kind}: {count}" for kind, count in media.items()))

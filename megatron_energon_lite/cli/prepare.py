@@ -12,6 +12,7 @@ import click
 from ..errors import ConfigError, format_message
 from ..format.dataset_config import render_dataset_yaml
 from ..format.jsonl import write_jsonl_index
+from ..format.media_metadata import MediaFilter
 from ..format.metadata import is_prepared, meta_dir
 from ..format.prepare import prepare_dataset
 from ..format.split_reader import SplitReader
@@ -131,6 +132,9 @@ def _first_parts(root: Path, split: str) -> list[str]:
 @click.option("--dataset-yaml-name", default="dataset.yaml", show_default=True, help="File name of the dataset yaml in .nv-meta/.")
 @click.option("--sample-type", metavar="NAME", help="Sample class, e.g. CaptioningSample, or CrudeWebdataset.")
 @click.option("--field-map", metavar="JSON", help="Field -> part expression, e.g. '{\"image\": \"jpg\", \"caption\": \"txt\"}'.")
+@click.option("--media-metadata-by-extension", is_flag=True, help="Store media metadata (size, duration, ...) of parts with an image/audio/video extension.")
+@click.option("--media-metadata-by-glob", metavar="PATTERNS", help="Store media metadata of parts matching globs such as '*.jpg,*.wav' (comma-separated).")
+@click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of parts recognised by their first bytes.")
 def prepare(
     path: Path,
     progress: bool,
@@ -146,8 +150,16 @@ def prepare(
     dataset_yaml_name: str,
     sample_type: str | None,
     field_map: str | None,
+    media_metadata_by_extension: bool,
+    media_metadata_by_glob: str | None,
+    media_metadata_by_header: bool,
 ) -> None:
     """Index the tar shards under PATH and write .nv-meta/ (or index a .jsonl file)."""
+    media_filter = MediaFilter.from_options(
+        glob=media_metadata_by_glob, header=media_metadata_by_header, extension=media_metadata_by_extension
+    )
+    if media_filter is not None and path.is_file():
+        raise ConfigError(format_message("JSONL datasets do not support media metadata", found=str(path), fix="remove --media-metadata-by-..."))
     if path.is_file():
         if path.suffix != ".jsonl":
             raise ConfigError(format_message("prepare takes a dataset folder or a .jsonl file", found=str(path)))
@@ -187,11 +199,15 @@ def prepare(
         force_overwrite=force_overwrite,
         dataset_yaml=write_yaml_now,
         dataset_yaml_name=dataset_yaml_name,
+        media_filter=media_filter,
     )
     click.echo(
         f"Indexed {len(result.shard_counts)} shards, {result.total_samples} samples "
         f"({len(result.scanned)} scanned, {len(result.reused)} unchanged)."
     )
+    if result.media_filter is not None:
+        skipped = f", {result.media_skipped} media parts could not be parsed (see the warnings)" if result.media_skipped else ""
+        click.echo(f"Stored media metadata of {result.media_entries} entries (by {result.media_filter.strategy.value.lower()}){skipped}.")
     for split, shards in result.splits.items():
         click.echo(f"  split {split}: {len(shards)} shards, {sum(result.shard_counts[s] for s in shards)} samples")
     first_split = next((s for s, shards in result.splits.items() if shards), None)

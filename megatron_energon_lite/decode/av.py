@@ -23,6 +23,8 @@ import dataclasses
 import io
 import logging
 import math
+import os
+import threading
 from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
@@ -101,6 +103,25 @@ class AVMetadata:
     audio_channels: int | None = None
     audio_sample_rate: int | None = None
     audio_num_samples: int | None = None
+
+
+_local = threading.local()
+
+
+def _to_rgb(frame, **size) -> np.ndarray:
+    """An RGB array of ``frame``, converted by FFmpeg's scaler on the calling thread only.
+
+    ``frame.to_ndarray`` set up a scaler with a thread pool for every call (~1 ms each, and a
+    pool that a forked worker must not inherit).  One single-threaded reformatter per thread and
+    process keeps the scaler between frames and files.
+    """
+    pid = os.getpid()
+    cached = getattr(_local, "reformatter", None)
+    if cached is None or cached[0] != pid:
+        from av.video.reformatter import VideoReformatter
+
+        cached = _local.reformatter = (pid, VideoReformatter())
+    return cached[1].reformat(frame, format="rgb24", threads=1, **size).to_ndarray()
 
 
 def _in_worker() -> bool:
@@ -247,24 +268,24 @@ class AVDecoder:
             frames: list[np.ndarray] = []
             times: list[float] = []
             last = None
-            kwargs = {"format": "rgb24"}
+            kwargs: dict[str, int] = {}
             if size is not None:
                 kwargs.update(width=int(size[0]), height=int(size[1]))
             for frame in container.decode(stream):
                 t = float(frame.pts * time_base) if frame.pts is not None else float(frame.time or 0)
                 if t > end + 1e-6:
                     if not frames:  # no frame inside the range: the first one after it
-                        frames.append(frame.to_ndarray(**kwargs))
+                        frames.append(_to_rgb(frame, **kwargs))
                         times.append(t)
                     break
                 if t + 1e-6 >= start:
-                    frames.append(frame.to_ndarray(**kwargs))
+                    frames.append(_to_rgb(frame, **kwargs))
                     times.append(t)
                     self._check_budget(sum(f.nbytes for f in frames))
                 else:
                     last = (frame, t)
             if not frames and last is not None:  # the range starts after the last frame: clamp
-                frames.append(last[0].to_ndarray(**kwargs))
+                frames.append(_to_rgb(last[0], **kwargs))
                 times.append(last[1])
         except DecodeError:
             raise

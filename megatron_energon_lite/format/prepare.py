@@ -11,6 +11,9 @@ Differences from Energon, on purpose:
   7/2/0; we give 7/2/1, and the same splits as Energon wherever it loses nothing).
 * Nothing is written when a duplicate key, an empty shard or a corrupt tar is found: every
   metadata file is written through a temporary file and a rename, ``.info.json`` last.
+* Media metadata (``media_filter``) is extracted in the same pass over each tar.  A re-prepare
+  without a filter keeps the one the index was built with (Energon keeps the old tables, stale
+  or not); a different filter re-scans every shard.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
 from ..storage import atomic_write_text
+from .media_metadata import MediaFilter, MediaIndexWriter, MediaScan, read_media_filter, scan_media
 from .metadata import (
     INDEX_SQLITE,
     INDEX_UUID,
@@ -66,6 +70,7 @@ class ShardScan:
     mtime_ns: int
     offsets: list[int]  # N+1 entries, Energon's .tar.idx content
     samples: list[SampleEntry]
+    media: MediaScan | None = None
 
 
 @dataclass
@@ -77,6 +82,9 @@ class PrepareResult:
     scanned: list[str]  # shards that were (re-)indexed in this run
     reused: list[str]  # shards whose previous index was kept
     splits: dict[str, list[str]] = field(default_factory=dict)
+    media_filter: MediaFilter | None = None
+    media_entries: int = 0  # rows in media_metadata
+    media_skipped: int = 0  # media parts of scanned shards that could not be parsed
 
     @property
     def total_samples(self) -> int:
@@ -108,8 +116,11 @@ def _compile(regex: str, option: str) -> re.Pattern:
         ) from None
 
 
-def scan_shard(root: Path, name: str) -> ShardScan:
-    """Reads every header of one tar once and groups members into samples."""
+def scan_shard(root: Path, name: str, media_filter: MediaFilter | None = None) -> ShardScan:
+    """Reads every header of one tar once and groups members into samples.
+
+    With a ``media_filter``, the media parts' metadata is extracted from the same mapping.
+    """
     path = root / name
     with open(path, "rb") as f:
         stat = os.fstat(f.fileno())
@@ -129,7 +140,10 @@ def scan_shard(root: Path, name: str) -> ShardScan:
                     end = stop.value
                     break
             del members
-    samples = list(group_samples(collected))
+            samples = list(group_samples(collected))
+            media = None
+            if media_filter is not None and samples:
+                media = scan_media(media_filter, mapped, samples, where=str(path))
     if not samples:
         raise EmptyDatasetError(
             format_message(
@@ -141,10 +155,10 @@ def scan_shard(root: Path, name: str) -> ShardScan:
             )
         )
     offsets = [s.offset for s in samples] + [end]
-    return ShardScan(name, stat.st_size, stat.st_mtime_ns, offsets, samples)
+    return ShardScan(name, stat.st_size, stat.st_mtime_ns, offsets, samples, media)
 
 
-def _scan_task(args: tuple[Path, str]) -> ShardScan:
+def _scan_task(args: tuple[Path, str, MediaFilter | None]) -> ShardScan:
     return scan_shard(*args)
 
 
@@ -223,17 +237,22 @@ def _file_stamp(path: Path) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
-def _unchanged_shards(root: Path, names: Iterable[str]) -> dict[str, tuple[int, int]]:
+def _unchanged_shards(
+    root: Path, names: Iterable[str], media_filter: MediaFilter | None
+) -> dict[str, tuple[int, int]]:
     """Shards whose tar and index are as the previous run left them -> (old shard id, count).
 
     The previous run's record is trusted only if ``index.sqlite`` is the very file it wrote, so
-    an interrupted run or an index rebuilt by another tool leads to a full re-scan.
+    an interrupted run or an index rebuilt by another tool leads to a full re-scan; so does a
+    media filter other than the previous run's.
     """
     state = _load_prepare_state(root)
     try:
         if not state or state.get("index_stamp") != _file_stamp(meta_dir(root) / INDEX_SQLITE):
             return {}
     except FileNotFoundError:
+        return {}
+    if media_filter is not None and state.get("media_filter") != media_filter.to_json():
         return {}
     recorded = state.get("shards", {})
     unchanged = {}
@@ -281,12 +300,15 @@ def prepare_dataset(
     dataset_yaml: str | None = None,
     dataset_yaml_name: str = "dataset.yaml",
     confirm_overwrite: Callable[[], bool] | None = None,
+    media_filter: MediaFilter | None = None,
 ) -> PrepareResult:
     """Indexes the tars under ``root`` and writes Energon-compatible metadata.
 
     Exactly one of ``split_ratio`` (e.g. ``(8, 1, 1)`` for train/val/test) and ``split_parts``
     (``[(name, regex), ...]``) is needed unless ``tar_index_only`` keeps the existing splits.
     ``dataset_yaml`` is the text of ``.nv-meta/<dataset_yaml_name>`` to write, if any.
+    ``media_filter`` stores media metadata (Energon's ``--media-metadata-by-*``); None keeps the
+    filter of an existing index, if it has one.
     """
     root = Path(root)
     if not root.is_dir():
@@ -341,9 +363,16 @@ def prepare_dataset(
 
     meta = meta_dir(root)
     meta.mkdir(exist_ok=True)
-    unchanged = _unchanged_shards(root, names)
+    if media_filter is None:
+        media_filter = read_media_filter(meta / INDEX_SQLITE)
+        if media_filter is not None:
+            logger.info("keeping the media metadata of %s (%s)", meta / INDEX_SQLITE, media_filter.to_json())
+    unchanged = _unchanged_shards(root, names, media_filter)
     to_scan = [n for n in names if n not in unchanged]
-    scans = _scan_all(root, to_scan, num_workers=num_workers, progress=progress)
+    scans = _scan_all(root, to_scan, num_workers=num_workers, progress=progress, media_filter=media_filter)
+    failures = [f for n in to_scan if scans[n].media is not None for f in scans[n].media.failures]
+    for failure in failures:
+        logger.warning("%s", failure)
 
     tmp_index = meta / f".{INDEX_SQLITE}.tmp-{os.getpid()}"
     writer = SqliteIndexWriter(tmp_index)
@@ -363,6 +392,7 @@ def prepare_dataset(
         if duplicates:
             raise _duplicate_error(duplicates, names)
         writer.finish()
+        media_entries = _write_media(tmp_index, meta / INDEX_SQLITE, media_filter, names, scans, unchanged)
     except BaseException:
         writer.abort()
         raise
@@ -375,9 +405,41 @@ def prepare_dataset(
         write_split_config(root, SplitConfig(split_parts=splits, exclude=_kept_excludes(root)))
     if dataset_yaml is not None:
         atomic_write_text(meta / dataset_yaml_name, dataset_yaml)
-    _write_prepare_state(root, names, counts)
+    _write_prepare_state(root, names, counts, media_filter)
     write_info(root, DatasetInfo(shard_counts=counts))
-    return PrepareResult(root, counts, scanned=to_scan, reused=list(unchanged), splits=splits)
+    return PrepareResult(
+        root,
+        counts,
+        scanned=to_scan,
+        reused=list(unchanged),
+        splits=splits,
+        media_filter=media_filter,
+        media_entries=media_entries,
+        media_skipped=len(failures),
+    )
+
+
+def _write_media(
+    index: Path,
+    previous: Path,
+    media_filter: MediaFilter | None,
+    names: list[str],
+    scans: dict[str, ShardScan],
+    unchanged: dict[str, tuple[int, int]],
+) -> int:
+    """Adds the media tables to the new index: fresh rows, and copies for unchanged shards."""
+    if media_filter is None:
+        return 0
+    writer = MediaIndexWriter(index)
+    try:
+        writer.copy_shards(previous, [unchanged[n][0] for n in names if n in unchanged])
+        for name in names:
+            if name not in unchanged:
+                writer.add(scans[name].media.rows)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish(media_filter)
 
 
 def _kept_excludes(root: Path) -> list[str]:
@@ -389,7 +451,12 @@ def _kept_excludes(root: Path) -> list[str]:
 
 
 def _scan_all(
-    root: Path, names: list[str], *, num_workers: int | None, progress: bool
+    root: Path,
+    names: list[str],
+    *,
+    num_workers: int | None,
+    progress: bool,
+    media_filter: MediaFilter | None = None,
 ) -> dict[str, ShardScan]:
     workers = min(num_workers or os.cpu_count() or 1, max(1, len(names)))
     bar = tqdm(total=len(names), desc="Indexing shards", unit="shard", disable=not progress)
@@ -397,13 +464,13 @@ def _scan_all(
     try:
         if workers <= 1:
             for name in names:
-                scans[name] = scan_shard(root, name)
+                scans[name] = scan_shard(root, name, media_filter)
                 bar.update()
         else:
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(workers, mp_context=context) as pool:
                 chunk = max(1, min(16, len(names) // (workers * 4)))
-                for scan in pool.map(_scan_task, ((root, n) for n in names), chunksize=chunk):
+                for scan in pool.map(_scan_task, ((root, n, media_filter) for n in names), chunksize=chunk):
                     scans[scan.name] = scan
                     bar.update()
     finally:
@@ -411,7 +478,9 @@ def _scan_all(
     return scans
 
 
-def _write_prepare_state(root: Path, names: list[str], counts: dict[str, int]) -> None:
+def _write_prepare_state(
+    root: Path, names: list[str], counts: dict[str, int], media_filter: MediaFilter | None
+) -> None:
     shards = {
         name: {
             "id": shard_id,
@@ -424,5 +493,6 @@ def _write_prepare_state(root: Path, names: list[str], counts: dict[str, int]) -
         "version": PREPARE_STATE_VERSION,
         "index_stamp": _file_stamp(meta_dir(root) / INDEX_SQLITE),
         "shards": shards,
+        "media_filter": media_filter.to_json() if media_filter is not None else None,
     }
     atomic_write_text(meta_dir(root) / PREPARE_STATE, json.dumps(state, indent=1))
