@@ -287,6 +287,7 @@ class SampleDecoder:
             value = entry.fn(data, self)
             if isinstance(value, av.AVDecoder):
                 value.name = f"sample {key!r}, part {part_name!r}"  # lazy: errors come later
+                value.extension = name.rsplit(".", 1)[-1]
             return value
         except MissingDependencyError:
             raise

@@ -106,6 +106,16 @@ class AVMetadata:
 
 
 _local = threading.local()
+_PROBE_BYTES = 4096
+
+
+def _incomplete(stream) -> bool:
+    context = stream.codec_context
+    if stream.type == "video":
+        return not context.width or not context.height
+    if stream.type == "audio":
+        return not context.sample_rate or not context.channels
+    return False
 
 
 def _to_rgb(frame, **size) -> np.ndarray:
@@ -124,6 +134,23 @@ def _to_rgb(frame, **size) -> np.ndarray:
     return cached[1].reformat(frame, format="rgb24", threads=1, **size).to_ndarray()
 
 
+#: PCM/float sample formats -> scale to [-1, 1] (float formats are already there).
+_SAMPLE_SCALE = {"s16": 1 / 32768, "s32": 1 / 2147483648, "flt": 1.0, "dbl": 1.0}
+
+
+def _float_samples(frame) -> np.ndarray | None:
+    """``(channels, samples)`` float32 of a PCM or float frame; None for other formats."""
+    name = frame.format.name
+    scale = _SAMPLE_SCALE.get(name.rstrip("p"))
+    if scale is None:
+        return None
+    array = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if not frame.format.is_planar:  # packed: (1, samples * channels), interleaved
+        array = array.reshape(-1, channels).T
+    return (array.astype(np.float32) * np.float32(scale)) if scale != 1.0 or array.dtype != np.float32 else array
+
+
 def _in_worker() -> bool:
     return torch.utils.data.get_worker_info() is not None
 
@@ -131,13 +158,14 @@ def _in_worker() -> bool:
 class AVDecoder:
     """Lazy access to the video and audio of one sample part."""
 
-    def __init__(self, data: bytes, *, name: str = "?", byte_budget: int = DEFAULT_BYTE_BUDGET) -> None:
+    def __init__(self, data: bytes, *, name: str = "?", byte_budget: int = DEFAULT_BYTE_BUDGET, extension: str | None = None) -> None:
         self.data = bytes(data)
         self.name = name  # "sample key, part" for messages
         self.byte_budget = byte_budget
+        self.extension = extension  # the part's extension, a hint for opening
 
     def __getstate__(self) -> dict:
-        return {"data": self.data, "name": self.name, "byte_budget": self.byte_budget}
+        return {"data": self.data, "name": self.name, "byte_budget": self.byte_budget, "extension": self.extension}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -159,7 +187,14 @@ class AVDecoder:
     def _open(self):
         av = _av()
         try:
-            container = av.open(io.BytesIO(self.data), mode="r")
+            # FFmpeg probes up to 5 MB by default, decoding a WAV's samples to do it (~3 ms per
+            # open); audio headers fit in 4 KiB. (Video keeps the default: a short probe made
+            # H.264 decoding slower.) Streams left incomplete by a short probe reopen fully.
+            options = {"probesize": str(_PROBE_BYTES)} if self.extension in _AUDIO_ONLY else {}
+            container = av.open(io.BytesIO(self.data), mode="r", options=options)
+            if options and any(_incomplete(stream) for stream in container.streams):
+                container.close()
+                container = av.open(io.BytesIO(self.data), mode="r")
         except Exception as exc:  # noqa: BLE001 - every FFmpeg error becomes one clear error
             raise self._error("cannot open the media", exc) from exc
         if _in_worker():
@@ -322,20 +357,25 @@ class AVDecoder:
                     raise self._error(f"audio clip range ends before it starts: ({start}, {end})", fix="pass (start, end) with end >= start")
                 try:
                     container.seek(max(0, int(start / stream.time_base)), stream=stream, backward=True, any_frame=False)
-                    resampler = av.AudioResampler(format="fltp", layout=stream.codec_context.layout.name, rate=rate)
+                    # Resample only when asked to; plain PCM/float frames convert in numpy.
+                    resampler = av.AudioResampler(format="fltp", layout=stream.codec_context.layout.name, rate=rate) if rate != source_rate else None
                     chunks, first_time = [], None
                     for frame in container.decode(stream):
                         t = float(frame.pts * stream.time_base) if frame.pts is not None else 0.0
                         if t > end:
                             break
-                        for out in resampler.resample(frame):
-                            if first_time is None:
-                                first_time = t
-                            chunks.append(out.to_ndarray())
-                        used += sum(c.nbytes for c in chunks[-1:])
+                        if first_time is None:
+                            first_time = t
+                        converted = _float_samples(frame) if resampler is None else None
+                        if converted is not None:
+                            chunks.append(converted)
+                        else:
+                            resampler = resampler or av.AudioResampler(format="fltp", layout=stream.codec_context.layout.name, rate=rate)
+                            chunks.extend(out.to_ndarray() for out in resampler.resample(frame))
+                        used += chunks[-1].nbytes if chunks else 0
                         self._check_budget(used)
-                    for out in resampler.resample(None):
-                        chunks.append(out.to_ndarray())
+                    if resampler is not None:
+                        chunks.extend(out.to_ndarray() for out in resampler.resample(None))
                 except DecodeError:
                     raise
                 except Exception as exc:  # noqa: BLE001
