@@ -2,8 +2,10 @@
 then stream it through the savable loader, save the state half-way and show that a fresh loader
 restored from it continues exactly.
 
-The samples mix optional parts (jpg or png images, text, JSON, class ids, numpy arrays), so the
-dataset is prepared as crude (``CrudeWebdataset``): samples are dicts of decoded parts.
+The samples mix optional parts (jpg or png images, text, JSON, class ids, numpy arrays and, with
+PyAV installed, short mp4 videos and wav recordings), so the dataset is prepared as crude
+(``CrudeWebdataset``): samples are dicts of decoded parts; video and audio parts arrive as lazy
+``AVDecoder`` objects that decode only what is asked for.
 
 Run through ``bash scripts/demo.sh`` (which installs everything first), or directly with the
 project's environment: ``.venv/bin/python examples/demo.py [--out demo_data]``.
@@ -31,6 +33,7 @@ from megatron_energon_lite import (
     stateless,
 )
 from megatron_energon_lite.decode import SampleDecoder
+from megatron_energon_lite.decode.av import get_single_frames_uniform
 from megatron_energon_lite.pipeline.load import SampleLoader
 from megatron_energon_lite.samples import format_value
 from megatron_energon_lite.synthetic import generate_demo_dataset
@@ -71,7 +74,35 @@ def main() -> None:
         print(f"  {format_value({k: v for k, v in sample.items() if not k.startswith('__')})}")
     reader.close()
 
+    show_media(root)
     stream_save_restore(root, batches=args.batches)
+
+
+def show_media(root: Path) -> None:
+    """Shows the first video and the first audio part of the train split and what they decode to."""
+    print("\nVideo and audio parts are lazy AVDecoders; only what is asked for is decoded:")
+    reader = SampleLoader(root, "train", decoder=SampleDecoder())
+    shown: set[str] = set()
+    for index in range(len(reader)):
+        sample = reader.load(index)
+        for part in ("mp4", "wav"):
+            if part not in sample or part in shown:
+                continue
+            shown.add(part)
+            meta = sample[part].get_metadata()
+            if part == "mp4":
+                frames = get_single_frames_uniform(sample[part], 4, video_out_frame_size=(16, 16))
+                print(f"  {sample['__key__']}.mp4: {meta.video_width}x{meta.video_height}, {meta.video_fps:g} fps, {meta.video_duration:.2f} s"
+                      f" -> 4 uniform frames resized to 16x16: {tuple(frames.shape)} {frames.dtype}")
+            else:
+                clips, _ = sample[part].get_audio_clips([(0.0, 0.25)])
+                print(f"  {sample['__key__']}.wav: {meta.audio_sample_rate} Hz, {meta.audio_duration:.2f} s"
+                      f" -> first 0.25 s: {tuple(clips[0].shape)} {clips[0].dtype}")
+        if len(shown) == 2:
+            break
+    reader.close()
+    if not shown:
+        print("  (none here: without PyAV the demo dataset has no video or audio)")
 
 
 @stateless

@@ -12,6 +12,7 @@ where the key is everything up to the first dot of the last path component.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import io
 import json
 import logging
@@ -56,6 +57,7 @@ _STREAM_IMAGE = 1
 _STREAM_TEXT = 2
 _STREAM_SAMPLE = 3
 _STREAM_JSONL = 4
+_STREAM_MEDIA = 5
 
 #: The fixed vocabulary of the pseudo-English text.
 WORDS: tuple[str, ...] = tuple(
@@ -471,13 +473,27 @@ def generate_text_dataset(
 
 #: Folder prefix of the demo's long keys: member names exceed ustar's 100-char name field.
 DEMO_LONG_PREFIX = "long/" + "a_rather_deeply_nested_folder/" * 4
-_DEMO_PART_ORDER = ("jpg", "png", "txt", "json", "cls", "npy")
+_DEMO_PART_ORDER = ("jpg", "png", "mp4", "wav", "txt", "json", "cls", "npy")
+_DEMO_VIDEO_SIZES = ((32, 24), (24, 32), (32, 32))
 
 
-def _demo_sample(seed: int, shard: int, index: int, long_key: bool) -> tuple[str, dict[str, bytes]]:
+def _demo_media(seed: int, shard: int, index: int) -> dict[str, bytes]:
+    """About 12% of the samples get a short mp4 (a third of them with an AAC audio track), 8% a
+    16 kHz wav. Its own random stream, so the other parts are the same with or without media."""
+    rng = _rng((seed, shard, index), _STREAM_MEDIA)
+    kind = rng.random()
+    if kind < 0.12:
+        size = _DEMO_VIDEO_SIZES[int(rng.integers(0, len(_DEMO_VIDEO_SIZES)))]
+        return {"mp4": make_video(frames=int(rng.integers(4, 13)), fps=8, size=size, audio_rate=16000 if kind < 0.04 else None)}
+    if kind < 0.2:
+        return {"wav": make_audio(float(rng.uniform(0.25, 1.0)), 16000)}
+    return {}
+
+
+def _demo_sample(seed: int, shard: int, index: int, long_key: bool, media: bool) -> tuple[str, dict[str, bytes]]:
     rng = _rng((seed, shard, index), _STREAM_SAMPLE)
     key = f"{DEMO_LONG_PREFIX if long_key else ''}{shard:04d}_{index:06d}"
-    parts: dict[str, bytes] = {}
+    parts: dict[str, bytes] = _demo_media(seed, shard, index) if media else {}
     width, height = (int(v) for v in rng.integers(16, 97, 2))
     image_kind = rng.random()
     if image_kind < 0.6:
@@ -488,7 +504,7 @@ def _demo_sample(seed: int, shard: int, index: int, long_key: bool) -> tuple[str
     parts["txt"] = caption.encode("utf-8")
     label = int(rng.integers(0, 10))
     parts["json"] = _json_bytes(
-        {"caption": caption, "id": index, "shard": shard, "label": label, "modalities": [p for p in ("jpg", "png") if p in parts]}
+        {"caption": caption, "id": index, "shard": shard, "label": label, "modalities": [p for p in ("jpg", "png", "mp4", "wav") if p in parts]}
     )
     if rng.random() < 0.5:
         parts["cls"] = str(label).encode("ascii")
@@ -498,22 +514,35 @@ def _demo_sample(seed: int, shard: int, index: int, long_key: bool) -> tuple[str
     return key, {name: parts[name] for name in _DEMO_PART_ORDER if name in parts}
 
 
-def _demo_shard(path: Path, shard: int, samples_per_shard: int, seed: int, tar_format: str) -> int:
+def _demo_shard(path: Path, shard: int, samples_per_shard: int, seed: int, tar_format: str, media: bool) -> int:
     long_keys = tar_format == "pax"
-    samples = (_demo_sample(seed, shard, index, long_keys and index % 8 == 3) for index in range(samples_per_shard))
+    samples = (_demo_sample(seed, shard, index, long_keys and index % 8 == 3, media) for index in range(samples_per_shard))
     return write_tar(path, samples, tar_format=tar_format)
 
 
+def _pyav_importable() -> bool:
+    try:
+        importlib.import_module("av")
+    except ImportError:
+        return False
+    return True
+
+
 def generate_demo_dataset(
-    root: str | os.PathLike[str], *, num_shards: int = 4, samples_per_shard: int = 25, seed: int = 0
+    root: str | os.PathLike[str], *, num_shards: int = 4, samples_per_shard: int = 25, seed: int = 0, media: bool | None = None
 ) -> list[Path]:
     """Writes a small multimodal dataset (``shards/demo-NNNN.tar``) and returns the shard paths.
 
     Every sample has ``txt`` and ``json``; most have a ``jpg`` or a ``png`` (RGB or RGBA, 16-96 px),
-    about half a ``cls`` and some a small float32 ``npy``. Shards alternate ustar and gnu; the last
+    about half a ``cls`` and some a small float32 ``npy``. With ``media`` (default: when PyAV is
+    installed) about 12% of the samples also have a short H.264 ``mp4`` (4-12 frames, 24-32 px, a
+    third with an AAC audio track) and 8% a 16 kHz ``wav`` (0.25-1 s); the other parts are the same
+    either way, but for the json's list of ``modalities``. Shards alternate ustar and gnu; the last
     is pax and holds a few samples (every 8th from index 3) whose key starts with
     :data:`DEMO_LONG_PREFIX`, so their member names are longer than 100 chars.
     """
+    if media is None:
+        media = _pyav_importable()
     _check_positive("num_shards", num_shards, allow_zero=True)
     _check_positive("samples_per_shard", samples_per_shard, allow_zero=True)
     _seed_entropy(seed)
@@ -522,7 +551,7 @@ def generate_demo_dataset(
     for shard in range(num_shards):
         tar_format = "pax" if shard == num_shards - 1 else ("ustar", "gnu")[shard % 2]
         path = root / f"shards/demo-{shard:04d}.tar"
-        _demo_shard(path, shard, samples_per_shard, seed, tar_format)
+        _demo_shard(path, shard, samples_per_shard, seed, tar_format, media)
         paths.append(path)
     logger.info("generated %d demo shards under %s", num_shards, root)
     return paths
@@ -588,6 +617,7 @@ def make_video(frames: int = 16, fps: int = 8, size: tuple[int, int] = (64, 48),
         stream.width, stream.height = size
         stream.pix_fmt = "yuv420p"
         stream.codec_context.gop_size = gop
+        stream.codec_context.thread_count = 1  # x264's output depends on its thread count: same bytes on every machine
         if codec == "libx264":
             stream.options = {"preset": "ultrafast", "crf": "0"}
         audio = None

@@ -286,10 +286,11 @@ def test_demo_dataset_mixes_modalities_and_long_pax_names(tmp_path: Path) -> Non
             for image_part in ("jpg", "png"):
                 if image_part in parts:
                     Image.open(io.BytesIO(parts[image_part])).verify()
+            assert json.loads(parts["json"])["modalities"] == [p for p in ("jpg", "png", "mp4", "wav") if p in parts]
         with tarfile.open(path) as tar:
             long_names += [(path, m.name) for m in tar.getmembers() if len(m.name) > 100]
     assert len(set(keys)) == len(keys) == 100
-    assert {p for parts in part_sets for p in parts} == {"jpg", "png", "txt", "json", "cls", "npy"}
+    assert {p for parts in part_sets for p in parts} == {"jpg", "png", "mp4", "wav", "txt", "json", "cls", "npy"}
     assert len(part_sets) > 3  # samples really differ in which parts they carry
     assert 0 < len({name.rsplit(".", 1)[0] for _, name in long_names}) < 25
     # Only the pax shard has long names; tarfile reads them back whole.
@@ -299,6 +300,28 @@ def test_demo_dataset_mixes_modalities_and_long_pax_names(tmp_path: Path) -> Non
     generate_demo_dataset(tmp_path / "other", num_shards=4, samples_per_shard=25, seed=1)
     original = {k: v for k, v in tree_bytes(tmp_path).items() if k.startswith("shards/")}
     assert tree_bytes(tmp_path / "again") == original != tree_bytes(tmp_path / "other")
+
+
+def test_demo_media_parts_decode_and_leave_the_other_parts_alone(tmp_path: Path) -> None:
+    from megatron_energon_lite.decode.av import AVDecoder
+
+    with_media = generate_demo_dataset(tmp_path / "a", num_shards=2, samples_per_shard=30)
+    without = generate_demo_dataset(tmp_path / "b", num_shards=2, samples_per_shard=30, media=False)
+    videos = audios = with_track = 0
+    for path_a, path_b in zip(with_media, without):
+        for (key_a, parts_a), (key_b, parts_b) in zip(group_samples(path_a), group_samples(path_b), strict=True):
+            assert key_a == key_b and not {"mp4", "wav"} & set(parts_b)
+            assert {k: v for k, v in parts_a.items() if k not in ("mp4", "wav", "json")} == {k: v for k, v in parts_b.items() if k != "json"}
+            if "mp4" in parts_a:
+                meta = AVDecoder(parts_a["mp4"]).get_metadata(get_video_frame_count=True)
+                assert 4 <= meta.video_num_frames <= 12 and {meta.video_width, meta.video_height} <= {24, 32}
+                videos += 1
+                with_track += meta.audio_sample_rate == 16000
+            if "wav" in parts_a:
+                meta = AVDecoder(parts_a["wav"]).get_metadata()
+                assert meta.audio_sample_rate == 16000 and 0.24 <= meta.audio_duration <= 1.01
+                audios += 1
+    assert 0 < with_track < videos and audios > 0 and videos + audios < 30  # some samples, not most
 
 
 # -- JSONL ---------------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ a range that starts after the end yields the last frame (video) or an empty clip
 
 Inside dataloader workers FFmpeg decodes with one thread, so forked workers cannot deadlock on
 FFmpeg's thread pool.
+
+Audio clips of WAV, FLAC and Ogg files are read with ``soundfile`` (libsndfile) when it is
+installed: the same float32 ``(channels, samples)`` clips and timestamps, without FFmpeg's demuxer.
+Without it, or where libsndfile cannot read a file or a clip must be resampled, PyAV decodes.
 """
 
 from __future__ import annotations
@@ -77,6 +81,27 @@ def backend() -> str:
     except ImportError:
         return "none"
     return f"pyav {av.__version__}"
+
+
+_UNSET: Any = object()
+_soundfile_module: Any = _UNSET
+
+
+def _soundfile():
+    """The ``soundfile`` module if it is installed and its libsndfile loads, else None (looked up once)."""
+    global _soundfile_module
+    if _soundfile_module is _UNSET:
+        try:
+            import soundfile
+        except (ImportError, OSError):  # OSError: the package is there but libsndfile is not
+            soundfile = None
+        _soundfile_module = soundfile
+    return _soundfile_module
+
+
+def _sndfile_container(data: bytes) -> bool:
+    """Whether the bytes are a WAV, FLAC or Ogg file: the audio-only containers soundfile reads."""
+    return (data[:4] == b"RIFF" and data[8:12] == b"WAVE") or data[:4] in (b"fLaC", b"OggS")
 
 
 @dataclasses.dataclass
@@ -344,6 +369,10 @@ class AVDecoder:
         ``sample_rate`` the audio is resampled to it first (ranges are in the source's units)."""
         if audio_unit not in ("samples", "seconds"):
             raise self._error(f"unknown audio_unit {audio_unit!r}", fix='use "seconds" or "samples"')
+        if _soundfile() is not None and _sndfile_container(self.data):
+            read = self._soundfile_audio_clips(audio_clip_ranges, audio_unit, sample_rate)
+            if read is not None:
+                return read
         av = _av()
         clips, stamps, used = [], [], 0
         with self._open() as container:
@@ -380,15 +409,60 @@ class AVDecoder:
                     raise
                 except Exception as exc:  # noqa: BLE001
                     raise self._error("cannot decode the audio", exc) from exc
+                if not chunks and first_time is None and start > 0 and self._has_samples(container, stream):
+                    # The range starts at or after the end of the audio: an empty clip.
+                    chunks, first_time = [np.zeros((stream.codec_context.channels, 0), np.float32)], start
                 if not chunks:
                     raise self._error("the audio stream has no samples in this range" if first_time is not None else "the audio stream has no samples", fix="check the file, or ask for a range inside the audio")
                 audio = np.concatenate(chunks, axis=1)
                 # Cut to the range: the first decoded frame starts at first_time (at or before start).
                 offset = max(0, int(round((start - first_time) * rate)))
-                length = int(round((end - start) * rate))
+                length = int(round((end - start) * rate)) if math.isfinite(end) else audio.shape[1]
                 clip = audio[:, offset : offset + length]  # clamped at the end of the stream
                 clips.append(torch.from_numpy(np.ascontiguousarray(clip, dtype=np.float32)))
                 stamps.append((first_time + offset / rate, first_time + (offset + clip.shape[1]) / rate))
+        return clips, stamps
+
+    def _has_samples(self, container, stream) -> bool:
+        try:
+            container.seek(0, stream=stream, backward=True, any_frame=False)
+            return any(frame.samples for frame in container.decode(stream))
+        except Exception:  # noqa: BLE001 - unreadable counts as empty: the caller raises
+            return False
+
+    def _soundfile_audio_clips(self, ranges, unit: str, sample_rate: int | None):
+        """:meth:`get_audio_clips` through libsndfile, with the same clips and timestamps as the
+        PyAV path; None where the PyAV path must do it (resampling, or a file libsndfile cannot
+        read: PyAV then decodes it or reports the error)."""
+        try:
+            file = _soundfile().SoundFile(io.BytesIO(self.data))
+        except Exception:  # noqa: BLE001 - e.g. a codec this libsndfile lacks
+            return None
+        with file:
+            rate, total, channels = file.samplerate, file.frames, file.channels
+            if sample_rate not in (None, rate) or total <= 0:
+                return None
+            clips, stamps, used = [], [], 0
+            for start, end in ranges:
+                if unit == "samples":
+                    start, end = start / rate, end / rate
+                if end < start:
+                    raise self._error(f"audio clip range ends before it starts: ({start}, {end})", fix="pass (start, end) with end >= start")
+                first = max(0, int(round(start * rate)))
+                length = int(round((end - start) * rate)) if math.isfinite(end) else total
+                count = max(0, min(length, total - first))  # clamped at the end of the audio
+                used += count * channels * 4
+                self._check_budget(used)
+                samples = np.zeros((0, channels), np.float32)
+                try:
+                    if count:
+                        file.seek(first)
+                        samples = file.read(count, dtype="float32", always_2d=True)
+                except Exception:  # noqa: BLE001
+                    return None
+                clip = torch.from_numpy(np.ascontiguousarray(samples.T))
+                clips.append(clip)
+                stamps.append((first / rate, (first + clip.shape[1]) / rate))
         return clips, stamps
 
     def get_audio(self) -> AVData:
