@@ -5,7 +5,8 @@
     EnergonLiteError
     ├── ConfigError          bad YAML/JSON/arguments: names the file and the key path
     ├── DatasetError         bad or missing data on disk: names the dataset, shard and sample key
-    │   └── EmptyDatasetError
+    │   ├── EmptyDatasetError
+    │   └── StorageError     object storage failed for good: names the URL, byte range, attempts
     ├── StateError           a checkpoint that cannot be restored into this loader
     ├── DecodeError          a part that cannot be decoded: names the sample key and the part
     ├── MissingDependencyError  an optional extra is not installed: names the extra
@@ -29,6 +30,7 @@ __all__ = [
     "MissingDependencyError",
     "SkipSample",
     "StateError",
+    "StorageError",
     "format_message",
 ]
 
@@ -63,6 +65,10 @@ class DatasetError(EnergonLiteError):
 
 class EmptyDatasetError(DatasetError):
     """A dataset, split or shard holds no samples where some are required."""
+
+
+class StorageError(DatasetError):
+    """Reading or writing object storage failed after retries, or cannot start (credentials, cache)."""
 
 
 class StateError(EnergonLiteError):

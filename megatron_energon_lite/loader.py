@@ -22,6 +22,7 @@ from .errors import ConfigError, DatasetError, StateError, format_message
 from .format.metadataset import BlendPlan, Blender, is_metadataset_path, load_blend_plan, single_dataset_plan
 from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
+from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
 
@@ -368,6 +369,17 @@ def _warn_slow_exact_schedule(plan: BlendPlan, worker_config: WorkerConfig) -> N
         )
 
 
+def _configure_storage(path, storage_options: dict | None) -> None:
+    """``storage_options`` apply to the protocol of ``path`` when it is a URL, else to every remote
+    URL the call reads (datasets named in a local metadataset YAML)."""
+    if storage_options is None:
+        return
+    if not isinstance(storage_options, Mapping):
+        raise ConfigError(format_message("storage_options must be a dict", found=type(storage_options).__name__, fix="pass e.g. {'key': ..., 'secret': ..., 'endpoint_url': ...}"))
+    protocol = str(path).partition("://")[0] if is_remote(path) else "*"
+    configure_storage(protocol, storage_options=storage_options)
+
+
 def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:
     """Checks the arguments shared by both dataset constructors and builds the spec."""
     if not isinstance(worker_config, WorkerConfig):
@@ -375,10 +387,12 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     task_encoder = DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder
     if not isinstance(task_encoder, TaskEncoder):
         raise ConfigError(format_message("task_encoder must be a TaskEncoder", found=type(task_encoder).__name__))
-    known = {"split_config", "dataset_config", "parallel_shard_iters", "trust_dataset_code", "group_buffer_size"}
+    known = {"split_config", "dataset_config", "parallel_shard_iters", "trust_dataset_code", "group_buffer_size", "storage_options"}
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise ConfigError(format_message(f"unknown keyword argument {unknown[0]!r}", expected=f"one of {', '.join(sorted(known))}", found=", ".join(unknown)))
+    kwargs = dict(kwargs)
+    _configure_storage(path, kwargs.pop("storage_options", None))
     if plan is None:
         name, plan = _plan(path, split_part, training=training)
     else:
@@ -395,7 +409,7 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     mode = blend_mode or plan.blend_mode or "random"
     if mode == "exact" and plan.kind == "blend" and training:
         _warn_slow_exact_schedule(plan, worker_config)
-    return PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, packing_buffer_size=packing_buffer_size, **settings, **kwargs)
+    return PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, packing_buffer_size=packing_buffer_size, storage=configured_storage(), **settings, **kwargs)
 
 
 def get_train_dataset(

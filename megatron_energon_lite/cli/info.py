@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 import click
 
@@ -13,6 +12,8 @@ from ..format.jsonl import JsonlReader
 from ..format.media_metadata import media_counts
 from ..format.metadata import INDEX_SQLITE, meta_dir, read_info, read_split_config, resolve_split
 from ..format.metadataset import is_metadataset_path
+from ..storage import AnyPath, list_files, local_view
+from .params import DATASET_PATH
 from .blend_tree import echo_trees, read_trees
 
 
@@ -25,9 +26,9 @@ def _size(num_bytes: float) -> str:
     return f"{num_bytes:.1f} {units[unit]}"
 
 
-def _part_counts(root: Path) -> dict[str, int] | None:
-    path = meta_dir(root) / INDEX_SQLITE
-    if not path.is_file():
+def _part_counts(root: AnyPath) -> dict[str, int] | None:
+    path = local_view(meta_dir(root) / INDEX_SQLITE)  # a remote index is read from its cached copy
+    if path is None:
         return None
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
@@ -39,7 +40,7 @@ def _part_counts(root: Path) -> dict[str, int] | None:
     return dict(rows)
 
 
-def _describe_config(root: Path, name: str | None) -> str:
+def _describe_config(root: AnyPath, name: str | None) -> str:
     try:
         config = load_dataset_config(root, name, trust_dataset_code=False)
     except EnergonLiteError as exc:
@@ -51,10 +52,10 @@ def _describe_config(root: Path, name: str | None) -> str:
 
 
 @click.command()
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=DATASET_PATH)
 @click.option("--split-config", default=None, help="Split file in .nv-meta/ (default split.yaml).")
 @click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")
-def info(path: Path, split_config: str | None, dataset_config: str | None) -> None:
+def info(path: AnyPath, split_config: str | None, dataset_config: str | None) -> None:
     """Print sample counts, sizes, splits, sample type and parts of the dataset at PATH.
 
     For a metadataset YAML: each split's blend, with one line per dataset it reads.
@@ -74,7 +75,7 @@ def info(path: Path, split_config: str | None, dataset_config: str | None) -> No
     dataset_info = read_info(path)
     counts = dataset_info.shard_counts
     total = dataset_info.total_samples
-    size = sum((path / s).stat().st_size for s in counts if (path / s).is_file())
+    size = sum(stat.size for stat in list_files(path, list(counts)).values())
     click.echo(f"Dataset {path}")
     click.echo(f"  written by:  {dataset_info.energon_version or 'unknown'}")
     click.echo(f"  shards:      {len(counts)}, samples: {total}, size: {_size(size)}")

@@ -21,6 +21,8 @@ from ..format.metadata import read_info, read_split_config
 from ..format.metadataset import is_metadataset_path
 from ..format.tar_index import read_tar_index
 from ..pipeline.load import SampleLoader
+from ..storage import AnyPath, list_files
+from .params import DATASET_PATH
 from .blend_tree import echo_trees, leaf_datasets, read_trees
 
 
@@ -32,23 +34,25 @@ class Finding:
     problem: str
 
 
-def check_indexes(root: Path) -> list[Finding]:
+def check_indexes(root: AnyPath) -> list[Finding]:
     """Every shard's ``.tar.idx`` exists, matches ``.info.json`` and fits inside its tar."""
     findings = []
-    for shard, count in read_info(root).shard_counts.items():
+    counts = read_info(root).shard_counts
+    stats = list_files(root, list(counts))  # one listing per folder for a remote dataset
+    for shard, count in counts.items():
         tar = root / shard
-        if not tar.is_file():
+        if shard not in stats:
             findings.append(Finding(shard, "shard file is missing"))
             continue
         try:
-            offsets = read_tar_index(tar, expected_samples=count)
+            offsets = read_tar_index(tar, expected_samples=count, tar_size=stats[shard].size)
         except EnergonLiteError as exc:
             findings.append(Finding(shard, str(exc).splitlines()[0] + " — " + " ".join(str(exc).splitlines()[1:]).strip()))
             continue
         if np.any(np.diff(offsets.astype(np.int64)) <= 0):
             findings.append(Finding(shard, ".tar.idx offsets are not strictly increasing (corrupt index)"))
-        elif int(offsets[-1]) > tar.stat().st_size:
-            findings.append(Finding(shard, f".tar.idx ends at byte {int(offsets[-1])} but the tar has {tar.stat().st_size} bytes (truncated tar)"))
+        elif int(offsets[-1]) > stats[shard].size:
+            findings.append(Finding(shard, f".tar.idx ends at byte {int(offsets[-1])} but the tar has {stats[shard].size} bytes (truncated tar)"))
     return findings
 
 
@@ -58,7 +62,7 @@ _LINT_DECODER = SampleDecoder(image_decode="rgb8")
 
 @dataclass(frozen=True)
 class _Job:
-    root: Path
+    root: AnyPath
     split: str
     start: int
     end: int
@@ -88,7 +92,7 @@ def _decode_range(job: _Job) -> tuple[int, list[Finding]]:
     return job.end - job.start, findings
 
 
-def check_samples(root: Path, split: str, *, parallel: int, progress: bool, dataset_config: str | None, split_config: str | None, trust: bool) -> list[Finding]:
+def check_samples(root: AnyPath, split: str, *, parallel: int, progress: bool, dataset_config: str | None, split_config: str | None, trust: bool) -> list[Finding]:
     loader = SampleLoader(root, split, dataset_config=dataset_config, split_config=split_config, trust_dataset_code=trust)
     total = len(loader)
     loader.close()
@@ -109,7 +113,7 @@ def check_samples(root: Path, split: str, *, parallel: int, progress: bool, data
     return findings
 
 
-def lint_dataset(path: Path, splits: list[str] | None, *, parallel: int, progress: bool, dataset_config: str | None, split_config: str | None, trust: bool) -> tuple[list[Finding], int]:
+def lint_dataset(path: AnyPath, splits: list[str] | None, *, parallel: int, progress: bool, dataset_config: str | None, split_config: str | None, trust: bool) -> tuple[list[Finding], int]:
     """Index checks, then decoding of ``splits`` (default: all); returns the findings and the splits decoded."""
     jsonl = path.suffix == ".jsonl" and path.is_file()
     findings = [] if jsonl else check_indexes(path)
@@ -133,13 +137,13 @@ def lint_dataset(path: Path, splits: list[str] | None, *, parallel: int, progres
     return findings, checked
 
 
-def _echo_findings(path: Path | str, findings: list[Finding]) -> None:
+def _echo_findings(path: AnyPath | str, findings: list[Finding]) -> None:
     for finding in findings:
         click.echo(f"BAD {finding.where}: {finding.problem}", err=True)
     click.echo(f"{len(findings)} problem(s) found in {path}", err=True)
 
 
-def _lint_metadataset(path: Path, splits: list[str] | None, *, parallel: int, progress: bool, trust: bool) -> None:
+def _lint_metadataset(path: AnyPath, splits: list[str] | None, *, parallel: int, progress: bool, trust: bool) -> None:
     trees = read_trees(path, splits)  # a bad YAML raises: the CLI prints it and exits with 1
     problems = echo_trees(path, trees)
     for (root, dataset_config, split_config), parts in leaf_datasets(trees).items():
@@ -156,14 +160,14 @@ def _lint_metadataset(path: Path, splits: list[str] | None, *, parallel: int, pr
 
 
 @click.command()
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=DATASET_PATH)
 @click.option("--split-parts", default=None, help="Comma-separated splits to decode (default: all in split.yaml, or all of the metadataset's).")
 @click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")
 @click.option("--split-config", default=None, help="Split file in .nv-meta/ (default split.yaml).")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Processes that decode in parallel.")
 @click.option("--progress/--no-progress", default=True)
 @click.option("--trust-dataset-code", is_flag=True, help="Allow dataset.yaml to run the dataset's sample_loader.py.")
-def lint(path: Path, split_parts: str | None, dataset_config: str | None, split_config: str | None, parallel: int, progress: bool, trust_dataset_code: bool) -> None:
+def lint(path: AnyPath, split_parts: str | None, dataset_config: str | None, split_config: str | None, parallel: int, progress: bool, trust_dataset_code: bool) -> None:
     """Check the dataset at PATH: indexes vs counts, then decode every sample.
 
     For a metadataset YAML: check the YAML, show its blends, then lint every dataset it reads.

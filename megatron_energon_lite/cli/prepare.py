@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import click
 
@@ -17,7 +16,8 @@ from ..format.metadata import is_prepared, meta_dir
 from ..format.prepare import prepare_dataset
 from ..format.split_reader import SplitReader
 from ..samples import registered_sample_types, sample_type_by_name
-from ..storage import atomic_write_text
+from ..storage import AnyPath, atomic_write_text
+from .params import DATASET_PATH
 
 CRUDE = "CrudeWebdataset"
 
@@ -104,7 +104,7 @@ def _ask_dataset_yaml(sample_type: str | None, parts: list[str]) -> str | None:
     return render_dataset_yaml(sample_type, mapping)
 
 
-def _first_parts(root: Path, split: str) -> list[str]:
+def _first_parts(root: AnyPath, split: str) -> list[str]:
     reader = SplitReader(root, split, allow_empty=True)
     try:
         parts: list[str] = []
@@ -118,7 +118,7 @@ def _first_parts(root: Path, split: str) -> list[str]:
 
 
 @click.command()
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=DATASET_PATH)
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 @click.option("--split-parts", multiple=True, metavar="NAME:REGEX", help="Assign shards matching REGEX (re.match on the relative path) to split NAME. Repeatable.")
 @click.option("--exclude", metavar="REGEX", help="Skip shards whose path matches REGEX (re.search).")
@@ -136,7 +136,7 @@ def _first_parts(root: Path, split: str) -> list[str]:
 @click.option("--media-metadata-by-glob", metavar="PATTERNS", help="Store media metadata of parts matching globs such as '*.jpg,*.wav' (comma-separated).")
 @click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of parts recognised by their first bytes.")
 def prepare(
-    path: Path,
+    path: AnyPath,
     progress: bool,
     split_parts: tuple[str, ...],
     exclude: str | None,

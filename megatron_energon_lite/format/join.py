@@ -17,11 +17,10 @@ from __future__ import annotations
 import functools
 import sqlite3
 from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 
 from ..errors import ConfigError, DatasetError, format_message
+from ..storage import as_path, file_stat, local_view
 from .metadata import INDEX_SQLITE, meta_dir, read_info, resolve_split
 from .metadataset import JoinMember, JoinSpec
 
@@ -41,7 +40,7 @@ class JoinIndex:
 
 def _split_keys(member: JoinMember) -> tuple[list[str | None], list[int]]:
     """Every sample key of the member's split, in split order, and the split's shard starts."""
-    root = Path(member.path)
+    root = as_path(member.path)
     info = read_info(root)
     split = resolve_split(root, member.split_part, split_config=member.split_config, info=info)
     info_position = {name: i for i, name in enumerate(info.shard_counts)}
@@ -52,7 +51,8 @@ def _split_keys(member: JoinMember) -> tuple[list[str | None], list[int]]:
         start += shard.count
         shard_starts.append(start)
     database = meta_dir(root) / INDEX_SQLITE
-    if not database.is_file():
+    local_database = local_view(database)  # a remote index is read from its cached copy
+    if local_database is None:
         raise DatasetError(
             format_message(
                 "a joined dataset has no sample index",
@@ -62,7 +62,7 @@ def _split_keys(member: JoinMember) -> tuple[list[str | None], list[int]]:
             )
         )
     keys: list[str | None] = [None] * start
-    db = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{local_database}?mode=ro", uri=True)
     try:
         for tar_file_id, key, sample_index in db.execute("SELECT tar_file_id, sample_key, sample_index FROM samples"):
             found = starts.get(tar_file_id)
@@ -78,8 +78,8 @@ def _split_keys(member: JoinMember) -> tuple[list[str | None], list[int]]:
 
 
 def _stamp(member: JoinMember) -> tuple:
-    database = meta_dir(member.path) / INDEX_SQLITE
-    return (member, database.stat().st_mtime_ns if database.is_file() else None)
+    stat = file_stat(meta_dir(member.path) / INDEX_SQLITE)
+    return (member, None if stat is None else stat.version)
 
 
 def join_index(spec: JoinSpec) -> JoinIndex:

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import DatasetError, format_message
-from ..storage import LocalFilePool, atomic_write_bytes
+from ..storage import AnyPath, LocalFilePool, RemoteFilePool, RemotePath, as_path, atomic_write_bytes, cached_copy, file_pool, file_stat, local_file
 from .tar_index import INDEX_DTYPE
 
 
-def jsonl_index_path(path: str | os.PathLike) -> Path:
-    path = Path(path)
+def jsonl_index_path(path: str | os.PathLike) -> AnyPath:
+    path = as_path(path)
     return path.with_name(path.name + ".idx")
 
 
@@ -27,7 +26,7 @@ def build_jsonl_index(path: str | os.PathLike) -> np.ndarray:
     """Scans ``path`` and returns its record offsets; a line that is not an object is an error."""
     offsets = []
     position = 0
-    with open(path, "rb") as f:
+    with local_file(as_path(path)) as local, open(local, "rb") as f:
         for line_number, line in enumerate(f, start=1):
             stripped = line.strip()
             if stripped:
@@ -57,10 +56,11 @@ def write_jsonl_index(path: str | os.PathLike) -> int:
 class JsonlReader:
     """Random access to the records of a prepared JSONL file."""
 
-    def __init__(self, path: str | os.PathLike, *, file_pool: LocalFilePool | None = None) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, *, pool: LocalFilePool | RemoteFilePool | None = None) -> None:
+        self.path = as_path(path)
         index = jsonl_index_path(self.path)
-        if not index.is_file():
+        index_stat = file_stat(index)
+        if index_stat is None:
             raise DatasetError(
                 format_message(
                     "JSONL file has no index",
@@ -68,7 +68,8 @@ class JsonlReader:
                     fix=f"run `energon-lite prepare {self.path}`",
                 )
             )
-        self._offsets = np.fromfile(index, dtype=INDEX_DTYPE)
+        local_index = cached_copy(index, index_stat) if isinstance(index, RemotePath) else index
+        self._offsets = np.fromfile(local_index, dtype=INDEX_DTYPE)
         size = self.path.stat().st_size
         if len(self._offsets) < 1 or int(self._offsets[-1]) != size:
             raise DatasetError(
@@ -80,7 +81,7 @@ class JsonlReader:
                     fix=f"run `energon-lite prepare {self.path}` to regenerate the index",
                 )
             )
-        self._pool = file_pool or LocalFilePool()
+        self._pool = pool or file_pool(self.path)
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -88,7 +89,7 @@ class JsonlReader:
     def read(self, index: int) -> dict:
         """The parsed object of record ``index``."""
         start, end = int(self._offsets[index]), int(self._offsets[index + 1])
-        data = self._pool.read(str(self.path), start, end - start)
+        data = self._pool.read(self.path, start, end - start)
         try:
             return json.loads(data)
         except json.JSONDecodeError as exc:

@@ -43,6 +43,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError, DatasetError, MissingDependencyError, format_message
+from ..storage import local_view
 from .metadata import INDEX_SQLITE, meta_dir
 from .tar_reader import SampleEntry
 
@@ -518,15 +519,16 @@ def write_media_metadata(index: str | os.PathLike, media_filter: MediaFilter, ro
     return writer.finish(media_filter)
 
 
-def _open_index(index: Path) -> sqlite3.Connection | None:
-    if not index.is_file():
+def _open_index(index: Any) -> sqlite3.Connection | None:
+    local = local_view(index)  # a remote index is read from its cached copy
+    if local is None:
         return None
-    return sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    return sqlite3.connect(f"file:{local}?mode=ro", uri=True)
 
 
 def read_media_filter(index: str | os.PathLike) -> MediaFilter | None:
     """The most recent filter recorded in an index (Energon appends one per run), or None."""
-    db = _open_index(Path(index))
+    db = _open_index(index)
     if db is None:
         return None
     try:
@@ -542,7 +544,7 @@ def read_media_filter(index: str | os.PathLike) -> MediaFilter | None:
 
 def read_media_metadata(root: str | os.PathLike, entry_key: str) -> dict[str, Any] | None:
     """The stored metadata of ``"<sample key>.<part>"`` in a prepared dataset, or None."""
-    db = _open_index(meta_dir(Path(root)) / INDEX_SQLITE)
+    db = _open_index(meta_dir(root) / INDEX_SQLITE)
     if db is None:
         return None
     try:
@@ -558,7 +560,7 @@ def read_media_metadata(root: str | os.PathLike, entry_key: str) -> dict[str, An
 
 def media_counts(root: str | os.PathLike) -> dict[str, int] | None:
     """Stored entries per metadata type, or None when the dataset has no media tables."""
-    db = _open_index(meta_dir(Path(root)) / INDEX_SQLITE)
+    db = _open_index(meta_dir(root) / INDEX_SQLITE)
     if db is None:
         return None
     try:

@@ -18,7 +18,7 @@ from braceexpand import braceexpand
 
 from .._version import __version__
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
-from ..storage import atomic_write_text
+from ..storage import AnyPath, FileStat, as_path, atomic_write_text, list_files
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +99,8 @@ def check_mapping(
     return value
 
 
-def meta_dir(root: str | os.PathLike) -> Path:
-    return Path(root) / META_DIR
+def meta_dir(root: str | os.PathLike) -> AnyPath:
+    return as_path(root) / META_DIR
 
 
 def is_prepared(root: str | os.PathLike) -> bool:
@@ -110,7 +110,7 @@ def is_prepared(root: str | os.PathLike) -> bool:
 
 def require_prepared(root: str | os.PathLike) -> None:
     if not is_prepared(root):
-        found = "no folder" if not Path(root).exists() else f"no {META_DIR}/{INFO_JSON}"
+        found = "no folder" if not as_path(root).exists() else f"no {META_DIR}/{INFO_JSON}"
         raise DatasetError(
             format_message(
                 "not a prepared dataset",
@@ -193,7 +193,7 @@ class SplitConfig:
         return [s for pattern in self.exclude for s in braceexpand(pattern)]
 
 
-def resolve_split_config_path(root: str | os.PathLike, name: str | None = None) -> Path:
+def resolve_split_config_path(root: str | os.PathLike, name: str | None = None) -> AnyPath:
     meta = meta_dir(root)
     if name is not None:
         return meta / name
@@ -253,10 +253,11 @@ class ShardSpec:
 class ResolvedSplit:
     """A split's shards in read order and the sample keys excluded inside them."""
 
-    root: Path
+    root: AnyPath
     split_part: str
     shards: list[ShardSpec]
     excluded_keys: dict[str, frozenset[str]]  # shard name -> keys skipped when read
+    stats: dict[str, FileStat] = field(default_factory=dict)  # shard name -> size and version
 
     @property
     def total_samples(self) -> int:
@@ -276,7 +277,7 @@ def resolve_split(
     Sample excludes (``shard/key``) do not change counts: the sample is skipped when read, as in
     Energon, so sharding is the same with and without them.
     """
-    root = Path(root)
+    root = as_path(root)
     info = info or read_info(root)
     config = read_split_config(root, split_config)
     shard_names = config.expanded_split(split_part)
@@ -310,8 +311,9 @@ def resolve_split(
             )
         if name not in excluded_shards:
             shards.append(ShardSpec(name, known[name]))
+    stats = list_files(root, [shard.name for shard in shards])  # one listing per folder remotely
     for shard in shards:
-        if not (root / shard.name).is_file():
+        if shard.name not in stats:
             raise DatasetError(
                 format_message(
                     "shard listed in the dataset's index is missing on disk",
@@ -325,6 +327,7 @@ def resolve_split(
         split_part=split_part,
         shards=shards,
         excluded_keys={k: frozenset(v) for k, v in excluded_keys.items()},
+        stats=stats,
     )
     if not allow_empty and resolved.total_samples == 0:
         raise EmptyDatasetError(

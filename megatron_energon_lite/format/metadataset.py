@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError, DatasetError, format_message
+from ..storage import AnyPath, RemotePath, as_path
 from .jsonl import jsonl_index_path
 from .metadata import check_mapping, is_prepared, load_structured
 
@@ -147,7 +148,10 @@ def is_metadataset_path(path: Any) -> bool:
     """True for a metadataset given as a ``.yaml``/``.yml``/``.json`` file, a dict or a Blender."""
     if isinstance(path, (Mapping, Blender)):
         return True
-    return isinstance(path, (str, os.PathLike)) and Path(path).suffix in (".yaml", ".yml", ".json") and Path(path).is_file()
+    if not isinstance(path, (str, os.PathLike, RemotePath)):
+        return False
+    path = as_path(path)
+    return path.suffix in (".yaml", ".yml", ".json") and path.is_file()
 
 
 def single_dataset_plan(path: str | os.PathLike, split_part: str, **settings: Any) -> BlendPlan:
@@ -169,7 +173,7 @@ def load_blend_plan(source: Any, split_part: str, *, training: bool) -> BlendPla
     elif isinstance(source, Mapping):
         plan = _Parser(Path.cwd(), "<metadataset dict>", ()).split(source, split_part)
     else:
-        path = Path(source).resolve()
+        path = as_path(source).resolve()
         plan = _Parser(path.parent, str(path), (path,)).split(load_structured(path), split_part)
     if not training:
         leaves = tuple(replace(leaf, weight=Fraction(1), repetitions=1.0) for leaf in plan.leaves)
@@ -254,7 +258,7 @@ def _range_bound(value: Any, where: str) -> tuple[str, float | int | None]:
 class _Parser:
     """Reads one metadataset file (or dict); ``chain`` holds the files being read, for cycles."""
 
-    def __init__(self, base: Path, file: str, chain: tuple[Path, ...]) -> None:
+    def __init__(self, base: AnyPath, file: str, chain: tuple[AnyPath, ...]) -> None:
         self.base = base
         self.file = file
         self.chain = chain
@@ -457,15 +461,17 @@ class _Parser:
             "split_config": ref.get("split_config"),
         }
 
-    def _resolve(self, value: Any, key_path: str) -> Path:
+    def _resolve(self, value: Any, key_path: str) -> AnyPath:
+        """A path from the YAML: a URL or an absolute path as is, else relative to the YAML file
+        (also when the YAML file itself is remote)."""
         if not isinstance(value, str) or not value:
             raise ConfigError(format_message("invalid path", where=self.where(key_path), expected="a path relative to the YAML file, or absolute", found=repr(value)))
-        if "://" in value:
-            raise ConfigError(format_message("remote dataset paths are not supported yet", where=self.where(key_path), found=value, fix="use a local path"))
-        path = Path(value)
-        return (path if path.is_absolute() else self.base / path).resolve()
+        path = as_path(value)
+        if isinstance(path, RemotePath) or path.is_absolute():
+            return path.resolve()
+        return (self.base / value).resolve()
 
-    def _nested(self, target: Path, ref: Mapping, key_path: str, settings: dict[str, Any]) -> BlendPlan:
+    def _nested(self, target: AnyPath, ref: Mapping, key_path: str, settings: dict[str, Any]) -> BlendPlan:
         if target in self.chain:
             cycle = " -> ".join(str(p) for p in (*self.chain, target))
             raise ConfigError(format_message("circular metadataset reference", where=self.where(f"{key_path}.path"), found=cycle, fix="remove the reference that points back to a file that includes it"))
@@ -549,7 +555,7 @@ def _leaf_subset(leaf: LeafDataset, subset: Any, where: str, *, innermost: bool)
 
 def _check_dataset(leaf: LeafDataset, where: str) -> None:
     """The leaf's path must be a prepared dataset folder or a ``.jsonl`` file."""
-    path = Path(leaf.path)
+    path = as_path(leaf.path)
     if path.suffix == ".jsonl" and path.is_file():
         if not jsonl_index_path(path).is_file():
             raise DatasetError(format_message("JSONL file was never prepared", where=where, found=f"{path} has no {jsonl_index_path(path).name}", fix=f"run `energon-lite prepare {path}` first"))

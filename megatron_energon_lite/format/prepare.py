@@ -35,7 +35,7 @@ from braceexpand import braceexpand
 from tqdm import tqdm
 
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
-from ..storage import atomic_write_text
+from ..storage import AnyPath, RemotePath, as_path, atomic_write_text, list_files, local_file, local_scratch, local_view, remove_scratch, replace_with
 from .media_metadata import MediaFilter, MediaIndexWriter, MediaScan, read_media_filter, scan_media
 from .metadata import (
     INDEX_SQLITE,
@@ -51,13 +51,13 @@ from .metadata import (
     write_split_config,
 )
 from .sqlite_index import DuplicateKey, SqliteIndexWriter
-from .tar_index import index_path, write_tar_index
+from .tar_index import write_tar_index
 from .tar_reader import SampleEntry, group_samples, iter_members
 
 logger = logging.getLogger(__name__)
 
 PREPARE_STATE = ".lite-prepare.json"
-PREPARE_STATE_VERSION = 1
+PREPARE_STATE_VERSION = 2  # 2: stamps are [size, version string] (mtime or ETag)
 DEFAULT_SPLIT_NAMES = ("train", "val", "test")
 
 
@@ -66,8 +66,6 @@ class ShardScan:
     """What scanning one tar found."""
 
     name: str
-    size: int
-    mtime_ns: int
     offsets: list[int]  # N+1 entries, Energon's .tar.idx content
     samples: list[SampleEntry]
     media: MediaScan | None = None
@@ -77,7 +75,7 @@ class ShardScan:
 class PrepareResult:
     """Summary of a prepare run, for the CLI and tests."""
 
-    root: Path
+    root: AnyPath
     shard_counts: dict[str, int]
     scanned: list[str]  # shards that were (re-)indexed in this run
     reused: list[str]  # shards whose previous index was kept
@@ -91,11 +89,14 @@ class PrepareResult:
         return sum(self.shard_counts.values())
 
 
-def discover_shards(root: Path, exclude: str | None = None) -> list[str]:
+def discover_shards(root: AnyPath, exclude: str | None = None) -> list[str]:
     """Tar paths under ``root``, relative and posix, in Energon's order."""
-    found = [p for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
+    if isinstance(root, RemotePath):  # one recursive listing
+        found = [name for name in root.list_files() if name.endswith((".tar", ".tgz"))]
+    else:
+        found = [p.relative_to(root).as_posix() for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
     # Energon sorts Path objects, i.e. component by component: "d/a/b.tar" < "d/a-c.tar".
-    names = sorted((p.relative_to(root).as_posix() for p in found), key=lambda n: PurePosixPath(n).parts)
+    names = sorted(found, key=lambda n: PurePosixPath(n).parts)
     names = [n for n in names if not n.startswith(META_DIR + "/")]
     if exclude:
         pattern = _compile(exclude, "--exclude")
@@ -116,15 +117,15 @@ def _compile(regex: str, option: str) -> re.Pattern:
         ) from None
 
 
-def scan_shard(root: Path, name: str, media_filter: MediaFilter | None = None) -> ShardScan:
+def scan_shard(root: AnyPath, name: str, media_filter: MediaFilter | None = None) -> ShardScan:
     """Reads every header of one tar once and groups members into samples.
 
-    With a ``media_filter``, the media parts' metadata is extracted from the same mapping.
+    With a ``media_filter``, the media parts' metadata is extracted from the same mapping.  A
+    remote tar is streamed once into a temporary local file and mapped from there.
     """
     path = root / name
-    with open(path, "rb") as f:
-        stat = os.fstat(f.fileno())
-        if stat.st_size == 0:
+    with local_file(path) as local, open(local, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
             raise EmptyDatasetError(
                 format_message(
                     "empty shard", where=str(path), fix="remove the file or re-create it"
@@ -155,10 +156,10 @@ def scan_shard(root: Path, name: str, media_filter: MediaFilter | None = None) -
             )
         )
     offsets = [s.offset for s in samples] + [end]
-    return ShardScan(name, stat.st_size, stat.st_mtime_ns, offsets, samples, media)
+    return ShardScan(name, offsets, samples, media)
 
 
-def _scan_task(args: tuple[Path, str, MediaFilter | None]) -> ShardScan:
+def _scan_task(args: tuple[AnyPath, str, MediaFilter | None]) -> ShardScan:
     return scan_shard(*args)
 
 
@@ -223,7 +224,7 @@ def splits_by_patterns(
     return result
 
 
-def _load_prepare_state(root: Path) -> dict:
+def _load_prepare_state(root: AnyPath) -> dict:
     path = meta_dir(root) / PREPARE_STATE
     try:
         state = json.loads(path.read_text())
@@ -232,9 +233,9 @@ def _load_prepare_state(root: Path) -> dict:
     return state if state.get("version") == PREPARE_STATE_VERSION else {}
 
 
-def _file_stamp(path: Path) -> list[int]:
-    stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns]
+def _stamps(root: AnyPath, names: Iterable[str]) -> dict[str, list]:
+    """``[size, version]`` (mtime locally, ETag remotely) of each existing file, listed at once."""
+    return {name: [stat.size, stat.version] for name, stat in list_files(root, list(names)).items()}
 
 
 def _unchanged_shards(
@@ -247,26 +248,24 @@ def _unchanged_shards(
     media filter other than the previous run's.
     """
     state = _load_prepare_state(root)
-    try:
-        if not state or state.get("index_stamp") != _file_stamp(meta_dir(root) / INDEX_SQLITE):
-            return {}
-    except FileNotFoundError:
+    index_stamp = _stamps(root, [f"{META_DIR}/{INDEX_SQLITE}"]).get(f"{META_DIR}/{INDEX_SQLITE}")
+    if not state or index_stamp is None or state.get("index_stamp") != index_stamp:
         return {}
     if media_filter is not None and state.get("media_filter") != media_filter.to_json():
         return {}
     recorded = state.get("shards", {})
+    names = [name for name in names if name in recorded]
+    stamps = _stamps(root, [n for name in names for n in (name, _index_name(name))])
     unchanged = {}
     for name in names:
-        entry = recorded.get(name)
-        if entry is None:
-            continue
-        try:
-            stamps = _file_stamp(root / name) + _file_stamp(index_path(root / name))
-        except FileNotFoundError:
-            continue
-        if entry["stamps"] == stamps:
+        entry = recorded[name]
+        if name in stamps and _index_name(name) in stamps and entry["stamps"] == stamps[name] + stamps[_index_name(name)]:
             unchanged[name] = (entry["id"], entry["count"])
     return unchanged
+
+
+def _index_name(name: str) -> str:
+    return str(PurePosixPath(name).with_suffix(".tar.idx"))
 
 
 def _duplicate_error(duplicates: list[DuplicateKey], names: list[str]) -> DatasetError:
@@ -310,7 +309,7 @@ def prepare_dataset(
     ``media_filter`` stores media metadata (Energon's ``--media-metadata-by-*``); None keeps the
     filter of an existing index, if it has one.
     """
-    root = Path(root)
+    root = as_path(root)
     if not root.is_dir():
         raise DatasetError(format_message("dataset folder not found", where=str(root)))
     if tar_index_only:
@@ -374,32 +373,19 @@ def prepare_dataset(
     for failure in failures:
         logger.warning("%s", failure)
 
-    tmp_index = meta / f".{INDEX_SQLITE}.tmp-{os.getpid()}"
-    writer = SqliteIndexWriter(tmp_index)
-    duplicates: list[DuplicateKey] = []
-    counts: dict[str, int] = {}
+    # SQLite needs local files: the new index is built next to the old one locally (so the final
+    # rename is atomic), in a temporary folder for a remote dataset (then uploaded).
+    scratch, owned = local_scratch(meta)
     try:
-        if unchanged:
-            writer.attach_previous(meta / INDEX_SQLITE)
-        for shard_id, name in enumerate(names):
-            if name in unchanged:
-                old_id, counts[name] = unchanged[name]
-                duplicates += writer.copy_shard(old_id, shard_id)
-            else:
-                scan = scans[name]
-                duplicates += writer.add_shard(shard_id, scan.samples, scan.offsets)
-                counts[name] = len(scan.samples)
-        if duplicates:
-            raise _duplicate_error(duplicates, names)
-        writer.finish()
-        media_entries = _write_media(tmp_index, meta / INDEX_SQLITE, media_filter, names, scans, unchanged)
-    except BaseException:
-        writer.abort()
-        raise
-
-    for name in to_scan:
-        write_tar_index(root / name, scans[name].offsets)
-    os.replace(tmp_index, meta / INDEX_SQLITE)
+        tmp_index = scratch / f".{INDEX_SQLITE}.tmp-{os.getpid()}"
+        previous_index = local_view(meta / INDEX_SQLITE) if unchanged or media_filter is not None else None
+        counts = _write_index(tmp_index, previous_index, names, scans, unchanged)
+        media_entries = _write_media(tmp_index, previous_index, media_filter, names, scans, unchanged)
+        for name in to_scan:
+            write_tar_index(root / name, scans[name].offsets)
+        replace_with(meta / INDEX_SQLITE, tmp_index)
+    finally:
+        remove_scratch(scratch, owned)
     atomic_write_text(meta / INDEX_UUID, str(uuid.uuid4()))
     if splits:
         write_split_config(root, SplitConfig(split_parts=splits, exclude=_kept_excludes(root)))
@@ -419,9 +405,40 @@ def prepare_dataset(
     )
 
 
+def _write_index(
+    tmp_index: Path,
+    previous_index: Path | None,
+    names: list[str],
+    scans: dict[str, ShardScan],
+    unchanged: dict[str, tuple[int, int]],
+) -> dict[str, int]:
+    """Writes the samples table of the new index; returns the sample count of each shard."""
+    writer = SqliteIndexWriter(tmp_index)
+    duplicates: list[DuplicateKey] = []
+    counts: dict[str, int] = {}
+    try:
+        if unchanged:
+            writer.attach_previous(previous_index)
+        for shard_id, name in enumerate(names):
+            if name in unchanged:
+                old_id, counts[name] = unchanged[name]
+                duplicates += writer.copy_shard(old_id, shard_id)
+            else:
+                scan = scans[name]
+                duplicates += writer.add_shard(shard_id, scan.samples, scan.offsets)
+                counts[name] = len(scan.samples)
+        if duplicates:
+            raise _duplicate_error(duplicates, names)
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    return counts
+
+
 def _write_media(
     index: Path,
-    previous: Path,
+    previous: Path | None,
     media_filter: MediaFilter | None,
     names: list[str],
     scans: dict[str, ShardScan],
@@ -432,7 +449,8 @@ def _write_media(
         return 0
     writer = MediaIndexWriter(index)
     try:
-        writer.copy_shards(previous, [unchanged[n][0] for n in names if n in unchanged])
+        if previous is not None:
+            writer.copy_shards(previous, [unchanged[n][0] for n in names if n in unchanged])
         for name in names:
             if name not in unchanged:
                 writer.add(scans[name].media.rows)
@@ -442,7 +460,7 @@ def _write_media(
     return writer.finish(media_filter)
 
 
-def _kept_excludes(root: Path) -> list[str]:
+def _kept_excludes(root: AnyPath) -> list[str]:
     """A re-prepare keeps the excludes a user wrote into the old split config."""
     try:
         return read_split_config(root).exclude
@@ -451,7 +469,7 @@ def _kept_excludes(root: Path) -> list[str]:
 
 
 def _scan_all(
-    root: Path,
+    root: AnyPath,
     names: list[str],
     *,
     num_workers: int | None,
@@ -479,19 +497,21 @@ def _scan_all(
 
 
 def _write_prepare_state(
-    root: Path, names: list[str], counts: dict[str, int], media_filter: MediaFilter | None
+    root: AnyPath, names: list[str], counts: dict[str, int], media_filter: MediaFilter | None
 ) -> None:
+    index_name = f"{META_DIR}/{INDEX_SQLITE}"
+    stamps = _stamps(root, [index_name, *(n for name in names for n in (name, _index_name(name)))])
     shards = {
         name: {
             "id": shard_id,
             "count": counts[name],
-            "stamps": _file_stamp(root / name) + _file_stamp(index_path(root / name)),
+            "stamps": stamps[name] + stamps[_index_name(name)],
         }
         for shard_id, name in enumerate(names)
     }
     state = {
         "version": PREPARE_STATE_VERSION,
-        "index_stamp": _file_stamp(meta_dir(root) / INDEX_SQLITE),
+        "index_stamp": stamps[index_name],
         "shards": shards,
         "media_filter": media_filter.to_json() if media_filter is not None else None,
     }

@@ -2,7 +2,9 @@
 
 A sample is addressed by its index in the split (the shards of the split concatenated in
 ``split.yaml`` order, as Energon numbers them for restore keys and sharding).  Reading it costs
-one ``pread`` of its byte range from the shard's ``.tar.idx``.
+one ``pread`` of its byte range from the shard's ``.tar.idx`` locally, and at most one ranged
+GET remotely (none when an earlier read fetched it ahead: callers pass the end of the slice they
+read, and the remote pool reads ahead up to it).
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ import bisect
 import os
 from dataclasses import dataclass
 from itertools import accumulate
-from pathlib import Path
-
 import numpy as np
 
-from ..storage import LocalFilePool
+from ..storage import LocalFilePool, RemoteFilePool, as_path, file_pool
 from .metadata import DatasetInfo, ResolvedSplit, read_info, resolve_split
 from .tar_index import read_tar_index
 from .tar_reader import parse_sample
@@ -42,17 +42,18 @@ class SplitReader:
         split_config: str | None = None,
         info: DatasetInfo | None = None,
         allow_empty: bool = False,
-        file_pool: LocalFilePool | None = None,
+        pool: LocalFilePool | RemoteFilePool | None = None,
     ) -> None:
-        self.root = Path(root)
+        self.root = as_path(root)
         self.split: ResolvedSplit = resolve_split(
             self.root, split_part, split_config=split_config, info=info or read_info(self.root),
             allow_empty=allow_empty,
         )
         self._starts = [0, *accumulate(s.count for s in self.split.shards)]
         self._indexes: list[np.ndarray | None] = [None] * len(self.split.shards)
-        self._paths = [str(self.root / s.name) for s in self.split.shards]
-        self._pool = file_pool or LocalFilePool()
+        self._paths = [self.root / s.name for s in self.split.shards]
+        self._pool = pool or file_pool(self.root)
+        self._reads_ahead = isinstance(self._pool, RemoteFilePool)  # local: the page cache does
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -72,7 +73,9 @@ class SplitReader:
     def _index(self, shard: int) -> np.ndarray:
         offsets = self._indexes[shard]
         if offsets is None:
-            offsets = read_tar_index(self._paths[shard], expected_samples=self.split.shards[shard].count)
+            spec = self.split.shards[shard]
+            stat = self.split.stats.get(spec.name)
+            offsets = read_tar_index(self._paths[shard], expected_samples=spec.count, tar_size=None if stat is None else stat.size)
             self._indexes[shard] = offsets
         return offsets
 
@@ -87,12 +90,20 @@ class SplitReader:
         excluded = self.split.excluded_keys.get(self.split.shards[shard].name)
         return excluded is not None and key in excluded
 
-    def read(self, index: int, *, wanted: frozenset[str] | None = None) -> RawSample | None:
-        """Reads sample ``index``; None when ``split.yaml`` excludes it by key."""
+    def read(self, index: int, *, wanted: frozenset[str] | None = None, read_until: int | None = None) -> RawSample | None:
+        """Reads sample ``index``; None when ``split.yaml`` excludes it by key.
+
+        ``read_until`` (a split index) says the caller will read the samples up to it next, so
+        a remote read may fetch their bytes in the same request.
+        """
         shard, start, end = self.byte_range(index)
         name = self.split.shards[shard].name
         where = f"{self._paths[shard]} sample {index - self._starts[shard]} (bytes {start}..{end})"
-        data = self._pool.read(self._paths[shard], start, end - start)
+        readahead_end = None
+        if self._reads_ahead and read_until is not None and read_until > index + 1:
+            last = min(read_until, self._starts[shard + 1]) - self._starts[shard]
+            readahead_end = int(self._index(shard)[last])
+        data = self._pool.read(self._paths[shard], start, end - start, readahead_end)
         key, parts = parse_sample(data, where=where, wanted=wanted)
         if self.is_excluded(shard, key):
             return None

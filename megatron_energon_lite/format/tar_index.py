@@ -1,6 +1,7 @@
 """``<shard>.tar.idx``: N+1 little-endian uint64 offsets, no header (Energon's layout).
 
-Entry ``i`` is the offset of the first header of sample ``i``; the last entry is the end of the
+Remote indexes are fetched once into the local cache (keyed by URL, ETag and size) and mapped
+from there.  Entry ``i`` is the offset of the first header of sample ``i``; the last entry is the end of the
 last member (the start of the end-of-archive blocks), *not* the file size.  Sample ``i`` spans
 ``[idx[i], idx[i+1])``; sample 0 is read from offset 0 so leading non-sample members are
 tolerated, as Energon does.
@@ -9,19 +10,23 @@ tolerated, as Energon does.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import DatasetError, format_message
-from ..storage import atomic_write_bytes
+from ..storage import AnyPath, RemotePath, as_path, atomic_write_bytes, cached_copy, file_stat
 
 INDEX_DTYPE = np.dtype("<u8")
 
 
-def index_path(tar_path: str | os.PathLike) -> Path:
+# After the last member a tar holds two zero blocks, padded to a 20-block record (GNU tar and
+# Python's tarfile): a tar longer than this past the index's end was changed after prepare.
+_TAR_TRAILER_MAX = 2 * 512 + 20 * 512
+
+
+def index_path(tar_path: str | os.PathLike) -> AnyPath:
     """``shards/a.tar`` -> ``shards/a.tar.idx``."""
-    return Path(tar_path).with_suffix(".tar.idx")
+    return as_path(tar_path).with_suffix(".tar.idx")
 
 
 def write_tar_index(tar_path: str | os.PathLike, offsets: np.ndarray | list[int]) -> None:
@@ -30,12 +35,16 @@ def write_tar_index(tar_path: str | os.PathLike, offsets: np.ndarray | list[int]
     atomic_write_bytes(index_path(tar_path), data)
 
 
-def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None = None) -> np.ndarray:
-    """Maps the index of ``tar_path`` read-only; checks its length against ``expected_samples``."""
+def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None = None, tar_size: int | None = None) -> np.ndarray:
+    """Maps the index of ``tar_path`` read-only.
+
+    Checks its length against ``expected_samples`` and, given the tar's size, that the index
+    still describes that tar (a tar that is shorter than the index, or much longer, was
+    rewritten after prepare).
+    """
     path = index_path(tar_path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+    stat = file_stat(path)
+    if stat is None:
         raise DatasetError(
             format_message(
                 "missing .tar.idx index file",
@@ -43,6 +52,7 @@ def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None 
                 fix="run `energon-lite prepare --tar-index-only` on the dataset",
             )
         ) from None
+    size = stat.size
     if size % 8 != 0 or size < 16:
         raise DatasetError(
             format_message(
@@ -53,7 +63,8 @@ def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None 
                 fix="run `energon-lite prepare --tar-index-only` on the dataset",
             )
         )
-    offsets = np.memmap(path, dtype=INDEX_DTYPE, mode="r")
+    local = cached_copy(path, stat) if isinstance(path, RemotePath) else path
+    offsets = np.memmap(local, dtype=INDEX_DTYPE, mode="r")
     if expected_samples is not None and len(offsets) - 1 != expected_samples:
         raise DatasetError(
             format_message(
@@ -64,4 +75,21 @@ def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None 
                 fix="the shard changed after prepare; run `energon-lite prepare` again",
             )
         )
+    if tar_size is not None:
+        _check_fresh(offsets, tar_size, str(as_path(tar_path)))
     return offsets
+
+
+def _check_fresh(offsets: np.ndarray, tar_size: int, where: str) -> None:
+    end = int(offsets[-1])
+    if end <= tar_size <= end + _TAR_TRAILER_MAX:
+        return
+    raise DatasetError(
+        format_message(
+            ".tar.idx is stale: the tar changed after it was indexed",
+            where=where,
+            expected=f"a tar of {end}..{end + _TAR_TRAILER_MAX} bytes (the index ends at byte {end})",
+            found=f"{tar_size} bytes",
+            fix="run `energon-lite prepare` on the dataset again",
+        )
+    )

@@ -25,6 +25,7 @@ from ..format.join import join_index
 from ..format.metadata import read_info, resolve_split
 from ..format.metadataset import BLEND_MODES, BlendPlan, LeafDataset
 from ..rng import dataset_seed
+from ..storage import configure_storage
 from ..task_encoder import TaskEncoder, call_hook, hook_context, hook_spec, select_cooker
 from ..worker import WorkerConfig
 from .batch import BatchNode
@@ -70,6 +71,9 @@ class PipelineSpec:
     packing_buffer_size: int | None = None
     #: Most items the length-grouping buckets hold together (None: unbounded, as Energon).
     group_buffer_size: int | None = None
+    #: Storage options per protocol (``configure_storage``), re-applied in each worker; holds
+    #: credentials, so it is never part of the fingerprint or the state.
+    storage: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain JSON describing the config, saved with every state and checked on restore."""
@@ -377,6 +381,8 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
     wc = spec.worker_config
     te = spec.task_encoder
     hooks = hook_spec(te)
+    for protocol, (options, settings) in spec.storage.items():  # a spawned worker starts empty
+        configure_storage(protocol, storage_options=options, settings=settings)
     seed = wc.worker_seed(local_worker_id)
     guard = partial(SampleGuard, wc.global_error_handler)
     hook = partial(_hook_fn, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)

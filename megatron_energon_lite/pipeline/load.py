@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from ..decode import SampleDecoder
@@ -21,6 +20,7 @@ from ..format.metadata import require_prepared
 from ..format.metadataset import JoinSpec
 from ..format.split_reader import SplitReader
 from ..samples import CrudeSample, Sample, SourceInfo
+from ..storage import as_path
 from .node import set_restore_key
 
 RESTORE_TAG = "Webdataset"  # Energon's tag for a raw sample's restore key
@@ -40,7 +40,7 @@ class SampleLoader:
         subflavors: dict[str, Any] | None = None,
         trust_dataset_code: bool = False,
     ) -> None:
-        self.path = Path(path)
+        self.path = as_path(path)
         self.split_part = split_part
         self.decoder = decoder
         self.subflavors = dict(subflavors or {})
@@ -70,12 +70,16 @@ class SampleLoader:
     def reader(self) -> SplitReader | None:
         return self._reader
 
-    def load(self, index: int) -> Sample | CrudeSample | None:
-        """The sample at split index ``index``; None if ``split.yaml`` excludes its key."""
+    def load(self, index: int, read_until: int | None = None) -> Sample | CrudeSample | None:
+        """The sample at split index ``index``; None if ``split.yaml`` excludes its key.
+
+        ``read_until``: the caller reads the samples up to this split index next (a hint that
+        lets a remote read fetch them in the same request).
+        """
         if self._jsonl is not None:
             return self._load_jsonl(index)
         config = self.config
-        raw = self._reader.read(index, wanted=config.wanted_parts)
+        raw = self._reader.read(index, wanted=config.wanted_parts, read_until=read_until)
         if raw is None:
             return None
         parts = raw.parts if config.wanted_parts is not None else {p: v for p, v in raw.parts.items() if config.keep_part(p)}
@@ -157,8 +161,8 @@ class JoinLoader:
     def __len__(self) -> int:
         return len(self.index)
 
-    def load(self, row: int) -> Sample | None:
-        samples = []
+    def load(self, row: int, read_until: int | None = None) -> Sample | None:
+        samples = []  # rows map to scattered samples of each member: no read-ahead hint
         for m, (loader, index) in enumerate(zip(self.loaders, self.index.rows[row])):
             sample = loader.load(int(index)) if index >= 0 else None
             if sample is None and m == 0:

@@ -122,13 +122,13 @@ class SliceSource(Node):
                     self._open.insert(position, [self._order[self._next_slice], 0])
                     self._next_slice += 1
                 self._update_weights()
-            sample = self._load(index)
+            sample = self._load(index, end)
             if sample is not None:  # None: excluded by key in split.yaml, or skipped as bad
                 return sample
         raise StopIteration
 
-    def _load(self, index: int):
-        sample = self.guard.call({"__restore_key__": (RESTORE_TAG, index)}, self.loader.load, index)
+    def _load(self, index: int, slice_end: int):
+        sample = self.guard.call({"__restore_key__": (RESTORE_TAG, index)}, self.loader.load, index, slice_end)
         if sample is DROPPED:
             return None
         if sample is not None:

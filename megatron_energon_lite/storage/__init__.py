@@ -1,5 +1,51 @@
-"""Where bytes come from: local files now; object storage joins through the same interface."""
+"""Where bytes come from: local files and object storage, behind one set of functions.
 
-from .local import LocalFilePool, atomic_write_bytes, atomic_write_text
+Format code names data with :func:`as_path` (a ``Path`` or a :class:`RemotePath`), reads sample
+bytes through :func:`file_pool`, writes with :func:`atomic_write_bytes`/:func:`atomic_write_text`,
+and asks for :func:`local_file`/:func:`cached_copy` where it needs a real file (mmap, SQLite).
+"""
 
-__all__ = ["LocalFilePool", "atomic_write_bytes", "atomic_write_text"]
+from .local import LocalFilePool
+from .paths import (
+    AnyPath,
+    FileStat,
+    as_path,
+    atomic_write_bytes,
+    atomic_write_text,
+    cached_copy,
+    file_pool,
+    file_stat,
+    is_remote,
+    list_files,
+    local_file,
+    local_scratch,
+    local_view,
+    remove_scratch,
+    replace_with,
+)
+from .remote import RemoteFilePool, RemotePath, RemoteSettings, configure_storage, configured_storage, read_counters
+
+__all__ = [
+    "AnyPath",
+    "FileStat",
+    "LocalFilePool",
+    "RemoteFilePool",
+    "RemotePath",
+    "RemoteSettings",
+    "as_path",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "cached_copy",
+    "configure_storage",
+    "configured_storage",
+    "file_pool",
+    "file_stat",
+    "is_remote",
+    "list_files",
+    "local_file",
+    "local_scratch",
+    "local_view",
+    "read_counters",
+    "remove_scratch",
+    "replace_with",
+]

@@ -42,8 +42,12 @@ class LocalFilePool:
             os.close(old)
         return fd
 
-    def read(self, path: str, offset: int, size: int) -> bytes:
-        """Reads exactly ``size`` bytes at ``offset``; a short read is a :class:`DatasetError`."""
+    def read(self, path: str | os.PathLike, offset: int, size: int, readahead_end: int | None = None) -> bytes:
+        """Reads exactly ``size`` bytes at ``offset``; a short read is a :class:`DatasetError`.
+
+        ``readahead_end`` is ignored: the kernel's page cache reads ahead for local files.
+        """
+        path = os.fspath(path)
         data = os.pread(self._fd(path), size, offset)
         if len(data) != size:
             raise DatasetError(

@@ -60,5 +60,25 @@ def test_truncated_shard_after_prepare(text_dataset: Path) -> None:
     shard = text_dataset / "shards/shard_000.tar"
     shard.write_bytes(shard.read_bytes()[:2048])
     reader = SplitReader(text_dataset, "train")
+    # The tar's size no longer fits its index: caught before any sample is read.
+    with pytest.raises(DatasetError, match="stale.*\n.*shard_000.tar(.|\n)*found: 2048 bytes(.|\n)*prepare"):
+        reader.read(0)
+
+
+def test_grown_shard_after_prepare_is_stale(text_dataset: Path) -> None:
+    prepare_dataset(text_dataset, split_ratio=(1, 0, 0), progress=False)
+    shard = text_dataset / "shards/shard_000.tar"
+    shard.write_bytes(shard.read_bytes() + bytes(64 * 1024))
+    with pytest.raises(DatasetError, match="stale"):
+        SplitReader(text_dataset, "train").read(0)
+
+
+def test_short_read_inside_a_fresh_looking_tar(text_dataset: Path) -> None:
+    """A tar whose size still fits but which is cut while open is caught by the read itself."""
+    prepare_dataset(text_dataset, split_ratio=(1, 0, 0), progress=False)
+    shard = text_dataset / "shards/shard_000.tar"
+    reader = SplitReader(text_dataset, "train")
+    reader.read(0)  # index loaded and checked against the full tar
+    shard.write_bytes(shard.read_bytes()[:2048])
     with pytest.raises(DatasetError, match="shorter than its index"):
         reader.read(4)

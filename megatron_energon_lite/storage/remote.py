@@ -1,0 +1,462 @@
+"""Object storage through fsspec: remote paths, ranged reads with read-ahead and retries.
+
+``s3://bucket/prefix`` goes through s3fs (the ``s3`` extra), ``msc://profile/path`` through
+Multi-Storage Client when it is installed (it registers the ``msc`` protocol with fsspec), any
+other fsspec URL through its own implementation.  Credentials and endpoints are whatever the
+implementation reads (for S3: ``AWS_ENDPOINT_URL``, ``AWS_PROFILE`` and the usual credential
+chain), overridden by an explicit ``storage_options`` dict.
+
+A :class:`RemotePath` has the small part of :class:`pathlib.Path`'s interface the format code
+uses, so the same functions read local and remote datasets.  Sample bytes are read through a
+:class:`RemoteFilePool`: one ranged GET per block, blocks reach ahead up to the end of the slice
+being read, and every GET is retried with backoff, resuming at the first byte not yet received.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+from ..errors import EnergonLiteError, MissingDependencyError, StorageError, format_message
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MiB = 1 << 20
+
+# The package that serves a protocol, for the error when it is missing.
+_PROTOCOL_PACKAGES = {
+    "s3": "pip install 'megatron-energon-lite[s3]'",
+    "s3a": "pip install 'megatron-energon-lite[s3]'",
+    "msc": "pip install multi-storage-client (and the extra of its storage provider)",
+    "gs": "pip install gcsfs",
+    "gcs": "pip install gcsfs",
+    "az": "pip install adlfs",
+    "abfs": "pip install adlfs",
+}
+
+# Errors that no retry can fix: the object is not there, we may not read it, or the call is wrong.
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, EnergonLiteError, ValueError, TypeError, NotImplementedError)
+_CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "NoRegionError", "ProfileNotFound")
+
+
+def _env_number(name: str, default: T, kind: Callable[[str], T]) -> T:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise StorageError(format_message(f"invalid {name}", expected=f"a number ({kind.__name__})", found=repr(value))) from None
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """How remote data is read; defaults come from ``ENERGON_LITE_*`` environment variables.
+
+    ``block_size``: bytes one GET reads ahead within a slice (``ENERGON_LITE_BLOCK_SIZE``).
+    ``max_blocks``: read-ahead blocks a worker keeps, at least the number of slices it reads
+    at once.  ``max_attempts``: tries per request before :class:`StorageError`
+    (``ENERGON_LITE_MAX_ATTEMPTS``).  ``backoff_s`` (``ENERGON_LITE_BACKOFF_S``)/``max_backoff_s``:
+    exponential backoff with full jitter between tries.  ``cache_dir``: where index files are cached
+    (``ENERGON_LITE_CACHE_DIR``, default ``~/.cache/megatron_energon_lite``).
+    """
+
+    block_size: int = 4 * MiB
+    max_blocks: int = 8
+    max_attempts: int = 8
+    backoff_s: float = 0.05
+    max_backoff_s: float = 5.0
+    cache_dir: str | None = None
+
+    @classmethod
+    def from_env(cls) -> "RemoteSettings":
+        return cls(
+            block_size=_env_number("ENERGON_LITE_BLOCK_SIZE", cls.block_size, int),
+            max_attempts=_env_number("ENERGON_LITE_MAX_ATTEMPTS", cls.max_attempts, int),
+            backoff_s=_env_number("ENERGON_LITE_BACKOFF_S", cls.backoff_s, float),
+            cache_dir=os.environ.get("ENERGON_LITE_CACHE_DIR"),
+        )
+
+    def resolved_cache_dir(self) -> str:
+        if self.cache_dir:
+            return self.cache_dir
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "megatron_energon_lite")
+
+
+# Per-protocol defaults set by configure_storage (e.g. from get_train_dataset(storage_options=...)).
+_CONFIGURED: dict[str, tuple[dict[str, Any], "RemoteSettings | None"]] = {}
+
+
+def configure_storage(protocol: str, *, storage_options: Mapping[str, Any] | None = None, settings: "RemoteSettings | None" = None) -> None:
+    """Sets the options every ``protocol://`` path of this process uses unless given its own;
+    ``"*"`` stands for every protocol without an entry of its own.
+
+    The loader calls it for ``get_train_dataset(..., storage_options=...)`` in the main process
+    and again in each worker, so paths named inside metadataset YAML files get the same options.
+    """
+    _CONFIGURED[protocol] = (dict(storage_options or {}), settings)
+
+
+def configured_storage() -> dict[str, tuple[dict[str, Any], "RemoteSettings | None"]]:
+    return dict(_CONFIGURED)
+
+
+def is_url(value: Any) -> bool:
+    return isinstance(value, str) and "://" in value and not value.startswith("file://")
+
+
+def filesystem(protocol: str, storage_options: Mapping[str, Any] | None = None):
+    """The fsspec filesystem for ``protocol`` (fsspec caches one per process and options)."""
+    try:
+        import fsspec
+    except ImportError:
+        raise MissingDependencyError(_missing(protocol)) from None
+    try:
+        return fsspec.filesystem(protocol, **dict(storage_options or {}))
+    except ImportError:
+        raise MissingDependencyError(_missing(protocol)) from None
+    except ValueError as exc:
+        if "not known" in str(exc) or "Protocol" in str(exc):
+            raise MissingDependencyError(_missing(protocol)) from None
+        raise
+
+
+def _missing(protocol: str) -> str:
+    return format_message(
+        f"no storage implementation for {protocol}:// URLs is installed",
+        fix=_PROTOCOL_PACKAGES.get(protocol, f"install the fsspec implementation of {protocol}://"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStat:
+    """What a listing says of an object: its size and a version tag (ETag when there is one)."""
+
+    size: int
+    version: str
+    is_dir: bool = False
+
+    @property
+    def st_size(self) -> int:  # so callers can treat it like os.stat_result
+        return self.size
+
+
+def stat_from_info(info: Mapping[str, Any]) -> RemoteStat:
+    tag = info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime") or ""
+    return RemoteStat(int(info.get("size") or 0), str(tag).strip('"'), info.get("type") == "directory")
+
+
+class RemotePath:
+    """An object-store URL with the parts of :class:`pathlib.Path` the format code needs.
+
+    Picklable: it carries the URL, the storage options and the settings, never a connection, so
+    it can cross into dataloader workers (each process opens its own filesystem).
+    """
+
+    __slots__ = ("protocol", "key", "storage_options", "settings")
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, settings: RemoteSettings | None = None) -> None:
+        protocol, sep, rest = url.partition("://")
+        if not sep or not protocol or not rest.strip("/"):
+            raise StorageError(format_message("invalid storage URL", expected="SCHEME://bucket/path, e.g. s3://bucket/dataset", found=repr(url)))
+        self.protocol = protocol
+        self.key = posixpath.normpath(rest).strip("/")
+        default_options, default_settings = _CONFIGURED.get(protocol) or _CONFIGURED.get("*") or ({}, None)
+        self.storage_options = dict(default_options if storage_options is None else storage_options)
+        self.settings = settings or default_settings or RemoteSettings.from_env()
+
+    # --- identity --------------------------------------------------------------------------
+    def __reduce__(self):
+        return (RemotePath, (self.url, self.storage_options, self.settings))
+
+    @property
+    def url(self) -> str:
+        return f"{self.protocol}://{self.key}"
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __fspath__(self) -> str:
+        # Not a local path: code that needs one (mmap, sqlite, os.open) must fetch a local copy.
+        raise TypeError(f"{self.url} is remote; it has no local file system path")
+
+    def __repr__(self) -> str:
+        return f"RemotePath({self.url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemotePath) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def __lt__(self, other: "RemotePath") -> bool:
+        return self.url < other.url
+
+    def _derive(self, key: str) -> "RemotePath":
+        return RemotePath(f"{self.protocol}://{key}", self.storage_options, self.settings)
+
+    # --- pure path operations ----------------------------------------------------------------
+    def __truediv__(self, other: str | os.PathLike) -> "RemotePath":
+        part = os.fspath(other)
+        if is_url(part):
+            return RemotePath(part, self.storage_options, self.settings)
+        return self._derive(posixpath.join(self.key, part))
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.key)
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.key).suffix
+
+    @property
+    def stem(self) -> str:
+        return PurePosixPath(self.key).stem
+
+    @property
+    def parent(self) -> "RemotePath":
+        parent = posixpath.dirname(self.key)
+        return self._derive(parent) if parent else self
+
+    def with_suffix(self, suffix: str) -> "RemotePath":
+        return self._derive(str(PurePosixPath(self.key).with_suffix(suffix)))
+
+    def with_name(self, name: str) -> "RemotePath":
+        return self._derive(str(PurePosixPath(self.key).with_name(name)))
+
+    def relative_to(self, other: "RemotePath") -> PurePosixPath:
+        return PurePosixPath(self.key).relative_to(other.key)
+
+    def is_absolute(self) -> bool:
+        return True
+
+    def resolve(self) -> "RemotePath":
+        return self
+
+    def as_posix(self) -> str:
+        return self.url
+
+    # --- storage operations ------------------------------------------------------------------
+    @property
+    def fs(self):
+        return filesystem(self.protocol, self.storage_options)
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        return with_retries(fn, what=f"{what} {self.url}", settings=self.settings)
+
+    def stat(self) -> RemoteStat:
+        return stat_from_info(self._call("stat", lambda: self.fs.info(self.url)))
+
+    def exists(self) -> bool:
+        return self._call("check", lambda: self.fs.exists(self.url))
+
+    def is_file(self) -> bool:
+        try:
+            return not self.stat().is_dir
+        except FileNotFoundError:
+            return False
+
+    def is_dir(self) -> bool:
+        return self._call("check", lambda: self.fs.isdir(self.url))
+
+    def read_bytes(self) -> bytes:
+        return self._call("read", lambda: self.fs.cat_file(self.url))
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def write_bytes(self, data: bytes) -> None:
+        # One PUT: an object store replaces an object atomically.
+        self._call("write", lambda: self.fs.pipe_file(self.url, bytes(data)))
+
+    def write_text(self, text: str, encoding: str = "utf-8") -> None:
+        self.write_bytes(text.encode(encoding))
+
+    def upload(self, local: str | os.PathLike) -> None:
+        self._call("upload", lambda: self.fs.put_file(os.fspath(local), self.url))
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        """Object stores have no folders: a key prefix exists once an object is written under it."""
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        try:
+            self._call("delete", lambda: self.fs.rm_file(self.url))
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    def iterdir(self) -> Iterator["RemotePath"]:
+        for name in self._call("list", lambda: self.fs.ls(self.url, detail=False)):
+            yield self._derive(name.split("://", 1)[-1].strip("/"))
+
+    def glob(self, pattern: str) -> Iterator["RemotePath"]:
+        found = self._call("list", lambda: self.fs.glob(posixpath.join(self.url, pattern)))
+        for name in sorted(found):
+            yield self._derive(name.split("://", 1)[-1].strip("/"))
+
+    def list_files(self) -> dict[str, RemoteStat]:
+        """Every object under this prefix: relative key -> stat, in one recursive listing."""
+        found = self._call("list", lambda: self.fs.find(self.url, detail=True))
+        prefix = self.key + "/"
+        files = {}
+        for name, info in found.items():
+            key = name.split("://", 1)[-1].strip("/")
+            if key.startswith(prefix) and info.get("type") != "directory":
+                files[key[len(prefix):]] = stat_from_info(info)
+        return files
+
+    def read_range(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)``: ranged GETs, retried, resumed at the first byte not received."""
+        return fetch_range(self, start, end)
+
+
+# --- retries -------------------------------------------------------------------------------
+
+
+def _permanent(exc: BaseException) -> bool:
+    return isinstance(exc, _PERMANENT) or type(exc).__name__ in _CREDENTIAL_ERRORS
+
+
+def _credentials_error(exc: BaseException, what: str) -> StorageError:
+    return StorageError(
+        format_message(
+            "object storage refused the request: no usable credentials",
+            where=what,
+            found=f"{type(exc).__name__}: {exc}",
+            fix="set credentials the usual way (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+            "an instance role) or pass storage_options={'key': ..., 'secret': ...}",
+        )
+    )
+
+
+def backoff_delay(attempt: int, settings: RemoteSettings, rng: random.Random = random.Random()) -> float:
+    """Full jitter: uniform in [0, min(max, base * 2**attempt)]."""
+    return rng.uniform(0, min(settings.max_backoff_s, settings.backoff_s * (2 ** attempt)))
+
+
+def with_retries(fn: Callable[[], T], *, what: str, settings: RemoteSettings) -> T:
+    """Calls ``fn`` until it succeeds, a permanent error occurs, or ``max_attempts`` are used."""
+    for attempt in range(1, settings.max_attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if type(exc).__name__ in _CREDENTIAL_ERRORS:
+                raise _credentials_error(exc, what) from exc
+            if _permanent(exc):
+                raise
+            if attempt == settings.max_attempts:
+                raise StorageError(
+                    format_message(
+                        f"object storage failed after {attempt} attempts",
+                        where=what,
+                        found=f"{type(exc).__name__}: {exc}",
+                        fix="check the endpoint and the network; raise ENERGON_LITE_MAX_ATTEMPTS for a flaky store",
+                    )
+                ) from exc
+            delay = backoff_delay(attempt, settings)
+            logger.debug("%s failed (%s: %s); retry %d in %.2f s", what, type(exc).__name__, exc, attempt, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+class _ReadCounters:
+    """Requests and bytes fetched by this process (for benchmarks and the read report)."""
+
+    requests = 0
+    retries = 0
+    bytes_fetched = 0
+
+
+read_counters = _ReadCounters()
+
+
+def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
+    """Reads ``[start, end)`` of ``path`` exactly, retrying failed or short GETs.
+
+    A GET that fails or returns fewer bytes than asked (a truncated body) is retried from the
+    first missing byte, so bytes already received are neither dropped nor read twice.
+    """
+    settings = path.settings
+    fs = path.fs
+    chunks: list[bytes] = []
+    position = start
+    failures = 0
+    last_error = "no data"
+    while position < end:
+        try:
+            read_counters.requests += 1
+            data = fs.cat_file(path.url, start=position, end=end)
+        except Exception as exc:
+            if type(exc).__name__ in _CREDENTIAL_ERRORS:
+                raise _credentials_error(exc, path.url) from exc
+            if _permanent(exc):
+                raise
+            data, last_error = b"", f"{type(exc).__name__}: {exc}"
+        else:
+            if len(data) > end - position:  # a server that ignored the range
+                data = data[: end - position]
+            if len(data) < end - position:
+                last_error = f"short body: {len(data)} of {end - position} bytes"
+        if data:
+            chunks.append(data)
+            position += len(data)
+            read_counters.bytes_fetched += len(data)
+            if position >= end:
+                break
+        failures += 1
+        read_counters.retries += 1
+        if failures >= settings.max_attempts:
+            raise StorageError(
+                format_message(
+                    f"object storage read failed after {failures} attempts",
+                    where=f"{path.url} bytes {start}..{end} (stopped at {position})",
+                    found=last_error,
+                    fix="check the endpoint and the network; raise ENERGON_LITE_MAX_ATTEMPTS for a flaky store",
+                )
+            )
+        time.sleep(backoff_delay(failures, settings))
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class RemoteFilePool:
+    """Reads byte ranges of remote objects with read-ahead; one pool per process.
+
+    A read that misses the cached blocks fetches ``[offset, max(offset + size, min(readahead_end,
+    offset + block_size)))``: the caller passes the end of the slice it is reading as
+    ``readahead_end``, so blocks never reach past what the worker will use next.  Up to
+    ``max_blocks`` blocks are kept (least recently used goes first), one per slice read at once.
+    """
+
+    def __init__(self, settings: RemoteSettings | None = None) -> None:
+        self.settings = settings or RemoteSettings.from_env()
+        self._blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+
+    def read(self, path: RemotePath, offset: int, size: int, readahead_end: int | None = None) -> bytes:
+        end = offset + size
+        url = path.url
+        for (block_url, start), block in self._blocks.items():
+            if block_url == url and start <= offset and end <= start + len(block):
+                self._blocks.move_to_end((block_url, start))
+                return block[offset - start : end - start]
+        fetch_end = max(end, min(readahead_end or end, offset + self.settings.block_size))
+        data = fetch_range(path, offset, fetch_end)
+        if fetch_end > end:
+            self._blocks[(url, offset)] = data
+            while len(self._blocks) > self.settings.max_blocks:
+                self._blocks.popitem(last=False)
+            return data[:size]
+        return data
+
+    def close(self) -> None:
+        self._blocks.clear()

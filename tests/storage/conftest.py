@@ -1,0 +1,54 @@
+"""Shared fixtures for object-storage tests: one local S3 server per session, fault proxies per test.
+
+* ``s3_server``: session-scoped ``LocalS3Server`` (moto on 127.0.0.1) with the bucket ``S3_BUCKET``.
+* ``s3_url``: ``s3://<S3_BUCKET>/<test name>``, a prefix of its own for each test; it (re)creates
+  the bucket, so a test that calls ``s3_server.reset()`` does not break the others.
+* ``fault_proxy``: factory ``fault_proxy(**FaultProxy kwargs) -> FaultProxy`` in front of
+  ``s3_server``; every proxy is closed at the end of the test.
+
+moto's state is process-global (see ``megatron_energon_lite.testing.s3server``): do not use
+``moto.mock_aws`` in this process, and keep each test's data under its own prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+from megatron_energon_lite.testing.s3server import FaultProxy, LocalS3Server  # noqa: E402
+
+S3_BUCKET = "energon-lite-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[LocalS3Server]:
+    with LocalS3Server() as server:
+        server.create_bucket(S3_BUCKET)
+        yield server
+
+
+@pytest.fixture
+def s3_url(s3_server: LocalS3Server, request: pytest.FixtureRequest) -> str:
+    s3_server.create_bucket(S3_BUCKET)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", request.node.name).strip("_")
+    return f"s3://{S3_BUCKET}/{name}"
+
+
+@pytest.fixture
+def fault_proxy(s3_server: LocalS3Server) -> Iterator[Callable[..., FaultProxy]]:
+    proxies: list[FaultProxy] = []
+
+    def make(**kwargs: Any) -> FaultProxy:
+        proxy = FaultProxy(s3_server.endpoint_url, **kwargs).start()
+        proxies.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
