@@ -100,7 +100,7 @@ class SplitReader:
         name = self.split.shards[shard].name
         where = f"{self._paths[shard]} sample {index - self._starts[shard]} (bytes {start}..{end})"
         readahead_end = None
-        if self._reads_ahead and read_until is not None and read_until > index + 1:
+        if self._reads_ahead and read_until is not None and read_until > index:
             last = min(read_until, self._starts[shard + 1]) - self._starts[shard]
             readahead_end = int(self._index(shard)[last])
         data = self._pool.read(self._paths[shard], start, end - start, readahead_end)

@@ -19,6 +19,7 @@ import os
 import posixpath
 import random
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -36,7 +37,7 @@ MiB = 1 << 20
 _PROTOCOL_PACKAGES = {
     "s3": "pip install 'megatron-energon-lite[s3]'",
     "s3a": "pip install 'megatron-energon-lite[s3]'",
-    "msc": "pip install multi-storage-client (and the extra of its storage provider)",
+    "msc": "pip install 'megatron-energon-lite[msc]'",
     "gs": "pip install gcsfs",
     "gcs": "pip install gcsfs",
     "az": "pip install adlfs",
@@ -63,15 +64,15 @@ class RemoteSettings:
     """How remote data is read; defaults come from ``ENERGON_LITE_*`` environment variables.
 
     ``block_size``: bytes one GET reads ahead within a slice (``ENERGON_LITE_BLOCK_SIZE``).
-    ``max_blocks``: read-ahead blocks a worker keeps, at least the number of slices it reads
-    at once.  ``max_attempts``: tries per request before :class:`StorageError`
+    ``readahead_bytes``: most bytes a worker keeps read ahead, over all the slices it reads at
+    once (``ENERGON_LITE_READAHEAD_BYTES``).  ``max_attempts``: tries per request before :class:`StorageError`
     (``ENERGON_LITE_MAX_ATTEMPTS``).  ``backoff_s`` (``ENERGON_LITE_BACKOFF_S``)/``max_backoff_s``:
     exponential backoff with full jitter between tries.  ``cache_dir``: where index files are cached
     (``ENERGON_LITE_CACHE_DIR``, default ``~/.cache/megatron_energon_lite``).
     """
 
     block_size: int = 4 * MiB
-    max_blocks: int = 8
+    readahead_bytes: int = 64 * MiB
     max_attempts: int = 8
     backoff_s: float = 0.05
     max_backoff_s: float = 5.0
@@ -81,6 +82,7 @@ class RemoteSettings:
     def from_env(cls) -> "RemoteSettings":
         return cls(
             block_size=_env_number("ENERGON_LITE_BLOCK_SIZE", cls.block_size, int),
+            readahead_bytes=_env_number("ENERGON_LITE_READAHEAD_BYTES", cls.readahead_bytes, int),
             max_attempts=_env_number("ENERGON_LITE_MAX_ATTEMPTS", cls.max_attempts, int),
             backoff_s=_env_number("ENERGON_LITE_BACKOFF_S", cls.backoff_s, float),
             cache_dir=os.environ.get("ENERGON_LITE_CACHE_DIR"),
@@ -324,8 +326,21 @@ class RemotePath:
 # --- retries -------------------------------------------------------------------------------
 
 
+def _is_credential_error(exc: BaseException) -> bool:
+    """Missing credentials, also when a client wraps the botocore error (MSC raises a
+    RuntimeError whose cause, or message, names it)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        name = type(exc).__name__
+        if name in _CREDENTIAL_ERRORS or any(f"error type: {n}" in str(exc) for n in _CREDENTIAL_ERRORS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _permanent(exc: BaseException) -> bool:
-    return isinstance(exc, _PERMANENT) or type(exc).__name__ in _CREDENTIAL_ERRORS
+    return isinstance(exc, _PERMANENT) or _is_credential_error(exc)
 
 
 def _credentials_error(exc: BaseException, what: str) -> StorageError:
@@ -335,7 +350,8 @@ def _credentials_error(exc: BaseException, what: str) -> StorageError:
             where=what,
             found=f"{type(exc).__name__}: {exc}",
             fix="set credentials the usual way (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
-            "an instance role) or pass storage_options={'key': ..., 'secret': ...}",
+            "an instance role), pass storage_options={'key': ..., 'secret': ...}, or for msc:// give "
+            "the profile a credentials_provider in MSC_CONFIG",
         )
     )
 
@@ -351,7 +367,7 @@ def with_retries(fn: Callable[[], T], *, what: str, settings: RemoteSettings) ->
         try:
             return fn()
         except Exception as exc:
-            if type(exc).__name__ in _CREDENTIAL_ERRORS:
+            if _is_credential_error(exc):
                 raise _credentials_error(exc, what) from exc
             if _permanent(exc):
                 raise
@@ -368,6 +384,22 @@ def with_retries(fn: Callable[[], T], *, what: str, settings: RemoteSettings) ->
             logger.debug("%s failed (%s: %s); retry %d in %.2f s", what, type(exc).__name__, exc, attempt, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _forget_inherited_sessions() -> None:
+    """In a forked child, drops the finalizers of the parent's s3fs sessions.
+
+    Those sessions belong to the parent's event-loop thread, which does not exist in the child;
+    when fsspec discards the parent's filesystems, closing them would only log "attached to a
+    different loop" errors (the child opens its own connections anyway).
+    """
+    registry = getattr(weakref.finalize, "_registry", {})
+    for finalizer, info in list(registry.items()):
+        if getattr(info.func, "__qualname__", "") == "S3FileSystem.close_session":
+            finalizer.detach()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_sessions)
 
 
 class _ReadCounters:
@@ -398,7 +430,7 @@ def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
             read_counters.requests += 1
             data = fs.cat_file(path.url, start=position, end=end)
         except Exception as exc:
-            if type(exc).__name__ in _CREDENTIAL_ERRORS:
+            if _is_credential_error(exc):
                 raise _credentials_error(exc, path.url) from exc
             if _permanent(exc):
                 raise
@@ -432,31 +464,41 @@ def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
 class RemoteFilePool:
     """Reads byte ranges of remote objects with read-ahead; one pool per process.
 
-    A read that misses the cached blocks fetches ``[offset, max(offset + size, min(readahead_end,
-    offset + block_size)))``: the caller passes the end of the slice it is reading as
-    ``readahead_end``, so blocks never reach past what the worker will use next.  Up to
-    ``max_blocks`` blocks are kept (least recently used goes first), one per slice read at once.
+    The caller passes the end of the slice it is reading as ``readahead_end``; a read that misses
+    that slice's block fetches ``[offset, max(offset + size, min(readahead_end, offset +
+    block_size)))``, so a block never reaches past what the worker reads next.  One block is kept
+    per slice being read (a worker interleaves up to ``parallel_shard_iters`` slices), the least
+    recently used going first once the blocks hold more than ``readahead_bytes``.
     """
 
     def __init__(self, settings: RemoteSettings | None = None) -> None:
         self.settings = settings or RemoteSettings.from_env()
-        self._blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._blocks: OrderedDict[tuple[str, int], tuple[int, bytes]] = OrderedDict()
+        self._buffered = 0
 
     def read(self, path: RemotePath, offset: int, size: int, readahead_end: int | None = None) -> bytes:
         end = offset + size
-        url = path.url
-        for (block_url, start), block in self._blocks.items():
-            if block_url == url and start <= offset and end <= start + len(block):
-                self._blocks.move_to_end((block_url, start))
-                return block[offset - start : end - start]
+        key = (path.url, readahead_end or 0)
+        entry = self._blocks.get(key) if readahead_end is not None else None
+        if entry is not None and entry[0] <= offset and end <= entry[0] + len(entry[1]):
+            self._blocks.move_to_end(key)
+            return entry[1][offset - entry[0] : end - entry[0]]
         fetch_end = max(end, min(readahead_end or end, offset + self.settings.block_size))
         data = fetch_range(path, offset, fetch_end)
-        if fetch_end > end:
-            self._blocks[(url, offset)] = data
-            while len(self._blocks) > self.settings.max_blocks:
-                self._blocks.popitem(last=False)
-            return data[:size]
-        return data
+        if fetch_end == end:
+            return data
+        self._drop(key)
+        self._blocks[key] = (offset, data)
+        self._buffered += len(data)
+        while self._buffered > self.settings.readahead_bytes and len(self._blocks) > 1:
+            self._drop(next(iter(self._blocks)))
+        return data[:size]
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        entry = self._blocks.pop(key, None)
+        if entry is not None:
+            self._buffered -= len(entry[1])
 
     def close(self) -> None:
         self._blocks.clear()
+        self._buffered = 0

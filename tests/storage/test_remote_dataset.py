@@ -199,3 +199,33 @@ def test_remote_path_pickles_without_a_connection(s3_server) -> None:
     again = pickle.loads(pickle.dumps(path))
     assert again == path and again.storage_options == path.storage_options
     assert (again.parent / "c.tar").url == "s3://bucket/a/c.tar" and again.with_suffix(".tar.idx").name == "b.tar.idx"
+
+
+def test_missing_credentials_are_a_clear_error(remote, s3_server, tmp_path, monkeypatch) -> None:
+    local, url = remote
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup off 127.0.0.1
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    options = s3_server.storage_options()
+    del options["key"], options["secret"]
+    configure_storage("s3", storage_options={**options, "skip_instance_cache": True})
+    with pytest.raises(StorageError, match=r"no usable credentials(.|\n)*AWS_PROFILE"):
+        prepare_dataset(url, split_ratio=(1, 0, 0), progress=False)
+
+
+def test_interleaved_slices_each_keep_their_block(remote) -> None:
+    """A worker reads several slices at once: each keeps its own block, nothing is fetched twice."""
+    local, url = remote
+    _prepare_both(local, url)
+    reader = SplitReader(url, "train")
+    for shard in range(3):
+        reader.read(shard * 12)  # indexes cached; the first sample of each slice read alone
+    before_requests, before_bytes = read_counters.requests, read_counters.bytes_fetched
+    for step in range(1, 12):  # round-robin over three slices (one per shard)
+        for shard in range(3):
+            reader.read(shard * 12 + step, read_until=shard * 12 + 12)
+    assert read_counters.requests - before_requests == 3
+    used = sum(reader.byte_range(i)[2] - reader.byte_range(i)[1] for shard in range(3) for i in range(shard * 12 + 1, shard * 12 + 12))
+    assert read_counters.bytes_fetched - before_bytes == used
