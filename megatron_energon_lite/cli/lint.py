@@ -19,7 +19,7 @@ from ..decode import SampleDecoder
 from ..errors import EmptyDatasetError, EnergonLiteError
 from ..format.metadata import read_info, read_split_config
 from ..format.metadataset import is_metadataset_path
-from ..format.tar_index import read_tar_index
+from ..format.tar_index import index_name, read_tar_index
 from ..pipeline.load import SampleLoader
 from ..storage import AnyPath, list_files
 from .params import DATASET_PATH
@@ -38,14 +38,14 @@ def check_indexes(root: AnyPath) -> list[Finding]:
     """Every shard's ``.tar.idx`` exists, matches ``.info.json`` and fits inside its tar."""
     findings = []
     counts = read_info(root).shard_counts
-    stats = list_files(root, list(counts))  # one listing per folder for a remote dataset
+    stats = list_files(root, [n for shard in counts for n in (shard, index_name(shard))])  # one listing per folder remotely
     for shard, count in counts.items():
         tar = root / shard
         if shard not in stats:
             findings.append(Finding(shard, "shard file is missing"))
             continue
         try:
-            offsets = read_tar_index(tar, expected_samples=count, tar_size=stats[shard].size)
+            offsets = read_tar_index(tar, expected_samples=count, tar_size=stats[shard].size, index_stat=stats.get(index_name(shard)))
         except EnergonLiteError as exc:
             findings.append(Finding(shard, str(exc).splitlines()[0] + " — " + " ".join(str(exc).splitlines()[1:]).strip()))
             continue

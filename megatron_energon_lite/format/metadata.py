@@ -19,6 +19,7 @@ from braceexpand import braceexpand
 from .._version import __version__
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
 from ..storage import AnyPath, FileStat, as_path, atomic_write_text, list_files
+from .tar_index import index_name
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +258,7 @@ class ResolvedSplit:
     split_part: str
     shards: list[ShardSpec]
     excluded_keys: dict[str, frozenset[str]]  # shard name -> keys skipped when read
-    stats: dict[str, FileStat] = field(default_factory=dict)  # shard name -> size and version
+    stats: dict[str, FileStat] = field(default_factory=dict)  # shard and index name -> size and version
 
     @property
     def total_samples(self) -> int:
@@ -311,7 +312,8 @@ def resolve_split(
             )
         if name not in excluded_shards:
             shards.append(ShardSpec(name, known[name]))
-    stats = list_files(root, [shard.name for shard in shards])  # one listing per folder remotely
+    # Shards and their indexes in one listing per folder remotely (the reader reuses the stats).
+    stats = list_files(root, [n for shard in shards for n in (shard.name, index_name(shard.name))])
     for shard in shards:
         if shard.name not in stats:
             raise DatasetError(

@@ -51,7 +51,7 @@ from .metadata import (
     write_split_config,
 )
 from .sqlite_index import DuplicateKey, SqliteIndexWriter
-from .tar_index import write_tar_index
+from .tar_index import index_name, write_tar_index
 from .tar_reader import SampleEntry, group_samples, iter_members
 
 logger = logging.getLogger(__name__)
@@ -255,17 +255,14 @@ def _unchanged_shards(
         return {}
     recorded = state.get("shards", {})
     names = [name for name in names if name in recorded]
-    stamps = _stamps(root, [n for name in names for n in (name, _index_name(name))])
+    stamps = _stamps(root, [n for name in names for n in (name, index_name(name))])
     unchanged = {}
     for name in names:
         entry = recorded[name]
-        if name in stamps and _index_name(name) in stamps and entry["stamps"] == stamps[name] + stamps[_index_name(name)]:
+        if name in stamps and index_name(name) in stamps and entry["stamps"] == stamps[name] + stamps[index_name(name)]:
             unchanged[name] = (entry["id"], entry["count"])
     return unchanged
 
-
-def _index_name(name: str) -> str:
-    return str(PurePosixPath(name).with_suffix(".tar.idx"))
 
 
 def _duplicate_error(duplicates: list[DuplicateKey], names: list[str]) -> DatasetError:
@@ -499,19 +496,19 @@ def _scan_all(
 def _write_prepare_state(
     root: AnyPath, names: list[str], counts: dict[str, int], media_filter: MediaFilter | None
 ) -> None:
-    index_name = f"{META_DIR}/{INDEX_SQLITE}"
-    stamps = _stamps(root, [index_name, *(n for name in names for n in (name, _index_name(name)))])
+    sqlite_name = f"{META_DIR}/{INDEX_SQLITE}"
+    stamps = _stamps(root, [sqlite_name, *(n for name in names for n in (name, index_name(name)))])
     shards = {
         name: {
             "id": shard_id,
             "count": counts[name],
-            "stamps": stamps[name] + stamps[_index_name(name)],
+            "stamps": stamps[name] + stamps[index_name(name)],
         }
         for shard_id, name in enumerate(names)
     }
     state = {
         "version": PREPARE_STATE_VERSION,
-        "index_stamp": stamps[index_name],
+        "index_stamp": stamps[sqlite_name],
         "shards": shards,
         "media_filter": media_filter.to_json() if media_filter is not None else None,
     }

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..storage import LocalFilePool, RemoteFilePool, as_path, file_pool
 from .metadata import DatasetInfo, ResolvedSplit, read_info, resolve_split
-from .tar_index import read_tar_index
+from .tar_index import index_name, read_tar_index
 from .tar_reader import parse_sample
 
 
@@ -75,7 +75,7 @@ class SplitReader:
         if offsets is None:
             spec = self.split.shards[shard]
             stat = self.split.stats.get(spec.name)
-            offsets = read_tar_index(self._paths[shard], expected_samples=spec.count, tar_size=None if stat is None else stat.size)
+            offsets = read_tar_index(self._paths[shard], expected_samples=spec.count, tar_size=None if stat is None else stat.size, index_stat=self.split.stats.get(index_name(spec.name)))
             self._indexes[shard] = offsets
         return offsets
 

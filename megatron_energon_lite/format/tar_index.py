@@ -10,11 +10,12 @@ tolerated, as Energon does.
 from __future__ import annotations
 
 import os
+from pathlib import PurePosixPath
 
 import numpy as np
 
 from ..errors import DatasetError, format_message
-from ..storage import AnyPath, RemotePath, as_path, atomic_write_bytes, cached_copy, file_stat
+from ..storage import AnyPath, FileStat, RemotePath, as_path, atomic_write_bytes, cached_copy, file_stat
 
 INDEX_DTYPE = np.dtype("<u8")
 
@@ -22,6 +23,11 @@ INDEX_DTYPE = np.dtype("<u8")
 # After the last member a tar holds two zero blocks, padded to a 20-block record (GNU tar and
 # Python's tarfile): a tar longer than this past the index's end was changed after prepare.
 _TAR_TRAILER_MAX = 2 * 512 + 20 * 512
+
+
+def index_name(tar_name: str) -> str:
+    """``shards/a.tar`` -> ``shards/a.tar.idx`` for names relative to a dataset root."""
+    return str(PurePosixPath(tar_name).with_suffix(".tar.idx"))
 
 
 def index_path(tar_path: str | os.PathLike) -> AnyPath:
@@ -35,15 +41,16 @@ def write_tar_index(tar_path: str | os.PathLike, offsets: np.ndarray | list[int]
     atomic_write_bytes(index_path(tar_path), data)
 
 
-def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None = None, tar_size: int | None = None) -> np.ndarray:
+def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None = None, tar_size: int | None = None, index_stat: FileStat | None = None) -> np.ndarray:
     """Maps the index of ``tar_path`` read-only.
 
     Checks its length against ``expected_samples`` and, given the tar's size, that the index
     still describes that tar (a tar that is shorter than the index, or much longer, was
-    rewritten after prepare).
+    rewritten after prepare).  ``index_stat`` is the index's stat when a listing already gave it
+    (remotely it saves a request per shard).
     """
     path = index_path(tar_path)
-    stat = file_stat(path)
+    stat = index_stat or file_stat(path)
     if stat is None:
         raise DatasetError(
             format_message(
