@@ -1,4 +1,4 @@
-"""task_encoder.py: hooks and defaults, conversions, cookers, @stateless / call_hook, hook_spec."""
+"""task_encoder/ and pipeline/hooks.py: hooks and defaults, conversions, cookers, @stateless / call_hook, hook_spec."""
 
 from __future__ import annotations
 
@@ -14,23 +14,31 @@ import torch
 
 from megatron_energon_lite.decode import SampleDecoder
 from megatron_energon_lite.errors import ConfigError, SkipSample
-from megatron_energon_lite.samples import Batch, CrudeSample, Sample, SourceInfo, TextSample, generic_batch
-from megatron_energon_lite.task_encoder import (
+from megatron_energon_lite.pipeline.hooks import (
     HOOK_NAMES,
-    Cooker,
-    DefaultTaskEncoder,
-    StatelessSpec,
-    TaskEncoder,
-    basic_sample_keys,
     call_hook,
-    cooker,
-    hook_context,
     hook_seed,
     hook_spec,
-    select_cooker,
-    stateless,
-    stateless_spec,
 )
+from megatron_energon_lite.samples import (
+    Batch,
+    CrudeSample,
+    Sample,
+    SourceInfo,
+    TextSample,
+    generic_batch,
+)
+from megatron_energon_lite.task_encoder import (
+    Cooker,
+    DefaultTaskEncoder,
+    TaskEncoder,
+    basic_sample_keys,
+    cooker,
+    hook_context,
+    stateless,
+)
+from megatron_energon_lite.task_encoder.cooking import select_cooker
+from megatron_energon_lite.task_encoder.marks import StatelessSpec, stateless_spec
 
 
 def energon():

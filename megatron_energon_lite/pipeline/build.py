@@ -26,19 +26,21 @@ from ..format.metadata import read_info, resolve_split
 from ..format.metadataset import BLEND_MODES, BlendPlan, LeafDataset
 from ..rng import dataset_seed
 from ..storage import configure_storage
-from ..task_encoder import TaskEncoder, call_hook, hook_context, hook_spec, select_cooker
+from ..task_encoder.base import TaskEncoder, hook_context
+from ..task_encoder.cooking import select_cooker
 from ..worker import WorkerConfig
 from .batch import BatchNode
 from .blend import BlendNode
 from .concat import ConcatNode
 from .epochize import EpochizeNode
+from .group import GroupBatchNode
 from .guard import SampleGuard, describe_item
+from .hooks import call_hook, hook_spec
 from .limit import LimitNode
 from .load import JoinLoader, SampleLoader
-from .group import GroupBatchNode
 from .map import MapNode
-from .pack import PackNode
 from .node import Node
+from .pack import PackNode
 from .repeat import RepeatNode
 from .sharding import epoch_slice_order, rotation_offset_for, worker_slices
 from .shuffle import ShuffleBufferNode
