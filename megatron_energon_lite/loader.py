@@ -21,6 +21,8 @@ from ._version import __version__
 from .errors import ConfigError, DatasetError, StateError, format_message
 from .format.metadataset import BlendPlan, Blender, is_metadataset_path, load_blend_plan, single_dataset_plan
 from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate
+from .wrappers.base import SavableDataset, share
+from .wrappers.compose import DatasetBlendMode, loaded_datasets, overrides_build
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
@@ -36,27 +38,24 @@ WORKER_TAG = "Worker"
 _UNSET: Any = object()
 
 
-class SavableDataset(torch.utils.data.IterableDataset):
-    """What ``get_train_dataset`` / ``get_val_dataset`` return: a recipe for per-worker pipelines.
-
-    Iterating it directly (without a loader) yields the items of worker 0 of this rank only when
-    ``num_workers`` is 0; use :func:`get_loader` or :func:`get_savable_loader`.
-    """
+class PipelineDataset(SavableDataset):
+    """What ``get_train_dataset`` / ``get_val_dataset`` return: the default pipeline of a spec
+    (``pipeline/build.py``), or, when the task encoder overrides Energon's ``build_*`` methods,
+    the wrappers they compose."""
 
     def __init__(self, spec: PipelineSpec) -> None:
         super().__init__()
         validate(spec)
         self.spec = spec
         self.worker_config = spec.worker_config
-        self._pipelines: dict[int, Node] = {}
-        self._ended: set[int] = set()
-        self._fresh_restore: set[int] = set()
-        self._restore_states: list[dict | None] | None = None
-        # Virtual epochs and val limits split one stream into passes; the pipeline keeps going.
-        self._passes_continue = bool(spec.training and spec.virtual_epoch_length) or (not spec.training and spec.limit is not None)
-        self._rotation = 0
         self._length = rank_length(spec)  # also validates the dataset and split up front
         self._config = spec.fingerprint()  # saved with every state: computed once
+
+    def build_worker(self, local_worker_id: int) -> Node:
+        return build_worker_pipeline(self.spec, local_worker_id)
+
+    def worker_length(self, local_worker_id: int) -> int:
+        return share(self._length, self.worker_config.workers_per_rank, local_worker_id)
 
     def __len__(self) -> int:
         return self._length
@@ -64,10 +63,39 @@ class SavableDataset(torch.utils.data.IterableDataset):
     def config(self) -> dict[str, Any]:
         return self._config
 
+    @property
+    def passes_continue(self) -> bool:
+        # Virtual epochs and val limits split one stream into passes; the pipeline keeps going.
+        spec = self.spec
+        return bool(spec.training and spec.virtual_epoch_length) or (not spec.training and spec.limit is not None)
+
+
+class _WorkerStreams(torch.utils.data.IterableDataset):
+    """What the DataLoader iterates: in each worker, that worker's pipeline from the dataset's
+    recipe, yielding ``(item, logical worker id, state after this item)``."""
+
+    def __init__(self, dataset: SavableDataset) -> None:
+        super().__init__()
+        self.recipe = dataset
+        self.worker_config = dataset.worker_config
+        self._pipelines: dict[int, Node] = {}
+        self._ended: set[int] = set()
+        self._fresh_restore: set[int] = set()
+        self._restore_states: list[dict | None] | None = None
+        self._passes_continue = dataset.passes_continue
+        self._rotation = 0
+
+    def restore(self, states: list[dict | None], rotation: int) -> None:
+        """Build the pipelines anew from ``states`` (one per logical worker), ``rotation`` first."""
+        self._restore_states = states
+        self._rotation = rotation
+        self._pipelines.clear()
+        self._ended.clear()
+
     def _pipeline(self, logical: int) -> Node:
         pipeline = self._pipelines.get(logical)
         if pipeline is None:
-            pipeline = build_worker_pipeline(self.spec, logical)
+            pipeline = self.recipe.build_worker(logical)
             states = self._restore_states
             if states is not None and states[logical] is not None:
                 pipeline.reset(copy.deepcopy(states[logical]))
@@ -81,8 +109,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
                 pipeline.reset(None)
         return pipeline
 
-    def iter_with_state(self) -> Iterator[tuple[Any, int, dict]]:
-        """Yields ``(item, logical worker id, state after this item)`` in this process."""
+    def __iter__(self) -> Iterator[tuple[Any, int, dict]]:
         info = torch.utils.data.get_worker_info()
         physical = info.id if info is not None else 0
         logical = (physical + self._rotation) % self.worker_config.workers_per_rank
@@ -91,18 +118,18 @@ class SavableDataset(torch.utils.data.IterableDataset):
             try:
                 item = pipeline.next()
             except StopIteration:
-                if logical in self._fresh_restore and self._passes_continue:
-                    # Saved right after the last item of a pass: that pass is over, go on.
+                if logical in self._fresh_restore:
+                    # Saved right after the last item of a pass: that pass is over, and the
+                    # restored loader goes on with the next one, as the uninterrupted run would.
                     self._fresh_restore.discard(logical)
+                    if not self._passes_continue:
+                        pipeline.reset(None)
                     continue
                 self._ended.add(logical)
                 return
             self._fresh_restore.discard(logical)
             set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
             yield item, logical, pipeline.get_state()
-
-    def __iter__(self) -> Iterator[tuple[Any, int, dict]]:
-        return self.iter_with_state()
 
 
 class UnpicklableItem:
@@ -162,14 +189,15 @@ class SavableDataLoader(torch.utils.data.DataLoader):
 
     def __init__(self, dataset: SavableDataset, *, prefetch_factor: int = 2) -> None:
         if not isinstance(dataset, SavableDataset):
-            raise ConfigError(format_message("get_loader expects the result of get_train_dataset or get_val_dataset", found=type(dataset).__name__))
+            raise ConfigError(format_message("get_loader expects the result of get_train_dataset, get_val_dataset or a dataset wrapper", found=type(dataset).__name__))
+        self.savable_dataset = dataset
         self.worker_config = dataset.worker_config
         num_workers = self.worker_config.num_workers
         extra: dict[str, Any] = {}
         if num_workers > 0:
             extra = dict(prefetch_factor=prefetch_factor, persistent_workers=True, multiprocessing_context="fork")
         super().__init__(
-            dataset,
+            _WorkerStreams(dataset),
             batch_size=None,
             shuffle=False,
             num_workers=num_workers,
@@ -184,7 +212,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._started = False
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.savable_dataset)
 
     def __iter__(self):
         self._started = True
@@ -212,7 +240,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         return {
             "version": STATE_VERSION,
             "writer": f"megatron-energon-lite {__version__}",
-            "config": self.dataset.config(),
+            "config": self.savable_dataset.config(),
             # No copy needed: a worker's state object is replaced, never changed, when the next
             # item arrives (and stages build a new state dict on every get_state()).
             "worker_states": list(self._worker_states),
@@ -225,11 +253,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
-        _check_state(state, self.dataset.config())
+        _check_state(state, self.savable_dataset.config(), self.worker_config)
         states = list(state["worker_states"])
-        self.dataset._restore_states = states
-        self.dataset._rotation = state["next_worker"]
-        self.dataset._pipelines.clear()
+        self.dataset.restore(states, state["next_worker"])
         self._worker_states = states
         self._next_worker = self._first_worker = state["next_worker"]
 
@@ -266,7 +292,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         key = as_key(restore_key)
         if len(key) < 2 or key[0] != WORKER_TAG or not isinstance(key[1], int):
             raise StateError(format_message("not a restore key of this loader", expected=f"({WORKER_TAG!r}, worker id, ...)", found=repr(restore_key)[:200]))
-        pipeline = build_worker_pipeline(self.dataset.spec, key[1])
+        pipeline = self.savable_dataset.build_worker(key[1])
         return set_restore_key(pipeline.restore(key[2:]), key)
 
     def blend_report(self) -> list[dict[str, Any]]:
@@ -325,7 +351,7 @@ def blend_report(states: dict | list[dict]) -> list[dict[str, Any]]:
     return rows
 
 
-def _check_state(state: Any, current: dict) -> None:
+def _check_state(state: Any, current: dict, worker_config: WorkerConfig) -> None:
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "worker_states" not in state:
         found = state.get("version") if isinstance(state, dict) else type(state).__name__
         raise StateError(format_message("not a loader state of this version", expected=f"a dict from save_state_rank() with version {STATE_VERSION}", found=f"version {found!r}", fix="restore a state saved by this version of megatron-energon-lite"))
@@ -334,8 +360,8 @@ def _check_state(state: Any, current: dict) -> None:
     if differences:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in differences)
         raise StateError(format_message("the saved state belongs to a different loader configuration", found="\n" + lines, fix="build the loader with the saved values (elastic resume across world sizes is not available yet)"))
-    if len(state["worker_states"]) != max(1, current["worker_config.num_workers"]):
-        raise StateError(format_message("the saved state has a different number of workers", expected=str(max(1, current["worker_config.num_workers"])), found=str(len(state["worker_states"]))))
+    if len(state["worker_states"]) != worker_config.workers_per_rank:
+        raise StateError(format_message("the saved state has a different number of workers", expected=str(worker_config.workers_per_rank), found=str(len(state["worker_states"]))))
 
 
 def _plan(path, split_part: str, *, training: bool) -> tuple[str, BlendPlan]:
@@ -412,6 +438,36 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     return PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, packing_buffer_size=packing_buffer_size, storage=configured_storage(), **settings, **kwargs)
 
 
+def _dataset(spec: PipelineSpec) -> SavableDataset:
+    """The dataset of a spec: the default pipeline, or what the task encoder's ``build_*`` overrides compose."""
+    if not overrides_build(spec.task_encoder):
+        return PipelineDataset(spec)
+    validate(spec)
+    te, wc = spec.task_encoder, spec.worker_config
+    datasets = loaded_datasets(spec)
+    if spec.training:
+        mode = {"single": DatasetBlendMode.NONE, "blend": DatasetBlendMode.DATASET_WEIGHT, "blend_epochized": DatasetBlendMode.SAMPLE_REPETITIONS}[spec.plan.kind]
+        dataset = te.build_train_datasets(
+            datasets=datasets, worker_config=wc, batch_size=spec.batch_size, batch_drop_last=spec.batch_drop_last,
+            packing_buffer_size=spec.packing_buffer_size, virtual_epoch_length=spec.virtual_epoch_length,
+            shuffle_buffer_size=spec.shuffle_buffer_size, blend_mode=mode, repeat=spec.repeat,
+        )
+    else:
+        dataset = te.build_val_datasets(
+            datasets=datasets, worker_config=wc, batch_size=spec.batch_size, batch_drop_last=spec.batch_drop_last,
+            packing_buffer_size=spec.packing_buffer_size, limit=spec.limit,
+        )
+    if not isinstance(dataset, SavableDataset):
+        raise ConfigError(
+            format_message(
+                f"{type(te).__name__}.build_{'train' if spec.training else 'val'}_datasets returned {type(dataset).__name__}",
+                expected="a dataset built from the datasets it was given and the wrappers of megatron_energon_lite (MapDataset, BatchDataset, ...)",
+                fix="return the composed dataset",
+            )
+        )
+    return dataset
+
+
 def get_train_dataset(
     path,
     *,
@@ -454,7 +510,7 @@ def get_train_dataset(
         repeat=repeat,
         blend_mode=blend_mode,
     )
-    return SavableDataset(spec)
+    return _dataset(spec)
 
 
 def get_val_dataset(
@@ -485,7 +541,7 @@ def get_val_dataset(
         repeat=False,
         plan=_leaf_plan,
     )
-    return SavableDataset(spec)
+    return _dataset(spec)
 
 
 # Energon's loader arguments that tune its snapshot/replay machinery or features we do not have

@@ -147,6 +147,8 @@ class ExactSchedule:
 class BlendNode(Node[Any]):
     """Mixes ``sources`` by ``weights`` (random draws, or an :class:`ExactSchedule`)."""
 
+    #: start_epoch is passed on to the source(s) (see repeat.starts_epochs).
+    forwards_epochs = True
     tag = "Blend"
 
     def __init__(

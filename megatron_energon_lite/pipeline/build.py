@@ -26,7 +26,7 @@ from ..format.metadata import read_info, resolve_split
 from ..format.metadataset import BLEND_MODES, BlendPlan, LeafDataset
 from ..rng import dataset_seed
 from ..storage import configure_storage
-from ..task_encoder.base import TaskEncoder, hook_context
+from ..task_encoder.base import TaskEncoder
 from ..task_encoder.cooking import select_cooker
 from ..worker import WorkerConfig
 from .batch import BatchNode
@@ -34,8 +34,8 @@ from .blend import BlendNode
 from .concat import ConcatNode
 from .epochize import EpochizeNode
 from .group import GroupBatchNode
-from .guard import SampleGuard, describe_item
-from .hooks import call_hook, hook_spec
+from .guard import SampleGuard
+from .hooks import hook_spec, stage_hook
 from .limit import LimitNode
 from .load import JoinLoader, SampleLoader
 from .map import MapNode
@@ -265,35 +265,6 @@ def _slice_order(seed: int, multiplier: int, num_slices: int, epoch: int) -> lis
     return epoch_slice_order(num_slices, seed=seed, epoch=epoch, shuffle_over_epochs=multiplier)
 
 
-def _hook_fn(hook, *args, worker_seed: int, local_worker_id: int, workers: int, batch: bool = False):
-    """Adapts a task-encoder hook to a stage's ``fn(item, index)``.
-
-    The index a hook sees is unique over this rank's workers, as in Energon:
-    ``stage counter * workers + local worker id``; it also seeds ``@stateless(restore_seeds=True)``.
-    """
-
-    def run(item, index):
-        unique = index * workers + local_worker_id
-        if batch:
-            with hook_context(batch_index=unique):
-                result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
-        else:
-            result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
-        if result is None:
-            # A ConfigError stops the run: every later sample would fail the same way.
-            raise ConfigError(
-                format_message(
-                    f"{getattr(hook, '__name__', 'hook')} returned None",
-                    where=f"task encoder {type(getattr(hook, '__self__', None)).__name__}, item {describe_item(item)}",
-                    expected="a sample (or a batch), or raise SkipSample to drop it",
-                    fix="check that the hook ends with `return`",
-                )
-            )
-        return result
-
-    return run
-
-
 def _global_position(spec: PipelineSpec, local_worker_id: int) -> Callable[[int], int]:
     """Where this worker's ``n``-th blended sample sits in the global training stream.
 
@@ -312,8 +283,8 @@ def _global_position(spec: PipelineSpec, local_worker_id: int) -> Callable[[int]
     return position
 
 
-def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: int, guard, hook) -> Node:
-    """One dataset's stages: source -> [cook] (crude datasets and JSONL)."""
+def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: int, guard, hook, cook: bool = True) -> Node:
+    """One dataset's stages: source -> [cook] (crude datasets and JSONL; ``cook=False``: raw)."""
     te = spec.task_encoder
     hooks = hook_spec(te)
     if leaf.join is not None:
@@ -338,11 +309,26 @@ def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: in
         guard=guard(stage="load", tolerance=hooks.default_failure_tolerance),
         **({"slice_order": order} if order is not None else {}),
     )
-    if loader.config is None or loader.config.kind == "crude":  # JSONL is always crude
+    if cook and is_crude(loader):
         subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
         cooker = None if hooks.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
         node = MapNode(node, hook(te.cook_crude_sample, cooker), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample")), tag="Cook")
     return node
+
+
+def is_crude(loader) -> bool:
+    """Whether a loader yields crude dicts that a cooker must turn into samples (JSONL always does)."""
+    return loader.config is None or loader.config.kind == "crude"
+
+
+def leaf_source(spec: PipelineSpec, k: int, local_worker_id: int) -> Node:
+    """Dataset ``k`` of the plan on one worker, uncooked: what Energon's ``dataset.build()`` gives
+    a task encoder that composes its own pipeline (``build_train_datasets``)."""
+    wc = spec.worker_config
+    seed = wc.worker_seed(local_worker_id)
+    slices = dataset_slices(spec)[k][local_worker_id]
+    guard = partial(SampleGuard, wc.global_error_handler)
+    return _dataset_pipeline(spec, spec.plan.leaves[k], slices, seed=dataset_seed(seed, k), guard=guard, hook=None, cook=False)
 
 
 def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hook) -> Node:
@@ -387,7 +373,7 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
         configure_storage(protocol, storage_options=options, settings=settings)
     seed = wc.worker_seed(local_worker_id)
     guard = partial(SampleGuard, wc.global_error_handler)
-    hook = partial(_hook_fn, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
+    hook = partial(stage_hook, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
     node = _datasets(spec, local_worker_id, seed=seed, guard=guard, hook=hook)
     if spec.training and spec.shuffle_buffer_size is not None and spec.shuffle_buffer_size > 1:
         node = ShuffleBufferNode(node, spec.shuffle_buffer_size, seed=seed)

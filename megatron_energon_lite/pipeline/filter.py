@@ -26,6 +26,8 @@ class FilterNode(Node[Any]):
         ``source``: the source's state.
     """
 
+    #: start_epoch is passed on to the source(s) (see repeat.starts_epochs).
+    forwards_epochs = True
     tag = "Filter"
 
     def __init__(self, source: Node[Any], predicate: Callable[[Any, int], bool], *, guard: SampleGuard | None = None) -> None:

@@ -20,12 +20,14 @@ from ..task_encoder.marks import (
     HOOK_STATE,
     HookState,
     check_tolerance,
+    hook_context,
     hook_seed,
     invoke,
     stateless_spec,
 )
+from .guard import describe_item
 
-__all__ = ["HOOK_NAMES", "HookInfo", "HookSpec", "call_hook", "hook_seed", "hook_spec"]  # hook_seed: re-exported for tests
+__all__ = ["HOOK_NAMES", "HookInfo", "HookSpec", "call_hook", "hook_seed", "hook_spec", "stage_hook"]  # hook_seed: re-exported for tests
 
 T = TypeVar("T")
 
@@ -241,3 +243,32 @@ def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
         batch_encoder=batch_encoder,
         default_failure_tolerance=default_tolerance,
     )
+
+
+def stage_hook(hook, *args, worker_seed: int, local_worker_id: int, workers: int, batch: bool = False):
+    """Adapts a task-encoder hook to a stage's ``fn(item, index)``.
+
+    The index a hook sees is unique over this rank's workers, as in Energon:
+    ``stage counter * workers + local worker id``; it also seeds ``@stateless(restore_seeds=True)``.
+    """
+
+    def run(item, index):
+        unique = index * workers + local_worker_id
+        if batch:
+            with hook_context(batch_index=unique):
+                result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
+        else:
+            result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
+        if result is None:
+            # A ConfigError stops the run: every later sample would fail the same way.
+            raise ConfigError(
+                format_message(
+                    f"{getattr(hook, '__name__', 'hook')} returned None",
+                    where=f"task encoder {type(getattr(hook, '__self__', None)).__name__}, item {describe_item(item)}",
+                    expected="a sample (or a batch), or raise SkipSample to drop it",
+                    fix="check that the hook ends with `return`",
+                )
+            )
+        return result
+
+    return run

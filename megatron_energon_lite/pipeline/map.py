@@ -56,6 +56,8 @@ class MapNode(Node[Any]):
         ``source``: the source's state.
     """
 
+    #: start_epoch is passed on to the source(s) (see repeat.starts_epochs).
+    forwards_epochs = True
     tag = "Map"
 
     def __init__(

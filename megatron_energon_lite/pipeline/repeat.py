@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import ConfigError, format_message
 from .node import Node, State
 
-__all__ = ["Epochal", "RepeatNode"]
+__all__ = ["Epochal", "RepeatNode", "starts_epochs"]
 
 
 @runtime_checkable
@@ -23,11 +23,19 @@ class Epochal(Protocol):
     def start_epoch(self, epoch: int) -> None: ...
 
 
+def starts_epochs(node: Any) -> bool:
+    """Whether ``node.start_epoch`` reaches sources that start epochs (maps, filters and blends pass it on)."""
+    if getattr(type(node), "forwards_epochs", False):
+        return all(starts_epochs(source) for source in getattr(node, "sources", None) or [node.source])
+    return isinstance(node, Epochal)
+
+
 class RepeatNode(Node[Any]):
     """Repeats ``source`` for ``repeats`` epochs, or forever when ``repeats`` is ``None``.
 
     At the end of each epoch it calls ``source.start_epoch(epoch + 1)``; the source's epoch number
-    only grows, so every epoch gets its own slice order.  A fractional ``repeats`` (``2.5``) ends
+    only grows, so every epoch gets its own slice order.  A source without ``start_epoch`` is
+    reset instead and repeats the same order.  A fractional ``repeats`` (``2.5``) ends
     with a partial epoch of ``floor(worker_samples * 0.5)`` items, as Energon's ``RepeatDataset``
     (``worker_samples``: the items one epoch of the source holds on this worker).  After the last
     epoch it raises ``StopIteration`` until ``start_epoch`` (the next pass of an epochized blend)
@@ -46,27 +54,25 @@ class RepeatNode(Node[Any]):
     tag = "Repeat"
 
     def __init__(self, source: Node[Any], repeats: float | None = None, *, worker_samples: int | None = None) -> None:
-        if not isinstance(source, Epochal):
-            raise ConfigError(
-                format_message(
-                    "RepeatNode needs a source that can start a new epoch",
-                    expected="a source with start_epoch(epoch): the dataset source node, or a map/filter over it",
-                    found=type(source).__name__,
-                    fix="put the Repeat stage directly above the source (or above maps and filters over it)",
-                )
-            )
-        valid = repeats is None or (isinstance(repeats, (int, float)) and not isinstance(repeats, bool) and math.isfinite(repeats) and repeats >= 0)
-        if not valid:
-            raise ConfigError(format_message("invalid repeats", expected="None (forever) or a number >= 0", found=repr(repeats)))
+        self.check_repeats(repeats)
         if repeats is not None and repeats != int(repeats) and worker_samples is None:
             raise ConfigError(format_message("a fractional repeats needs worker_samples", found=repr(repeats)))
         self.source = source
+        # A source that cannot start a new epoch (a batched pipeline, a user's wrapper) starts
+        # over instead: the same order again, as Energon's RepeatDataset restarts its dataset.
+        self.epochal = starts_epochs(source)
         self.repeats = repeats
         self.full_epochs = None if repeats is None else math.floor(repeats)
         # Items of the final, partial epoch (0: there is none).
         self.partial_items = 0 if repeats is None or worker_samples is None else math.floor(worker_samples * (repeats - math.floor(repeats)))
         self.passes = 0 if repeats is None else self.full_epochs + (1 if self.partial_items else 0)
         self._epoch = self._repetition = self._taken = 0
+
+    @staticmethod
+    def check_repeats(repeats: Any) -> None:
+        valid = repeats is None or (isinstance(repeats, (int, float)) and not isinstance(repeats, bool) and math.isfinite(repeats) and repeats >= 0)
+        if not valid:
+            raise ConfigError(format_message("invalid repeats", expected="None (forever) or a number >= 0", found=repr(repeats)))
 
     def _limit(self) -> int | None:
         """Items the current epoch may still yield at most (None: until the source ends)."""
@@ -90,7 +96,7 @@ class RepeatNode(Node[Any]):
                 self._repetition = self.passes
                 raise
             self._epoch += 1
-            self.source.start_epoch(self._epoch)
+            self._next_epoch()
             item = self.source.next()  # StopIteration here: the new epoch is empty, the stream ends
         self._taken += 1
         return item
@@ -99,7 +105,13 @@ class RepeatNode(Node[Any]):
         """Starts the next pass (all ``repeats`` epochs again), on the source's next epoch."""
         self._epoch += 1
         self._repetition = self._taken = 0
-        self.source.start_epoch(self._epoch)
+        self._next_epoch()
+
+    def _next_epoch(self) -> None:
+        if self.epochal:
+            self.source.start_epoch(self._epoch)
+        else:
+            self.source.reset(None)
 
     def get_state(self) -> State:
         return {"stage": self.tag, "epoch": self._epoch, "repetition": self._repetition, "taken": self._taken, "source": self.source.get_state()}

@@ -1,7 +1,7 @@
 """Task encoders (Energon's ``megatron.energon.task_encoder``): the user's hooks and cookers."""
 
-from .base import DefaultTaskEncoder, TaskEncoder, hook_context
+from .base import AugmentTaskEncoder, DefaultTaskEncoder, TaskEncoder, hook_context
 from .cooking import Cooker, basic_sample_keys, cooker
 from .marks import stateless
 
-__all__ = ["Cooker", "DefaultTaskEncoder", "TaskEncoder", "basic_sample_keys", "cooker", "hook_context", "stateless"]
+__all__ = ["AugmentTaskEncoder", "Cooker", "DefaultTaskEncoder", "TaskEncoder", "basic_sample_keys", "cooker", "hook_context", "stateless"]

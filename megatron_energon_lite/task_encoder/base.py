@@ -33,6 +33,7 @@ from .marks import (
 )
 
 __all__ = [
+    "AugmentTaskEncoder",
     "DefaultTaskEncoder",
     "StatelessSpec",
     "TaskEncoder",
@@ -252,6 +253,47 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
             )
         )
 
+    # --- Energon's pipeline-building methods ----------------------------------------------------
+    # Override these to compose the pipeline yourself from the dataset wrappers
+    # (megatron_energon_lite.wrappers); the defaults compose what the loader builds otherwise.
+    # The composition lives in wrappers/compose.py (imported here on use: it sits above this module).
+
+    def build_train_datasets(self, *, datasets: list[Any], worker_config: Any, batch_size: int | None, batch_drop_last: bool = False, packing_buffer_size: int | None = None, virtual_epoch_length: int = 0, shuffle_buffer_size: int | None = None, blend_mode: Any = "none", repeat: bool = True) -> Any:
+        """Combines the training datasets (``LoadedDataset`` entries) into one dataset."""
+        from ..wrappers import compose
+
+        return compose.build_train_datasets(self, datasets=datasets, worker_config=worker_config, batch_size=batch_size, batch_drop_last=batch_drop_last, packing_buffer_size=packing_buffer_size, virtual_epoch_length=virtual_epoch_length, shuffle_buffer_size=shuffle_buffer_size, blend_mode=blend_mode, repeat=repeat)
+
+    def build_val_datasets(self, *, datasets: list[Any], worker_config: Any, batch_size: int | None, batch_drop_last: bool = False, packing_buffer_size: int | None = None, limit: int | None = None) -> Any:
+        """Combines the validation datasets (``LoadedDataset`` entries) into one dataset."""
+        from ..wrappers import compose
+
+        return compose.build_val_datasets(self, datasets=datasets, worker_config=worker_config, batch_size=batch_size, batch_drop_last=batch_drop_last, packing_buffer_size=packing_buffer_size, limit=limit)
+
+    def build_batch(self, dataset: Any, *, batch_size: int | None, batch_drop_last: bool = False, packing_buffer_size: int | None = None, worker_config: Any) -> Any:
+        """Packing or post-encoding, then batching (grouped when batch_group_criterion is overridden), then encode_batch."""
+        from ..wrappers import compose
+
+        return compose.build_batch(self, dataset, batch_size=batch_size, batch_drop_last=batch_drop_last, packing_buffer_size=packing_buffer_size, worker_config=worker_config)
+
+    def build_encode_sample(self, dataset: Any, *, worker_config: Any) -> Any:
+        """Maps encode_sample (or preencode_sample) over the dataset."""
+        from ..wrappers import compose
+
+        return compose.build_encode_sample(self, dataset, worker_config=worker_config)
+
+    def build_cook_crude_sample(self, dataset: Any, *, worker_config: Any, subflavors: dict[str, Any], get_primary_aux: Any = None, aux: dict[str, Any] | None = None) -> Any:
+        """Maps the matching cooker over a crude dataset."""
+        from ..wrappers import compose
+
+        return compose.build_cook_crude_sample(self, dataset, worker_config=worker_config, subflavors=subflavors, get_primary_aux=get_primary_aux, aux=aux)
+
+    def _load_dataset(self, dataset: Any, worker_rotation_offset: int, worker_config: Any) -> Any:
+        """A ``LoadedDataset``'s samples, cooked when crude (Energon's private helper, used by overrides)."""
+        from ..wrappers import compose
+
+        return compose.load_dataset(self, dataset, worker_config)
+
     @property
     def current_sample_index(self) -> int:
         """The index of the current hook call (set by the loader; unique within a stage across workers)."""
@@ -352,3 +394,30 @@ class DefaultTaskEncoder(TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_
 
 def _identity(value: Any) -> Any:
     return value
+
+
+class AugmentTaskEncoder(TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
+    """Wraps another task encoder: its hooks run unless this class overrides them (Energon's
+    ``AugmentTaskEncoder``); override e.g. ``encode_sample`` and call ``super().encode_sample``."""
+
+    def __init__(self, task_encoder: TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_batch]) -> None:
+        if not isinstance(task_encoder, TaskEncoder):
+            raise ConfigError(format_message("AugmentTaskEncoder wraps a TaskEncoder", found=type(task_encoder).__name__))
+        self._task_encoder = task_encoder
+
+    @property
+    def decoder(self) -> SampleDecoder | None:  # type: ignore[override]
+        return self._task_encoder.decoder
+
+    @property
+    def cookers(self) -> Sequence[Cooker[Any]]:  # type: ignore[override]
+        return self._task_encoder.cookers
+
+    def encode_sample(self, sample: T_sample) -> T_encoded_sample:
+        return self._task_encoder.encode_sample(sample)
+
+    def batch(self, samples: list[T_encoded_sample]) -> T_raw_batch:
+        return self._task_encoder.batch(samples)
+
+    def encode_batch(self, batch: T_raw_batch) -> T_batch:
+        return self._task_encoder.encode_batch(batch)

@@ -7,7 +7,7 @@ from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.pipeline.concat import ConcatNode
 from megatron_energon_lite.pipeline.filter import FilterNode
 from megatron_energon_lite.pipeline.map import MapNode
-from megatron_energon_lite.pipeline.repeat import Epochal, RepeatNode
+from megatron_energon_lite.pipeline.repeat import Epochal, RepeatNode, starts_epochs
 
 VALUES = ["a", "b", "c", "d"]
 
@@ -41,10 +41,16 @@ def test_zero_repeats_and_empty_sources_end() -> None:
     assert run(RepeatNode(ListSource([])), 3) == [END, END, END]
 
 
-def test_source_must_be_epochal() -> None:
+def test_a_source_without_epochs_starts_over_in_the_same_order() -> None:
     assert isinstance(ListSource(VALUES), Epochal)
-    with pytest.raises(ConfigError, match="start_epoch"):
-        RepeatNode(ConcatNode([ListSource(VALUES)]))
+    assert not starts_epochs(ConcatNode([ListSource(VALUES)]))
+    assert not starts_epochs(MapNode(ConcatNode([ListSource(VALUES)]), lambda item, index: item))
+
+    def make() -> RepeatNode:
+        return RepeatNode(ConcatNode([ListSource(VALUES)]), repeats=3)
+
+    events = check_resume_at_every_step(make, steps=3 * len(VALUES) + 1)
+    assert values(events) == epoch_order(0) * 3
 
 
 def test_maps_and_filters_pass_epochs_through() -> None:
@@ -59,11 +65,9 @@ def test_maps_and_filters_pass_epochs_through() -> None:
     assert [event[1]["index"] for event in events if event is not END] == list(range(len(expected)))
 
 
-def test_map_over_a_source_without_epochs_fails_at_the_epoch_end() -> None:
-    node = RepeatNode(MapNode(ConcatNode([ListSource(VALUES)]), lambda item, index: item))
-    run(node, len(VALUES))
-    with pytest.raises(ConfigError, match="cannot start a new epoch"):
-        node.next()
+def test_a_map_over_a_source_without_epochs_starts_over_too() -> None:
+    node = RepeatNode(MapNode(ConcatNode([ListSource(VALUES)]), lambda item, index: item), repeats=2)
+    assert values(run(node, 3 * len(VALUES))) == VALUES * 2
 
 
 @pytest.mark.parametrize("repeats", [-1, float("inf"), "2", True])
