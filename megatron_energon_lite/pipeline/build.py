@@ -321,12 +321,11 @@ def is_crude(loader) -> bool:
     return loader.config is None or loader.config.kind == "crude"
 
 
-def leaf_source(spec: PipelineSpec, k: int, local_worker_id: int) -> Node:
-    """Dataset ``k`` of the plan on one worker, uncooked: what Energon's ``dataset.build()`` gives
-    a task encoder that composes its own pipeline (``build_train_datasets``)."""
+def leaf_source(spec: PipelineSpec, k: int, local_worker_id: int, slices: list[tuple[int, int]]) -> Node:
+    """Dataset ``k`` of the plan on one worker (``slices``: its part of ``dataset_slices(spec)[k]``),
+    uncooked: what Energon's ``dataset.build()`` gives a task encoder that composes its own pipeline."""
     wc = spec.worker_config
     seed = wc.worker_seed(local_worker_id)
-    slices = dataset_slices(spec)[k][local_worker_id]
     guard = partial(SampleGuard, wc.global_error_handler)
     return _dataset_pipeline(spec, spec.plan.leaves[k], slices, seed=dataset_seed(seed, k), guard=guard, hook=None, cook=False)
 

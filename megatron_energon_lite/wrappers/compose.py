@@ -16,7 +16,13 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, format_message
-from ..pipeline.build import PipelineSpec, dataset_slices, is_crude, leaf_source
+from ..pipeline.build import (
+    PipelineSpec,
+    dataset_sizes,
+    dataset_slices,
+    is_crude,
+    leaf_source,
+)
 from ..pipeline.hooks import hook_spec
 from ..pipeline.load import SampleLoader
 from ..pipeline.node import Node
@@ -65,23 +71,23 @@ class DatasetBlendMode(enum.Enum):
 
 
 class DatasetSource(SavableDataset[Any]):
-    """Dataset ``index`` of a plan on each worker, uncooked (its shuffled slices for training)."""
+    """Dataset ``index`` of a plan on each worker, uncooked (its shuffled slices for training).
 
-    def __init__(self, spec: PipelineSpec, index: int) -> None:
+    ``slices``: ``dataset_slices(spec)[index]``, computed once for all datasets of the plan.
+    """
+
+    def __init__(self, spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]]) -> None:
         super().__init__()
         self.spec = spec
         self.index = index
+        self.slices = slices
         self.worker_config = spec.worker_config
 
     def build_worker(self, local_worker_id: int) -> Node:
-        return leaf_source(self.spec, self.index, local_worker_id)
-
-    @functools.cached_property
-    def _slices(self) -> list[list[tuple[int, int]]]:
-        return dataset_slices(self.spec)[self.index]
+        return leaf_source(self.spec, self.index, local_worker_id, self.slices[local_worker_id])
 
     def worker_length(self, local_worker_id: int) -> int:
-        return sum(end - start for start, end in self._slices[local_worker_id])
+        return sum(end - start for start, end in self.slices[local_worker_id])
 
     def config(self) -> dict[str, Any]:
         return {"type": "DatasetSource", "dataset": self.spec.plan.leaves[self.index].describe(), "training": self.spec.training, "split_part": self.spec.split_part}
@@ -90,10 +96,12 @@ class DatasetSource(SavableDataset[Any]):
 class DatasetFactory:
     """What Energon's ``LoadedDataset.dataset`` is: one dataset of the plan, not yet built."""
 
-    def __init__(self, spec: PipelineSpec, index: int) -> None:
+    def __init__(self, spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]], size: int) -> None:
         self.spec = spec
         self.index = index
         self.leaf = spec.plan.leaves[index]
+        self.source = DatasetSource(spec, index, slices)
+        self.size = size
 
     @functools.cached_property
     def _crude(self) -> bool:
@@ -113,12 +121,12 @@ class DatasetFactory:
         return dict(self.leaf.subflavors)
 
     def __len__(self) -> int:
-        source = DatasetSource(self.spec, self.index)
-        return sum(source.worker_length(w) for w in range(self.spec.worker_config.workers_per_rank)) * self.spec.worker_config.world_size
+        """Samples of the dataset's split over all ranks (its subset applied), as in Energon."""
+        return self.size
 
     def build(self, worker_rotation_offset: int = 0) -> SavableDataset[Any]:
         """The dataset's samples on each worker (the rotation offset is computed from the plan)."""
-        return DatasetSource(self.spec, self.index)
+        return self.source
 
     def as_file_store(self) -> Any:
         raise ConfigError(format_message("auxiliary data (aux:, FileStore) is not supported yet", where=self.leaf.where, fix="read the data from the sample itself for now"))
@@ -144,7 +152,8 @@ def overrides_build(task_encoder: Any) -> bool:
 
 def loaded_datasets(spec: PipelineSpec) -> list[LoadedDataset]:
     """The plan's datasets as ``build_train_datasets`` / ``build_val_datasets`` receive them."""
-    return [LoadedDataset(DatasetFactory(spec, k), weight=float(leaf.weight), repetitions=leaf.repetitions) for k, leaf in enumerate(spec.plan.leaves)]
+    slices, sizes = dataset_slices(spec), dataset_sizes(spec)  # once for every dataset of the plan
+    return [LoadedDataset(DatasetFactory(spec, k, slices[k], sizes[k]), weight=float(leaf.weight), repetitions=leaf.repetitions) for k, leaf in enumerate(spec.plan.leaves)]
 
 
 def build_cook_crude_sample(te: TaskEncoder, dataset: SavableDataset[Any], *, worker_config: WorkerConfig, subflavors: dict[str, Any], get_primary_aux: Any = None, aux: dict[str, Any] | None = None) -> SavableDataset[Any]:
