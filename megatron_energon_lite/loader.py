@@ -20,7 +20,7 @@ import torch.utils.data
 from ._version import __version__
 from .errors import ConfigError, DatasetError, StateError, format_message
 from .format.metadataset import BlendPlan, Blender, is_metadataset_path, load_blend_plan, single_dataset_plan
-from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate
+from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate, worker_lengths
 from .wrappers.base import SavableDataset, share
 from .wrappers.compose import DatasetBlendMode, loaded_datasets, overrides_build
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
@@ -48,14 +48,17 @@ class PipelineDataset(SavableDataset):
         validate(spec)
         self.spec = spec
         self.worker_config = spec.worker_config
-        self._length = rank_length(spec)  # also validates the dataset and split up front
+        self._worker_lengths = worker_lengths(spec)  # also validates the dataset and split up front
+        self._length = rank_length(spec, self._worker_lengths)
         self._config = spec.fingerprint()  # saved with every state: computed once
 
     def build_worker(self, local_worker_id: int) -> Node:
         return build_worker_pipeline(self.spec, local_worker_id)
 
     def worker_length(self, local_worker_id: int) -> int:
-        return share(self._length, self.worker_config.workers_per_rank, local_worker_id)
+        if self.passes_continue:  # virtual epochs and val limits give each worker its share
+            return share(self._length, self.worker_config.workers_per_rank, local_worker_id)
+        return self._worker_lengths[local_worker_id]
 
     def __len__(self) -> int:
         return self._length

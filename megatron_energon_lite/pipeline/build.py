@@ -251,11 +251,12 @@ def share(length: int, num_workers: int, local_worker_id: int) -> int:
     return length // num_workers + (1 if local_worker_id < length % num_workers else 0)
 
 
-def rank_length(spec: PipelineSpec) -> int:
-    """``len(dataset)``: items per pass for this rank, as Energon computes it."""
+def rank_length(spec: PipelineSpec, lengths: list[int] | None = None) -> int:
+    """``len(dataset)``: items per pass for this rank, as Energon computes it (``lengths``: the
+    :func:`worker_lengths` of ``spec`` when the caller has them)."""
     if spec.training and spec.virtual_epoch_length > 0:
         return spec.virtual_epoch_length
-    total = sum(worker_lengths(spec))
+    total = sum(worker_lengths(spec) if lengths is None else lengths)
     if not spec.training and spec.limit is not None:
         return min(total, spec.limit)
     return total

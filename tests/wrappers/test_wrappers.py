@@ -188,3 +188,12 @@ def test_val_restored_from_the_end_of_a_pass_yields_the_next_pass(dataset: Path,
     fresh = get_savable_loader(get_val_dataset(dataset, split_part="val", batch_size=2, worker_config=wc(workers)))
     fresh.restore_state_rank(state)
     assert [keys(b) for b in fresh] == full
+
+
+def test_a_wrapper_over_a_pipeline_dataset_counts_each_workers_share(dataset: Path) -> None:
+    inner = val(dataset, workers=2)
+    per_worker = [inner.worker_length(w) for w in range(2)]
+    assert sum(per_worker) == len(inner)
+    # Each worker batches its own samples: the batch count is per worker, rounded up per worker.
+    assert len(BatchDataset(inner, 4, generic_batch, worker_config=wc(2))) == sum(-(-n // 4) for n in per_worker)
+    assert len(list(get_loader(BatchDataset(inner, 4, generic_batch, worker_config=wc(2))))) == sum(-(-n // 4) for n in per_worker)
