@@ -5,6 +5,7 @@ Only the public names live here; everything else is internal and may change.
 
 from ._version import __version__
 from .decode import SampleDecoder
+from .edataclass import edataclass
 from .errors import (
     ConfigError,
     DatasetError,
@@ -13,8 +14,11 @@ from .errors import (
     EnergonLiteError,
     FatalSampleError,
     MissingDependencyError,
+    NotSupportedError,
     SkipSample,
     StateError,
+    log_exception,
+    reraise_exception,
 )
 from .format.metadataset import Blender
 from .loader import (
@@ -48,8 +52,16 @@ from .samples import (
     generic_batch,
     register_sample_type,
 )
-from .task_encoder import AugmentTaskEncoder, Cooker, DefaultTaskEncoder, TaskEncoder, basic_sample_keys, cooker, stateless
-from .worker import WorkerConfig, log_exception, reraise_exception
+from .task_encoder import (
+    AugmentTaskEncoder,
+    Cooker,
+    DefaultTaskEncoder,
+    TaskEncoder,
+    basic_sample_keys,
+    cooker,
+    stateless,
+)
+from .worker import WorkerConfig
 from .wrappers import (
     BatchDataset,
     BlendDataset,
@@ -103,6 +115,7 @@ __all__ = [
     "MissingDependencyError",
     "MixBatchDataset",
     "MultiChoiceVQASample",
+    "NotSupportedError",
     "OCRSample",
     "PackingDataset",
     "RepeatDataset",
@@ -129,6 +142,7 @@ __all__ = [
     "blend_report",
     "concat_pad",
     "cooker",
+    "edataclass",
     "generic_batch",
     "generic_concat",
     "get_loader",

@@ -10,15 +10,22 @@
     ├── StateError           a checkpoint that cannot be restored into this loader
     ├── DecodeError          a part that cannot be decoded: names the sample key and the part
     ├── MissingDependencyError  an optional extra is not installed: names the extra
+    ├── NotSupportedError    an Energon name that exists here but is not implemented
     └── FatalSampleError     too many consecutive bad samples: the run stops
 
     SkipSample               raised by user hooks to drop a sample on purpose (not an error)
 
 Messages follow one shape: what happened, where, what was expected and what was found, and
 how to fix it. Use :func:`format_message` to build them so they read the same everywhere.
+
+The two error handlers a ``WorkerConfig`` takes by default live here too (Energon's
+``megatron.energon.errors.log_exception`` and ``reraise_exception``).
 """
 
 from __future__ import annotations
+
+import logging
+from typing import Any
 
 __all__ = [
     "ConfigError",
@@ -28,11 +35,16 @@ __all__ = [
     "EnergonLiteError",
     "FatalSampleError",
     "MissingDependencyError",
+    "NotSupportedError",
     "SkipSample",
     "StateError",
     "StorageError",
     "format_message",
+    "log_exception",
+    "reraise_exception",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def format_message(
@@ -83,6 +95,10 @@ class MissingDependencyError(EnergonLiteError, ImportError):
     """An optional dependency is needed; the message names the extra to install."""
 
 
+class NotSupportedError(EnergonLiteError, NotImplementedError):
+    """An Energon name that this package keeps for imports but does not implement (yet)."""
+
+
 class FatalSampleError(EnergonLiteError):
     """Too many consecutive samples failed; the run stops instead of skipping forever."""
 
@@ -93,3 +109,14 @@ class SkipSample(Exception):
     Not an :class:`EnergonLiteError`: skipping is a decision, not a failure, and it is not
     counted towards the failure tolerance.
     """
+
+
+def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:
+    """The default error handler: logs the failure with the sample's key (the sample is skipped)."""
+    key = getattr(sample, "__key__", None) or (sample.get("__key__") if isinstance(sample, dict) else None)
+    logger.warning("skipping sample %s (sources %s): %s: %s", key, sources, type(exc).__name__, exc)
+
+
+def reraise_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:
+    """The error handler that stops on any failure (used while restoring samples)."""
+    raise exc

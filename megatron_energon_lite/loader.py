@@ -19,14 +19,20 @@ import torch.utils.data
 
 from ._version import __version__
 from .errors import ConfigError, DatasetError, StateError, format_message
-from .format.metadataset import BlendPlan, Blender, is_metadataset_path, load_blend_plan, single_dataset_plan
+from .format.metadataset import (
+    Blender,
+    BlendPlan,
+    is_metadataset_path,
+    load_blend_plan,
+    single_dataset_plan,
+)
 from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate, worker_lengths
-from .wrappers.base import SavableDataset, share
-from .wrappers.compose import DatasetBlendMode, loaded_datasets, overrides_build
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
+from .wrappers.base import SavableDataset, share
+from .wrappers.compose import DatasetBlendMode, loaded_datasets, overrides_build
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +137,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
                 self._ended.add(logical)
                 return
             self._fresh_restore.discard(logical)
-            set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
+            item = set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
             yield item, logical, pipeline.get_state()
 
 
@@ -306,7 +312,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         return True
 
     def config(self) -> dict[str, Any]:
-        return self.dataset.config()
+        return self.savable_dataset.config()
 
 
 def blend_report(states: dict | list[dict]) -> list[dict[str, Any]]:
@@ -409,23 +415,174 @@ def _configure_storage(path, storage_options: dict | None) -> None:
     configure_storage(protocol, storage_options=storage_options)
 
 
+# Keyword arguments of get_train_dataset / get_val_dataset beyond the named ones. Energon's:
+# dataset_config and split_config; what its dataset factories take (parallel_shard_iters,
+# subflavors, subset, sample_type; for validation also max_samples_per_sequence and
+# shuffle_over_epochs_multiplier, named arguments of get_train_dataset); its deprecated decoder
+# arguments and handler. Ours: trust_dataset_code, group_buffer_size, storage_options.
+_DATASET_KWARGS = frozenset({
+    "dataset_config", "split_config", "parallel_shard_iters", "subflavors", "subset", "sample_type",
+    "auto_decode", "image_decode", "av_decode", "video_decode_audio", "handler",
+    "trust_dataset_code", "group_buffer_size", "storage_options",
+})
+_VAL_KWARGS = frozenset({"max_samples_per_sequence", "shuffle_over_epochs_multiplier"})
+_DEPRECATED_DECODER_KWARGS = ("image_decode", "av_decode", "video_decode_audio")
+
+
+def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: TaskEncoder) -> None:
+    """Energon's deprecated ``auto_decode``, ``image_decode``, ``av_decode``, ``video_decode_audio``
+    and ``handler`` (popped from ``kwargs``), with Energon's precedence: ``auto_decode=False``
+    sets the task encoder's decoder to None; the decoder arguments replace the default decoder
+    (a FutureWarning says to set the decoder instead) and must agree with a decoder the task
+    encoder sets itself; ``handler`` is ignored for ``worker_config.global_error_handler``."""
+    import warnings
+
+    from .decode import SampleDecoder
+
+    auto_decode = kwargs.pop("auto_decode", True)
+    decoder_args = {key: kwargs.pop(key) for key in _DEPRECATED_DECODER_KWARGS if key in kwargs}
+    if "handler" in kwargs:
+        kwargs.pop("handler")
+        warnings.warn(
+            "the handler argument is deprecated and ignored (as in Energon): failing samples go to "
+            "WorkerConfig.global_error_handler; pass WorkerConfig(..., global_error_handler=...) instead",
+            FutureWarning,
+            stacklevel=4,
+        )
+    if not isinstance(auto_decode, bool):
+        raise ConfigError(format_message("auto_decode must be True or False", found=repr(auto_decode)))
+    if not auto_decode:
+        task_encoder.decoder = None  # as Energon: on the task encoder, for every later call too
+        return
+    if not decoder_args:
+        return
+    warnings.warn(
+        f"the decoder arguments {', '.join(decoder_args)} are deprecated (as in Energon): set the task "
+        f"encoder's decoder instead, e.g. decoder = SampleDecoder({', '.join(f'{k}={v!r}' for k, v in decoder_args.items())})",
+        FutureWarning,
+        stacklevel=4,
+    )
+    current = task_encoder.decoder
+    if current is TaskEncoder.decoder:  # the default decoder: the arguments replace it
+        task_encoder.decoder = SampleDecoder(**decoder_args)
+        return
+    differing = (
+        sorted(decoder_args) if current is None else [key for key, value in decoder_args.items() if getattr(current, key) != value]
+    )
+    if differing:
+        raise ConfigError(
+            format_message(
+                f"the decoder arguments {', '.join(differing)} conflict with the decoder {type(task_encoder).__name__} sets",
+                expected=f"{', '.join(f'{k}={getattr(current, k)!r}' for k in differing)} (the task encoder's decoder)" if current is not None else "no decoder arguments: the task encoder's decoder is None",
+                found=", ".join(f"{k}={decoder_args[k]!r}" for k in differing),
+                fix="drop the arguments and configure the task encoder's decoder (decoder = SampleDecoder(...))",
+            )
+        )
+
+
+def _with_subflavors(plan: BlendPlan, subflavors: Any) -> BlendPlan:
+    """Energon's ``subflavors`` argument: merged into every dataset's, winning over the YAML's."""
+    if subflavors is None:
+        return plan
+    if not isinstance(subflavors, Mapping):
+        raise ConfigError(format_message("subflavors must be a dict", found=repr(subflavors)[:80], fix="pass e.g. subflavors={'source': 'coco'}"))
+    leaves = tuple(dataclasses.replace(leaf, subflavors={**leaf.subflavors, **subflavors}) for leaf in plan.leaves)
+    return dataclasses.replace(plan, leaves=leaves)
+
+
+def _with_subset(plan: BlendPlan, subset: Any) -> BlendPlan:
+    """Energon's ``subset`` argument (its ``DatasetSubset``, or a dict with the same keys):
+    ``range`` (fractions) applies to what each dataset's own subset leaves, as an outer
+    metadataset subset does; ``absolute_range`` (sample indices) only to a single dataset."""
+    if subset is None:
+        return plan
+    get = subset.get if isinstance(subset, Mapping) else lambda key: getattr(subset, key, None)
+    fraction, absolute = get("range"), get("absolute_range")
+    expected = "DatasetSubset(range=(start, end)) with 0 <= start <= end <= 1, or absolute_range=(first, end or None) for a single dataset"
+    try:
+        if fraction is not None:
+            start, end = (float(v) for v in fraction)
+            if not 0 <= start <= end <= 1:
+                raise ValueError
+        if absolute is not None:
+            first, last = absolute
+            if not isinstance(first, int) or not (last is None or isinstance(last, int)) or first < 0 or (last is not None and last < first):
+                raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(format_message("invalid subset", expected=expected, found=repr(subset)[:120])) from None
+    leaves = []
+    for leaf in plan.leaves:
+        if absolute is not None:
+            if plan.kind != "single" or leaf.absolute_range is not None or leaf.relative_range is not None:
+                raise ConfigError(
+                    format_message(
+                        "an absolute subset range applies to a single dataset only",
+                        where=leaf.where,
+                        expected=expected,
+                        found=repr(subset)[:120],
+                        fix="use a fractional range, or put the index range on the dataset entry of the metadataset",
+                    )
+                )
+            leaf = dataclasses.replace(leaf, absolute_range=(absolute[0], absolute[1]))
+        if fraction is not None:
+            inner = leaf.relative_range or (0.0, 1.0)
+            width = inner[1] - inner[0]
+            leaf = dataclasses.replace(leaf, relative_range=(inner[0] + start * width, inner[0] + end * width))
+        leaves.append(leaf)
+    return dataclasses.replace(plan, leaves=tuple(leaves))
+
+
+def _check_sample_type(plan: BlendPlan, sample_type: Any, *, dataset_config: str | None, trust_dataset_code: bool) -> None:
+    """Energon's ``sample_type`` argument: every dataset must yield that type (or a subclass)."""
+    from .format.dataset_config import load_dataset_config
+    from .samples import CrudeSample
+
+    if not isinstance(sample_type, type):
+        raise ConfigError(format_message("sample_type must be a class", found=repr(sample_type)[:80], fix="pass e.g. sample_type=CaptioningSample"))
+    for leaf in plan.leaves:
+        if leaf.join is not None:
+            continue  # a join's sample type is its joiner's
+        if str(leaf.path).endswith(".jsonl"):
+            found: type = CrudeSample
+        else:
+            config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
+            found = CrudeSample if config.kind == "crude" else config.sample_type
+        if not issubclass(found, sample_type):
+            raise ConfigError(
+                format_message(
+                    f"the dataset yields {found.__name__}, not the sample_type {sample_type.__name__}",
+                    where=leaf.where,
+                    expected=f"{sample_type.__name__} or a subclass",
+                    found=f"{found.__module__}.{found.__qualname__}",
+                    fix="pass the dataset's sample type, or fix sample_type in its .nv-meta/dataset.yaml",
+                )
+            )
+
+
 def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:
     """Checks the arguments shared by both dataset constructors and builds the spec."""
+    if worker_config is None:  # Energon requires one; ours defaults as Energon's default_worker_config
+        worker_config = WorkerConfig.default_worker_config()
     if not isinstance(worker_config, WorkerConfig):
         raise ConfigError(format_message("worker_config must be a WorkerConfig", found=type(worker_config).__name__, fix="pass WorkerConfig.default_worker_config(num_workers)"))
     task_encoder = DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder
     if not isinstance(task_encoder, TaskEncoder):
         raise ConfigError(format_message("task_encoder must be a TaskEncoder", found=type(task_encoder).__name__))
-    known = {"split_config", "dataset_config", "parallel_shard_iters", "trust_dataset_code", "group_buffer_size", "storage_options"}
+    known = _DATASET_KWARGS if training else _DATASET_KWARGS | _VAL_KWARGS
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise ConfigError(format_message(f"unknown keyword argument {unknown[0]!r}", expected=f"one of {', '.join(sorted(known))}", found=", ".join(unknown)))
     kwargs = dict(kwargs)
+    _apply_deprecated_decoder_kwargs(kwargs, task_encoder)
+    sample_type, subflavors, subset = (kwargs.pop(key, None) for key in ("sample_type", "subflavors", "subset"))
     _configure_storage(path, kwargs.pop("storage_options", None))
     if plan is None:
         name, plan = _plan(path, split_part, training=training)
     else:
         name = str(path)
+    plan = _with_subset(_with_subflavors(plan, subflavors), subset)
+    if sample_type is not None:
+        _check_sample_type(plan, sample_type, dataset_config=kwargs.get("dataset_config"), trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
     if blend_mode is not None and plan.blend_mode is not None and blend_mode != plan.blend_mode:
         raise ConfigError(
             format_message(
@@ -475,12 +632,12 @@ def get_train_dataset(
     path,
     *,
     split_part: str = "train",
-    worker_config: WorkerConfig,
+    worker_config: WorkerConfig | None = None,
     batch_size: int | None,
     batch_drop_last: bool = False,
     packing_buffer_size: int | None = None,
-    shuffle_buffer_size: int | None,
-    max_samples_per_sequence: int | None,
+    shuffle_buffer_size: int | None = None,
+    max_samples_per_sequence: int | None = None,
     virtual_epoch_length: int = 0,
     shuffle_over_epochs_multiplier: int | None = 1,
     task_encoder: TaskEncoder = _UNSET,
@@ -495,6 +652,15 @@ def get_train_dataset(
     as Energon does; ``"exact"`` follows a deterministic schedule that keeps the realized counts
     within one sample of the weights at every step of the global stream.  Default: the YAML's
     ``blend_mode``, else ``"random"``.
+
+    Energon requires ``worker_config``, ``shuffle_buffer_size`` and ``max_samples_per_sequence``;
+    here they default to ``WorkerConfig.default_worker_config()`` (rank and world size from
+    torch.distributed, 4 workers) and None (no sample shuffle buffer; each slice is a whole
+    shard). Other keyword arguments: Energon's ``dataset_config``, ``split_config``,
+    ``parallel_shard_iters``, ``subflavors``, ``subset``, ``sample_type`` and its deprecated
+    ``auto_decode``, ``image_decode``, ``av_decode``, ``video_decode_audio`` and ``handler``
+    (see :func:`_apply_deprecated_decoder_kwargs`); ours: ``trust_dataset_code`` (run the
+    dataset's ``sample_loader.py``), ``group_buffer_size`` and ``storage_options``.
     """
     spec = _spec(
         path,
@@ -520,7 +686,7 @@ def get_val_dataset(
     path,
     *,
     split_part: str = "val",
-    worker_config: WorkerConfig,
+    worker_config: WorkerConfig | None = None,
     batch_size: int | None,
     batch_drop_last: bool = False,
     packing_buffer_size: int | None = None,
@@ -529,7 +695,12 @@ def get_val_dataset(
     _leaf_plan: BlendPlan | None = None,
     **kwargs,
 ) -> SavableDataset:
-    """Energon's ``get_val_dataset``: sequential, one pass, ``limit`` batches per pass."""
+    """Energon's ``get_val_dataset``: sequential, one pass, ``limit`` batches per pass.
+
+    Takes the keyword arguments of :func:`get_train_dataset` (``worker_config`` defaults the same
+    way), plus Energon's ``max_samples_per_sequence`` and ``shuffle_over_epochs_multiplier``
+    (accepted; validation reads in order, so the latter changes nothing).
+    """
     spec = _spec(
         path,
         training=False,
@@ -556,26 +727,48 @@ _ENERGON_LOADER_ARGS = frozenset({
 })
 
 
-def _make_loader(dataset: SavableDataset, prefetch_factor: int, energon_args: dict) -> SavableDataLoader:
+def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_args: dict) -> SavableDataLoader:
+    """``prefetch_factor`` None: the dataset's ``WorkerConfig.prefetch_factor``, else 2."""
+    import warnings
+
     unknown = sorted(set(energon_args) - _ENERGON_LOADER_ARGS)
     if unknown:
         raise ConfigError(format_message(f"unknown loader argument {unknown[0]!r}", expected=f"prefetch_factor or one of Energon's: {', '.join(sorted(_ENERGON_LOADER_ARGS))}", found=", ".join(unknown)))
     if energon_args.get("cache_pool") is not None:
         raise ConfigError(format_message("cache_pool is not supported yet", fix="pass cache_pool=None"))
+    worker_config = getattr(dataset, "worker_config", None)
+    given = energon_args.pop("worker_config", None)
+    if given is not None:  # as Energon: deprecated, and it must be the dataset's
+        if given != worker_config:
+            raise ConfigError(
+                format_message(
+                    "the worker_config passed to the loader differs from the dataset's",
+                    expected=repr(worker_config),
+                    found=repr(given),
+                    fix="drop worker_config here (deprecated in Energon too): the dataset's is used",
+                )
+            )
+        warnings.warn("passing worker_config to get_loader / get_savable_loader is deprecated (as in Energon) and has no effect", FutureWarning, stacklevel=3)
     ignored = sorted(k for k, v in energon_args.items() if v is not None)
     if ignored:
         logger.info("ignoring Energon loader arguments %s: states travel with every batch here", ", ".join(ignored))
+    if prefetch_factor is None:
+        prefetch_factor = getattr(worker_config, "prefetch_factor", None) or 2
+    if worker_config is not None and not getattr(worker_config, "persistent_workers", True):
+        logger.info("WorkerConfig(persistent_workers=False) is ignored: each worker keeps its pipeline's position, so workers persist")
     return SavableDataLoader(dataset, prefetch_factor=prefetch_factor)
 
 
-def get_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **energon_args) -> SavableDataLoader:
-    """A loader over ``dataset`` (the same class as the savable one: saving costs nothing here)."""
+def get_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, **energon_args) -> SavableDataLoader:
+    """A loader over ``dataset`` (the same class as the savable one: saving costs nothing here).
+    ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2."""
     return _make_loader(dataset, prefetch_factor, energon_args)
 
 
-def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int = 2, **energon_args) -> SavableDataLoader:
+def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, **energon_args) -> SavableDataLoader:
     """Energon's savable loader.  Energon's checkpoint tuning arguments (``checkpoint_every_sec``,
-    ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here."""
+    ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here.
+    ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2."""
     return _make_loader(dataset, prefetch_factor, energon_args)
 
 

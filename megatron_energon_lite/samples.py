@@ -17,6 +17,7 @@ Importing this module does not import torch; tensor fields are typed ``Tensor``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -122,10 +123,29 @@ def _format_fields(obj: Any) -> str:
     return ", ".join(f"{f.name}={format_value(getattr(obj, f.name))}" for f in dataclasses.fields(obj) if f.repr)
 
 
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 class _Fields:
-    """What samples and batches share: ``extend``, pinning and a compact repr."""
+    """What samples and batches share: ``extend``, access by field name, pinning and a compact repr."""
 
     __slots__ = ()
+
+    #: Not iterable: ``__getitem__`` takes field names, not positions.
+    __iter__ = None
+
+    def __getitem__(self, name: str) -> Any:
+        """The field called ``name`` (``batch["image"]`` is ``batch.image``); ``KeyError`` listing
+        the fields for any other name."""
+        if isinstance(name, str) and name in _field_names(type(self)):
+            return getattr(self, name)
+        raise KeyError(f"{type(self).__name__} has no field {name!r}; its fields are {', '.join(_field_names(type(self)))}")
+
+    def __contains__(self, name: object) -> bool:
+        """Whether ``name`` is one of the fields."""
+        return isinstance(name, str) and name in _field_names(type(self))
 
     @classmethod
     def extend(cls, src: Any, **new_fields: Any) -> Any:

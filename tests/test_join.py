@@ -163,3 +163,122 @@ def test_bad_joins(root: Path, body: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         val(write(root, "bad_join.yaml", body))
     assert "bad_join.yaml" in str(info.value)
+
+
+# --- subflavors on a join member ------------------------------------------------------------------
+
+SEEN_FLAVORS: list = []
+
+
+def flavor_joiner(image, caption) -> CaptioningSample:
+    """Records the subflavors each member's sample carries."""
+    SEEN_FLAVORS.append((image.__subflavors__, None if caption is None else caption.__subflavors__))
+    return caption_joiner(image, caption)
+
+
+def flavored_join(root: Path) -> Path:
+    return write(
+        root,
+        "join_flavors.yaml",
+        "    join:\n"
+        "      image: {path: ./imgs, subflavors: {side: image, both: inner}}\n"
+        "      caption: {path: ./caps_all, subflavors: {side: caption}}\n"
+        f"    joiner: {{__module__: {__name__}, __function__: flavor_joiner}}\n"
+        "    subflavors: {both: outer}\n",
+    )
+
+
+def test_a_join_member_may_have_subflavors(root: Path) -> None:
+    from megatron_energon_lite.format.metadataset import load_blend_plan
+
+    (leaf,) = load_blend_plan(flavored_join(root), "train", training=False).leaves
+    image, caption = leaf.join.members
+    assert image.subflavors == {"side": "image", "both": "inner"} and caption.subflavors == {"side": "caption"}
+    # Energon's merge: the member's own, overridden by the join's (outer levels win).
+    assert image.sample_subflavors(leaf.subflavors) == {"side": "image", "both": "outer"}
+    assert caption.sample_subflavors(leaf.subflavors) == {"side": "caption", "both": "outer"}
+    assert leaf.describe()["join"][0][3] == {"side": "image", "both": "inner"}
+    with pytest.raises(ConfigError, match=r"join\.image\.subflavors"):
+        load_blend_plan(write(root, "bad_flavors.yaml", "    join:\n      image: {path: ./imgs, subflavors: [1]}\n      caption: {path: ./caps_all}\n    joiner: {__module__: megatron.energon, __class__: CaptioningSample}\n"), "train", training=False)
+
+
+def test_each_member_sample_carries_its_own_subflavors(root: Path) -> None:
+    SEEN_FLAVORS.clear()
+    samples = val(flavored_join(root))
+    assert len(samples) == 20
+    assert set(map(lambda pair: (tuple(sorted(pair[0].items())), tuple(sorted(pair[1].items()))), SEEN_FLAVORS)) == {
+        ((("both", "outer"), ("side", "image")), (("both", "outer"), ("side", "caption")))
+    }
+    assert samples[0].__subflavors__ == {"side": "image", "both": "outer"}  # the primary's
+
+
+# --- energon-lite prepare meta.yaml ---------------------------------------------------------------
+
+
+def top_level_metadatasets(root: Path):
+    """A copytree ignore: the metadataset files (and caches) other tests wrote next to the datasets."""
+    return lambda folder, names: [n for n in names if Path(folder) == root and n.endswith((".yaml", ".cache"))]
+
+
+def energon_join(root: Path, name: str, nonmatch: str = "skip") -> Path:
+    """A join both loaders read: Energon's own joiner class, relative paths."""
+    return write(
+        root,
+        name,
+        f"    join:\n      - {{path: ./imgs}}\n      - {{path: ./caps, nonmatch: {nonmatch}}}\n"
+        "    joiner: {__module__: megatron.energon, __class__: OCRSample}\n",  # image + text
+    )
+
+
+def test_prepare_on_a_join_metadataset_writes_energons_join_index(root: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from megatron_energon_lite.cli.main import cli
+
+    base = tmp_path / "copy"
+    shutil.copytree(root, base, ignore=top_level_metadatasets(root))
+    path = energon_join(base, "meta.yaml")
+    result = CliRunner().invoke(cli, ["prepare", str(path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "15 of 20 primary samples joined, 5 skipped" in result.output
+    files = list((base / "meta.yaml.cache").glob("join_index_*.bin"))
+    assert len(files) == 1 and files[0].read_bytes()[:8] == b"JIDX0001"
+    stale = base / "meta.yaml.cache/join_index_0000.bin"
+    stale.write_bytes(b"JIDX0001")
+    again = CliRunner().invoke(cli, ["prepare", str(path)], catch_exceptions=False)
+    assert again.exit_code == 0 and "up to date" in again.output and "removed stale" in again.output
+    assert not stale.exists() and files[0].exists()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("nonmatch", ["skip", "none"])
+def test_our_join_index_is_energons_and_energon_loads_it(root: Path, tmp_path: Path, nonmatch: str) -> None:
+    energon = pytest.importorskip("megatron.energon")
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.metadataset.loader import prepare_metadataset
+
+    from megatron_energon_lite.format.join import prepare_metadataset_joins
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for base in (ours, theirs):
+        shutil.copytree(root, base, ignore=top_level_metadatasets(root))
+    for base in (ours, theirs):  # the same index.uuid in both copies: the same cache file name
+        for name in ("imgs", "caps"):
+            (base / name / ".nv-meta/index.uuid").write_text("00000000-0000-0000-0000-0000000000" + name[:2].encode().hex())
+    prepared, _ = prepare_metadataset_joins(energon_join(ours, "meta.yaml", nonmatch))
+    prepare_metadataset(EPath(str(energon_join(theirs, "meta.yaml", nonmatch))))
+    (mine,) = (ours / "meta.yaml.cache").iterdir()
+    (reference,) = (theirs / "meta.yaml.cache").iterdir()
+    assert mine.name == reference.name and mine.name == prepared[0].index_file.path.name
+    assert mine.read_bytes() == reference.read_bytes()
+    if nonmatch == "none":
+        return  # OCRSample needs a text: the rows without one cannot be loaded, by either loader
+    # And Energon loads the join from our file.
+    shutil.rmtree(theirs / "meta.yaml.cache")
+    shutil.copytree(ours / "meta.yaml.cache", theirs / "meta.yaml.cache")
+    ds = energon.get_val_dataset(str(theirs / "meta.yaml"), split_part="train", batch_size=None, worker_config=energon.WorkerConfig(rank=0, world_size=1, num_workers=0))
+    loaded = [(s.__key__, s.text) for s in energon.get_loader(ds)]
+    assert len(loaded) == 15
+    lite = [(s.__key__, s.text) for s in val(ours / "meta.yaml")]
+    assert loaded == lite

@@ -120,7 +120,7 @@ def test_epochized_blend_matches_energons_numbers(root: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["random", "exact"])
 def test_epochized_blend_repeats_pass_after_pass(root: Path, mode: str) -> None:
-    path = write(root, f"epochized_{mode}.yaml", f"splits:\n  train:\n    blend_epochized:\n      - repetitions: 1\n        path: ./A\n      - repetitions: 1\n        path: ./C\n")
+    path = write(root, f"epochized_{mode}.yaml", "splits:\n  train:\n    blend_epochized:\n      - repetitions: 1\n        path: ./A\n      - repetitions: 1\n        path: ./C\n")
     loader = get_loader(train(path, 0, blend_mode=mode))
     stream = keys(loader, 3 * 85)
     for p in range(3):
@@ -354,7 +354,13 @@ def test_unknown_split_lists_the_splits(root: Path) -> None:
 
 
 def test_jsonl_leaf_with_a_cooker_blends_with_a_dataset(root: Path) -> None:
-    from megatron_energon_lite import Cooker, DefaultTaskEncoder, TextSample, basic_sample_keys, stateless
+    from megatron_energon_lite import (
+        Cooker,
+        DefaultTaskEncoder,
+        TextSample,
+        basic_sample_keys,
+        stateless,
+    )
     from megatron_energon_lite.format.jsonl import write_jsonl_index
     from megatron_energon_lite.synthetic import write_jsonl
 
@@ -392,3 +398,17 @@ def test_exact_blend_warns_when_weights_need_stepping(root: Path, caplog) -> Non
     with caplog.at_level("WARNING"):
         train(blend_yaml(root, extra="    blend_mode: exact\n"), 2)
     assert "schedule period" not in caplog.text
+
+
+def test_shuffle_over_epochs_multipliers_none_and_minus_one_combine_as_energon(root: Path) -> None:
+    """None (no shuffling) wins over every level, then -1 (with replacement), else the product."""
+    from megatron_energon_lite.format.metadataset import load_blend_plan
+
+    inner = write(root, "inner_multipliers.yaml", "splits:\n  train:\n    blend:\n      - {weight: 1, path: ./A, shuffle_over_epochs_multiplier: 2}\n      - {weight: 1, path: ./B, shuffle_over_epochs_multiplier: -1}\n      - {weight: 1, path: ./C, shuffle_over_epochs_multiplier: null}\n")
+    cases = {"3": [6, -1, None], "-1": [-1, -1, None], "null": [None, None, None]}
+    for outer, expected in cases.items():
+        path = write(root, f"outer_multipliers_{outer}.yaml", f"splits:\n  train:\n    path: ./inner_multipliers.yaml\n    shuffle_over_epochs_multiplier: {outer}\n")
+        assert [leaf.shuffle_over_epochs_multiplier for leaf in load_blend_plan(path, "train", training=True).leaves] == expected, outer
+    assert inner.exists()
+    with pytest.raises(ConfigError, match=r"shuffle_over_epochs_multiplier(.|\n)*-1 \(slices drawn with replacement"):
+        load_blend_plan(write(root, "bad_multiplier.yaml", "splits:\n  train:\n    path: ./A\n    shuffle_over_epochs_multiplier: 0\n"), "train", training=True)

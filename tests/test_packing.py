@@ -171,3 +171,121 @@ def test_restore_sample_rebuilds_a_grouped_batch(dataset: Path) -> None:
     batch = [b for _, b in zip(range(5), loader)][-1]
     rebuilt = loader.restore_sample(batch.__restore_key__)
     assert list(rebuilt.__key__) == list(batch.__key__) and list(rebuilt.text) == list(batch.text)
+
+
+class PoppingPackingEncoder(PackingEncoder):
+    """Energon's documented PackingCaptioningTaskEncoder: sorts its argument and pops from it."""
+
+    def select_samples_to_pack(self, samples: list[Tokens]) -> list[list[Tokens]]:
+        samples.sort(key=lambda s: len(s.tokens))
+        groups = []
+        while samples:
+            group, used = [], 0
+            while samples and used + len(samples[0].tokens) <= SEQ:
+                sample = samples.pop(0)
+                group.append(sample)
+                used += len(sample.tokens)
+            groups.append(group or [samples.pop(0)])
+        return groups
+
+
+class DroppingPackingEncoder(PackingEncoder):
+    """Packs only the shortest half of each buffer; the rest is left out (Energon drops it)."""
+
+    def select_samples_to_pack(self, samples: list[Tokens]) -> list[list[Tokens]]:
+        ordered = sorted(samples, key=lambda s: (len(s.tokens), s.__key__))
+        return [[s] for s in ordered[: len(ordered) // 2]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_energons_popping_packer_packs_and_resumes(dataset: Path, workers: int) -> None:
+    packs = list(get_loader(packed_train(dataset, 0, repeat=False, batch_size=None, shuffle_buffer_size=None, task_encoder=PoppingPackingEncoder())))
+    keys = [k for p in packs for k in p.keys]
+    assert len(keys) == 30 and len(set(keys)) == 30
+
+    def make():
+        return get_savable_loader(packed_train(dataset, workers, task_encoder=PoppingPackingEncoder()))
+
+    loader = make()
+    it = iter(loader)
+    states, batches = [loader.save_state_rank()], []
+    for _ in range(8):
+        batches.append(_keys(next(it)))
+        states.append(loader.save_state_rank())
+    for step in (0, 3, 8):
+        fresh = make()
+        fresh.restore_state_rank(states[step])
+        assert [_keys(b) for _, b in zip(range(8 - step), fresh)] == batches[step:], step
+
+
+def test_a_packer_that_leaves_samples_out_drops_them_with_a_warning(dataset: Path, caplog) -> None:
+    caplog.set_level("WARNING", logger="megatron_energon_lite.pipeline.pack")
+    ds = packed_train(dataset, 0, repeat=False, batch_size=None, shuffle_buffer_size=None, task_encoder=DroppingPackingEncoder())
+    packs = list(get_loader(ds))
+    # 30 samples in buffers of 8, 8, 8, 6: half of each is packed.
+    assert len(packs) == 4 + 4 + 4 + 3 and all(len(p.keys) == 1 for p in packs)
+    warnings = [r.getMessage() for r in caplog.records if "select_samples_to_pack left" in r.getMessage()]
+    assert warnings and "left 4 of 8 samples" in warnings[0] and "4 dropped so far" in warnings[0]
+    assert "8 dropped so far" in warnings[-1]
+
+
+class DictEncoder(DefaultTaskEncoder):
+    """Returns plain dicts without __restore_key__, for model(**batch)."""
+
+    @stateless
+    def encode_sample(self, sample: TextSample) -> dict:
+        return {"length": torch.tensor(len(sample.text)), "first": torch.tensor(ord(sample.text[0]))}
+
+    def batch(self, samples: list[dict]) -> dict:
+        return {"length": torch.stack([s["length"] for s in samples]), "first": torch.stack([s["first"] for s in samples])}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dict_batches_have_no_restore_key_entry_and_still_restore(dataset: Path, workers: int) -> None:
+    def model(length, first):
+        return length + first
+
+    def make():
+        return get_savable_loader(get_train_dataset(dataset, worker_config=config(workers), batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4, task_encoder=DictEncoder()))
+
+    loader = make()
+    it = iter(loader)
+    states, batches = [loader.save_state_rank()], []
+    for _ in range(6):
+        batch = next(it)
+        assert isinstance(batch, dict) and set(batch) == {"length", "first"}
+        model(**batch)
+        batches.append(batch)
+        states.append(loader.save_state_rank())
+    rebuilt = loader.restore_sample(batches[4].__restore_key__)
+    assert set(rebuilt) == {"length", "first"} and torch.equal(rebuilt["length"], batches[4]["length"])
+    assert rebuilt.__restore_key__ == batches[4].__restore_key__
+    fresh = make()
+    fresh.restore_state_rank(states[2])
+    assert [b["length"].tolist() for _, b in zip(range(4), fresh)] == [b["length"].tolist() for b in batches[2:]]
+
+
+class DictGroupingEncoder(DictEncoder):
+    """Groups plain dicts (without __restore_key__): the group buffer saves their keys."""
+
+    @stateless
+    def batch_group_criterion(self, sample: dict):
+        return ("short", 4) if int(sample["length"]) < 60 else ("long", 2)
+
+
+def test_grouped_dict_items_resume_exactly(dataset: Path) -> None:
+    def make():
+        return get_savable_loader(get_train_dataset(dataset, worker_config=config(0), batch_size=None, shuffle_buffer_size=5, max_samples_per_sequence=4, task_encoder=DictGroupingEncoder()))
+
+    loader = make()
+    it = iter(loader)
+    states, batches = [loader.save_state_rank()], []
+    for _ in range(10):
+        batch = next(it)
+        assert set(batch) == {"length", "first"}
+        batches.append(batch["length"].tolist())
+        states.append(loader.save_state_rank())
+    for step in (1, 4, 7):
+        fresh = make()
+        fresh.restore_state_rank(states[step])
+        assert [b["length"].tolist() for _, b in zip(range(10 - step), fresh)] == batches[step:], step

@@ -333,3 +333,25 @@ def test_fields_match_installed_energon() -> None:
         assert [f.kw_only for f in dataclasses.fields(theirs)] == [f.kw_only for f in dataclasses.fields(cls)]
     assert [f.name for f in dataclasses.fields(energon.SourceInfo)] == [f.name for f in dataclasses.fields(SourceInfo)]
     assert issubclass(energon.CrudeSample, dict)
+
+
+def test_fields_by_name_on_samples_and_batches() -> None:
+    sample = CaptioningSample(__key__="k", image=torch.zeros(3, 2, 2), caption="a cat")
+    assert sample["caption"] == "a cat" and sample["image"] is sample.image and sample["__key__"] == "k"
+    assert "caption" in sample and "missing" not in sample and 0 not in sample
+    batch = samples.generic_batch([sample, CaptioningSample(__key__="j", image=torch.ones(3, 2, 2), caption="a dog")])
+    assert batch["image"].shape == (2, 3, 2, 2) and batch["caption"] == ["a cat", "a dog"]
+
+    @dataclasses.dataclass(kw_only=True, slots=True)
+    class ImageBatch(samples.Batch):
+        image: list
+
+    image_batch = ImageBatch.from_samples([sample])
+    assert image_batch["image"] == [sample.image] and image_batch["__key__"] == ["k"]
+    for obj, name in ((sample, "images"), (image_batch, "caption"), (sample, 0)):
+        with pytest.raises(KeyError) as info:
+            obj[name]
+        message = str(info.value)
+        assert type(obj).__name__ in message and repr(name) in message and "image" in message and "__key__" in message
+    with pytest.raises(TypeError, match="not iterable"):  # no positional iteration through __getitem__
+        list(sample)

@@ -10,11 +10,17 @@ from ..errors import EnergonLiteError
 from ..format.dataset_config import load_dataset_config
 from ..format.jsonl import JsonlReader
 from ..format.media_metadata import media_counts
-from ..format.metadata import INDEX_SQLITE, meta_dir, read_info, read_split_config, resolve_split
+from ..format.metadata import (
+    INDEX_SQLITE,
+    meta_dir,
+    read_info,
+    read_split_config,
+    resolve_split,
+)
 from ..format.metadataset import is_metadataset_path
 from ..storage import AnyPath, list_files, local_view
-from .params import DATASET_PATH
 from .blend_tree import echo_trees, read_trees
+from .params import DATASET_PATH
 
 
 def _size(num_bytes: float) -> str:

@@ -22,8 +22,8 @@ from ..format.metadataset import is_metadataset_path
 from ..format.tar_index import index_name, read_tar_index
 from ..pipeline.load import SampleLoader
 from ..storage import AnyPath, list_files
-from .params import DATASET_PATH
 from .blend_tree import echo_trees, leaf_datasets, read_trees
+from .params import DATASET_PATH
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def check_indexes(root: AnyPath) -> list[Finding]:
 
 
 # Decodes every image fully, to numpy: the same Pillow work as the loader without importing torch.
-_LINT_DECODER = SampleDecoder(image_decode="rgb8")
+_LINT_DECODER = SampleDecoder(image_decode="rgb8", untrusted_pickle="bytes")
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,20 @@ class _Group(click.Group):
             sys.exit(1)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, "-V", "--version", prog_name="energon-lite")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
-def cli(verbose: bool) -> None:
-    """Prepare, inspect and lint Energon datasets (fast, and compatible with Energon 7.x)."""
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """Prepare, inspect and lint Energon datasets (fast, and compatible with Energon 7.x).
+
+    Exit status as Energon's `energon` command: 0 on success (and, as there, when prepare finds
+    no tar files), 1 when the command fails (a bad dataset, path or flag value), 2 for an
+    unknown command or option.
+    """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if ctx.invoked_subcommand is None:  # as `energon` alone: the help, and success
+        click.echo(ctx.get_help())
 
 
 def _register() -> None:

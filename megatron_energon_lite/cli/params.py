@@ -7,11 +7,23 @@ import click
 from ..storage import AnyPath, RemotePath, as_path
 
 
+class ValueProblem(click.ClickException):
+    """A flag or argument value that cannot work: exit status 1, as Energon's ``energon`` fails
+    there (a ClickException or an exception), while click's usage errors (unknown options and
+    commands) keep status 2."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, param_hint: str | None = None) -> None:
+        super().__init__(f"Invalid value for {param_hint}: {message}" if param_hint else message)
+
+
 class DatasetPathType(click.ParamType):
     """A local path that must exist, or a storage URL (``s3://…``, ``msc://…``) checked on use.
 
     Remote credentials and endpoints come from the environment (``AWS_ENDPOINT_URL``,
-    ``AWS_PROFILE``, ``MSC_CONFIG``, ...), as for the loader.
+    ``AWS_PROFILE``, ``MSC_CONFIG``, ...), as for the loader.  A missing path fails with status 1
+    (Energon's commands fail there too, with 1).
     """
 
     name = "path"
@@ -21,7 +33,7 @@ class DatasetPathType(click.ParamType):
             return value
         path = as_path(value)
         if not isinstance(path, RemotePath) and not path.exists():
-            self.fail(f"{value!r} does not exist", param, ctx)
+            raise ValueProblem(f"{value!r} does not exist", param_hint="'PATH'")
         return path
 
 

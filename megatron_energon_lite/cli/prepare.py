@@ -1,23 +1,41 @@
-"""``energon-lite prepare``: same flags as ``energon prepare``, parallel and incremental."""
+"""``energon-lite prepare``: same flags as ``energon prepare``, parallel and incremental.
+
+Exit status as ``energon prepare`` in the same situations: 0 when the dataset was prepared, and
+also when there is no tar file to index (nothing is written); 1 when a flag value, the dataset or
+the metadataset is wrong; 2 for click's usage errors (an unknown option, ``--media-metadata-by-*``
+with ``--tar-index-only``).  Two deliberate differences: a malformed ``--split-ratio`` and a
+``--field-map`` naming fields the sample type lacks fail with 1 before any work (``energon``
+prints a message and exits 0, or writes a dataset.yaml that cannot load).
+
+A metadataset YAML builds the joins it defines (Energon's join index cache files), see
+:func:`~megatron_energon_lite.format.join.prepare_metadataset_joins`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import click
+import yaml
 
 from ..errors import ConfigError, format_message
 from ..format.dataset_config import render_dataset_yaml
+from ..format.join import prepare_metadataset_joins
 from ..format.jsonl import write_jsonl_index
 from ..format.media_metadata import MediaFilter
-from ..format.metadata import is_prepared, meta_dir
-from ..format.prepare import prepare_dataset
+from ..format.metadata import is_prepared, meta_dir, read_info
+from ..format.metadataset import is_metadataset_path
+from ..format.prepare import discover_shards, prepare_dataset
 from ..format.split_reader import SplitReader
 from ..samples import registered_sample_types, sample_type_by_name
-from ..storage import AnyPath, atomic_write_text
-from .params import DATASET_PATH
+from ..storage import AnyPath, RemotePath, atomic_write_text
+from .fix_duplicates import fix_duplicates as fix_duplicate_keys
+from .params import DATASET_PATH, ValueProblem
 
 CRUDE = "CrudeWebdataset"
 
@@ -26,9 +44,9 @@ def _parse_ratio(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.replace(" ", "").split(","))
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a list of numbers; use e.g. 8,1,1") from None
+        raise ValueProblem(f"{text!r} is not a list of numbers; use e.g. 8,1,1", param_hint="'--split-ratio'") from None
     if len(values) != 3:
-        raise click.BadParameter(f"{text!r} has {len(values)} values; give train,val,test, e.g. 8,1,1")
+        raise ValueProblem(f"{text!r} has {len(values)} values; give train,val,test, e.g. 8,1,1", param_hint="'--split-ratio'")
     return values
 
 
@@ -39,7 +57,7 @@ def _parse_split_parts(values: tuple[str, ...]) -> list[tuple[str, str]] | None:
     for value in values:
         name, sep, pattern = value.partition(":")
         if not sep or not name or not pattern:
-            raise click.BadParameter(f"{value!r} is not NAME:REGEX, e.g. 'train:shards/train/.*'", param_hint="--split-parts")
+            raise ValueProblem(f"{value!r} is not NAME:REGEX, e.g. 'train:shards/train/.*'", param_hint="'--split-parts'")
         parsed.append((name, pattern))
     return parsed
 
@@ -49,34 +67,112 @@ def _sample_fields(sample_type: str) -> list[dataclasses.Field]:
 
 
 def _check_sample_type(sample_type: str | None, field_map: str | None, interactive: bool) -> dict | None:
-    """Validates --sample-type and --field-map before any indexing work starts."""
+    """Validates --sample-type and --field-map before any indexing work starts.
+
+    None means: no field map (no sample type, a crude dataset, ask interactively, or write a
+    sample_loader.py template in non-interactive mode, as ``energon prepare`` does).
+    """
     if sample_type is None:
         if field_map is not None:
-            raise click.BadParameter("--field-map needs --sample-type", param_hint="--field-map")
+            click.echo("Note: --field-map is ignored without --sample-type (no dataset.yaml is written).", err=True)
         return None
     names = [*registered_sample_types(), CRUDE]
     if sample_type not in names:
-        raise click.BadParameter(f"{sample_type!r} is not one of {', '.join(names)}", param_hint="--sample-type")
-    if sample_type == CRUDE:
+        raise ValueProblem(f"{sample_type!r} is not one of {', '.join(names)}", param_hint="'--sample-type'")
+    if sample_type == CRUDE or field_map is None:
         return None
-    if field_map is None:
-        if interactive:
-            return None
-        raise click.BadParameter(
-            f"{sample_type} needs --field-map in non-interactive mode, e.g. '{{\"image\": \"jpg\", \"caption\": \"txt\"}}'",
-            param_hint="--field-map",
-        )
     try:
         mapping = json.loads(field_map)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--field-map") from None
+        raise ValueProblem(f"not valid JSON ({exc})", param_hint="'--field-map'") from None
     if not isinstance(mapping, dict):
-        raise click.BadParameter("must be a JSON object of field name -> part expression", param_hint="--field-map")
+        raise ValueProblem("must be a JSON object of field name -> part expression", param_hint="'--field-map'")
     fields = [f.name for f in _sample_fields(sample_type)]
     unknown = [k for k in mapping if k not in fields]
     if unknown:
-        raise click.BadParameter(f"{sample_type} has no field {unknown[0]!r}; its fields are {', '.join(fields)}", param_hint="--field-map")
+        raise ValueProblem(f"{sample_type} has no field {unknown[0]!r}; its fields are {', '.join(fields)}", param_hint="'--field-map'")
     return mapping
+
+
+def _sample_loader_template(sample_type: str, parts: list[str]) -> str:
+    """A ``sample_loader.py`` to edit, for a sample type without --field-map (as energon writes)."""
+    lines = []
+    for f in _sample_fields(sample_type):
+        default = "" if f.default is dataclasses.MISSING else f", default {f.default!r}"
+        type_name = getattr(f.type, "__name__", None) or str(f.type)
+        lines.append(f'        {f.name}=raw["TODO"],  # {type_name}{default}')
+    return "\n".join(
+        [
+            "# Written by `energon-lite prepare` because no --field-map was given.",
+            f"# Edit sample_loader to return the fields of {sample_type}. energon-lite runs this file only",
+            "# when asked to (trust_dataset_code=True, or --trust-dataset-code on the command line).",
+            "",
+            "",
+            "def sample_loader(raw: dict) -> dict:",
+            "    # raw holds the sample's decoded parts by extension, e.g. raw[\"jpg\"], raw[\"txt\"].",
+            "    return dict(",
+            *lines,
+            "    )",
+            "",
+            "",
+            "def part_filter(part: str) -> bool:",
+            "    # The parts sample_loader reads: the others are not decoded.",
+            f"    return part in {tuple(parts)!r}",
+            "",
+        ]
+    )
+
+
+def _write_sample_loader_template(path: AnyPath, sample_type: str, parts: list[str], dataset_yaml_name: str) -> None:
+    meta = meta_dir(path)
+    atomic_write_text(meta / "sample_loader.py", _sample_loader_template(sample_type, parts))
+    data = {
+        "sample_type": {"__module__": "megatron.energon", "__class__": sample_type},
+        "sample_loader": "sample_loader.py:sample_loader",
+        "part_filter": "sample_loader.py:part_filter",
+    }
+    atomic_write_text(meta / dataset_yaml_name, yaml.safe_dump(data, sort_keys=False))
+    click.echo(f"Created {meta / 'sample_loader.py'}. Please edit it to return the proper values.")
+
+
+@contextlib.contextmanager
+def _local_build_folder(path: AnyPath, tmp_path: Path | None):
+    """``--tmp-path``: where index.sqlite of a remote dataset is built before the upload.
+
+    Local datasets build it next to the old one (for an atomic rename) and ignore the option, as
+    Energon does.  The build folder is created under ``tmp_path`` and removed afterwards.
+    """
+    if tmp_path is None or not isinstance(path, RemotePath):
+        yield
+        return
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path)  # the scratch folder of a remote prepare is made by mkdtemp
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+
+
+def _prepare_metadataset(path: AnyPath) -> None:
+    """``prepare meta.yaml``: build every join's index, as ``energon prepare`` does."""
+    click.echo(f"Preparing metadataset {path}")
+    prepared, removed = prepare_metadataset_joins(path)
+    for join in prepared:
+        info = join.index_file
+        names = " + ".join(f"{m.path} ({m.split_part})" for m in join.spec.members)
+        skipped = info.primary_samples - info.rows
+        detail = f"{info.rows} of {info.primary_samples} primary samples joined" + (f", {skipped} skipped (nonmatch: skip)" if skipped else "")
+        missing = [f"{n} missing in {m.path}" for n, m in zip(info.missing[1:], join.spec.members[1:]) if n]
+        if missing:
+            detail += ", " + ", ".join(missing) + " (nonmatch: none)"
+        action = "wrote" if info.written else "up to date"
+        click.echo(f"  join {join.where}: {names}\n    {detail}; {action}: {info.path}")
+    for stale in removed:
+        click.echo(f"  removed stale join index {stale}")
+    if not prepared:
+        click.echo("  no joins: nothing to prepare (the datasets themselves are prepared one by one)")
+    click.echo("Done")
 
 
 def _ask_dataset_yaml(sample_type: str | None, parts: list[str]) -> str | None:
@@ -120,21 +216,23 @@ def _first_parts(root: AnyPath, split: str) -> list[str]:
 @click.command()
 @click.argument("path", type=DATASET_PATH)
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
-@click.option("--split-parts", multiple=True, metavar="NAME:REGEX", help="Assign shards matching REGEX (re.match on the relative path) to split NAME. Repeatable.")
+@click.option("--split-parts", multiple=True, metavar="NAME:REGEX", help="Assign shards matching REGEX (re.match on the relative path) to split NAME. Repeatable; --split-ratio is then ignored.")
 @click.option("--exclude", metavar="REGEX", help="Skip shards whose path matches REGEX (re.search).")
 @click.option("--num-workers", type=click.IntRange(min=1), default=min(16, os.cpu_count() or 1), show_default=True, help="Processes that index shards in parallel.")
 @click.option("--tar-index-only", is_flag=True, help="Only (re)build .tar.idx and index.sqlite; keep splits and dataset.yaml.")
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42, as Energon) before the ratio split.")
+@click.option("--fix-duplicates", is_flag=True, help="If a sample key occurs in more than one shard, rename every member of every shard in place to <shard path>/<name> first (as Energon's --fix-duplicates).")
 @click.option("--non-interactive", is_flag=True, help="Never ask; fail when information is missing.")
 @click.option("--split-ratio", metavar="TRAIN,VAL,TEST", help="Split shards by ratio, e.g. 8,1,1 (no shard is lost to rounding).")
 @click.option("--force-overwrite", is_flag=True, help="Prepare again an already prepared dataset (unchanged shards are reused).")
 @click.option("--skip-dataset-yaml", is_flag=True, help="Do not write dataset.yaml.")
 @click.option("--dataset-yaml-name", default="dataset.yaml", show_default=True, help="File name of the dataset yaml in .nv-meta/.")
 @click.option("--sample-type", metavar="NAME", help="Sample class, e.g. CaptioningSample, or CrudeWebdataset.")
-@click.option("--field-map", metavar="JSON", help="Field -> part expression, e.g. '{\"image\": \"jpg\", \"caption\": \"txt\"}'.")
+@click.option("--field-map", metavar="JSON", help="Field -> part expression, e.g. '{\"image\": \"jpg\", \"caption\": \"txt\"}'. Without it (non-interactive), a sample_loader.py template is written.")
 @click.option("--media-metadata-by-extension", is_flag=True, help="Store media metadata (size, duration, ...) of parts with an image/audio/video extension.")
 @click.option("--media-metadata-by-glob", metavar="PATTERNS", help="Store media metadata of parts matching globs such as '*.jpg,*.wav' (comma-separated).")
 @click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of parts recognised by their first bytes.")
+@click.option("--tmp-path", type=click.Path(path_type=Path, file_okay=False), default=None, help="When PATH is remote (e.g. s3://...), the local folder to build index.sqlite in before the upload. Default: a new folder under the system temp folder, removed afterwards.")
 def prepare(
     path: AnyPath,
     progress: bool,
@@ -143,6 +241,7 @@ def prepare(
     num_workers: int,
     tar_index_only: bool,
     shuffle_tars: bool,
+    fix_duplicates: bool,
     non_interactive: bool,
     split_ratio: str | None,
     force_overwrite: bool,
@@ -153,16 +252,26 @@ def prepare(
     media_metadata_by_extension: bool,
     media_metadata_by_glob: str | None,
     media_metadata_by_header: bool,
+    tmp_path: Path | None,
 ) -> None:
-    """Index the tar shards under PATH and write .nv-meta/ (or index a .jsonl file)."""
+    """Index the tar shards under PATH and write .nv-meta/ (or index a .jsonl file, or build the
+    joins of a metadataset .yaml)."""
+    wants_media = bool(media_metadata_by_glob is not None or media_metadata_by_header or media_metadata_by_extension)
+    if wants_media and tar_index_only:
+        raise click.UsageError("--media-metadata-by-... cannot be combined with --tar-index-only")
     media_filter = MediaFilter.from_options(
         glob=media_metadata_by_glob, header=media_metadata_by_header, extension=media_metadata_by_extension
     )
+    if is_metadataset_path(path):
+        if media_filter is not None:
+            raise ValueProblem("Metadatasets cannot store media metadata. Remove --media-metadata-by-... to continue.")
+        _prepare_metadataset(path)
+        return
     if media_filter is not None and path.is_file():
         raise ConfigError(format_message("JSONL datasets do not support media metadata", found=str(path), fix="remove --media-metadata-by-..."))
     if path.is_file():
         if path.suffix != ".jsonl":
-            raise ConfigError(format_message("prepare takes a dataset folder or a .jsonl file", found=str(path)))
+            raise ConfigError(format_message("prepare takes a dataset folder, a .jsonl file or a metadataset .yaml", found=str(path)))
         count = write_jsonl_index(path)
         click.echo(f"Indexed {count} records of {path} into {path.name}.idx")
         return
@@ -171,36 +280,44 @@ def prepare(
     patterns = _parse_split_parts(split_parts)
     ratio = _parse_ratio(split_ratio) if split_ratio else None
     if patterns is not None and ratio is not None:
-        raise click.BadParameter("give --split-ratio or --split-parts, not both", param_hint="--split-ratio")
+        click.echo("Note: --split-ratio is ignored because --split-parts is given (as energon prepare does).", err=True)
+        ratio = None
     if not tar_index_only and patterns is None and ratio is None:
         if not interactive:
-            raise click.BadParameter("non-interactive prepare needs --split-ratio or --split-parts (or --tar-index-only)", param_hint="--split-ratio")
+            raise ValueProblem("--split-ratio is required in non-interactive mode (unless --split-parts or --tar-index-only is used).")
     if not tar_index_only and is_prepared(path) and not force_overwrite:
         if not interactive:
             raise ConfigError(format_message("the dataset is already prepared", where=str(meta_dir(path)), fix="pass --force-overwrite (unchanged shards are not re-indexed) or --tar-index-only"))
         if not click.confirm("The dataset is already prepared. Overwrite its metadata?", default=False):
             raise click.Abort()
         force_overwrite = True
+    shards = list(read_info(path).shard_counts) if tar_index_only and is_prepared(path) else discover_shards(path, exclude)
+    if not shards and not tar_index_only:
+        click.echo("Did not find any tar files. Exiting.")  # energon prepare stops here with status 0 too
+        return
     if not tar_index_only and patterns is None and ratio is None:
         ratio = _parse_ratio(click.prompt("Train/val/test split ratio, e.g. 8,1,1"))
+    if fix_duplicates:
+        click.echo(fix_duplicate_keys(path, shards))
 
     write_yaml_now = None
     if not skip_dataset_yaml and not tar_index_only and sample_type is not None and (mapping is not None or sample_type == CRUDE):
         write_yaml_now = render_dataset_yaml(sample_type, mapping)
-    result = prepare_dataset(
-        path,
-        split_ratio=ratio,
-        split_parts=patterns,
-        exclude=exclude,
-        num_workers=num_workers,
-        progress=progress,
-        tar_index_only=tar_index_only,
-        shuffle_tars=shuffle_tars,
-        force_overwrite=force_overwrite,
-        dataset_yaml=write_yaml_now,
-        dataset_yaml_name=dataset_yaml_name,
-        media_filter=media_filter,
-    )
+    with _local_build_folder(path, tmp_path):
+        result = prepare_dataset(
+            path,
+            split_ratio=ratio,
+            split_parts=patterns,
+            exclude=exclude,
+            num_workers=num_workers,
+            progress=progress,
+            tar_index_only=tar_index_only,
+            shuffle_tars=shuffle_tars,
+            force_overwrite=force_overwrite,
+            dataset_yaml=write_yaml_now,
+            dataset_yaml_name=dataset_yaml_name,
+            media_filter=media_filter,
+        )
     click.echo(
         f"Indexed {len(result.shard_counts)} shards, {result.total_samples} samples "
         f"({len(result.scanned)} scanned, {len(result.reused)} unchanged)."
@@ -208,13 +325,16 @@ def prepare(
     if result.media_filter is not None:
         skipped = f", {result.media_skipped} media parts could not be parsed (see the warnings)" if result.media_skipped else ""
         click.echo(f"Stored media metadata of {result.media_entries} entries (by {result.media_filter.strategy.value.lower()}){skipped}.")
-    for split, shards in result.splits.items():
-        click.echo(f"  split {split}: {len(shards)} shards, {sum(result.shard_counts[s] for s in shards)} samples")
-    first_split = next((s for s, shards in result.splits.items() if shards), None)
+    for split, split_shards in result.splits.items():
+        click.echo(f"  split {split}: {len(split_shards)} shards, {sum(result.shard_counts[s] for s in split_shards)} samples")
+    first_split = next((s for s, split_shards in result.splits.items() if split_shards), None)
     parts = _first_parts(path, first_split) if first_split else []
     if parts:
         click.echo(f"Parts of the first samples: {', '.join(parts)}")
-    if interactive and write_yaml_now is None and not skip_dataset_yaml and not tar_index_only:
+    no_field_map = sample_type is not None and sample_type != CRUDE and mapping is None
+    if not skip_dataset_yaml and not tar_index_only and no_field_map and not interactive:
+        _write_sample_loader_template(path, sample_type, parts, dataset_yaml_name)
+    elif interactive and write_yaml_now is None and not skip_dataset_yaml and not tar_index_only:
         text = _ask_dataset_yaml(sample_type, parts)
         if text is not None:
             atomic_write_text(meta_dir(path) / dataset_yaml_name, text)

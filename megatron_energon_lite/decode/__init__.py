@@ -9,7 +9,11 @@ a ``TXT`` part stays bytes, as in Energon); a trailing ``.gz`` is decompressed f
   tif tiff bmp jp2 ppm pgm pbm pnm ...) -> Pillow, shaped by ``image_decode``;
 * ``txt text transcript`` -> str; ``cls cls2 index inx id`` -> int; ``json jsn`` -> JSON;
   ``npy`` -> array; ``npz`` -> dict of arrays; ``pth`` -> ``torch.load(weights_only=True)``;
-* ``pkl pickle pyd`` -> unpickled only with ``allow_pickle=True``, else left as bytes;
+* ``pkl pickle pyd`` -> unpickled only when trusted, else refused with
+  :class:`~.basic.UntrustedDataError` naming the sample, the part and the opt-ins:
+  ``SampleDecoder(allow_pickle=True)``, ``ENERGON_LITE_TRUST_PICKLE=1`` in the environment, or
+  Energon mode (``import megatron_energon_lite.as_energon``: unpickled as Energon does, logged
+  once per dataset);
 * ``mp msg msgpack`` / ``cbor`` -> decoded when the library imports, else bytes.
 
 More decoders (video and audio) plug in with :func:`register_decoder`. Optional libraries are
@@ -24,10 +28,17 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .. import energon_mode
 from ..errors import ConfigError, DecodeError, MissingDependencyError, format_message
 from ..format.tar_reader import split_name
 from . import av, basic, image
-from .image import IMAGE_DECODE_MODES, IMAGE_EXTENSIONS, check_image_decode, decode_image_bytes
+from .basic import TRUST_PICKLE_ENV, UntrustedDataError
+from .image import (
+    IMAGE_DECODE_MODES,
+    IMAGE_EXTENSIONS,
+    check_image_decode,
+    decode_image_bytes,
+)
 
 __all__ = [
     "AV_DECODE_MODES",
@@ -36,6 +47,7 @@ __all__ = [
     "DecoderEntry",
     "DecoderFn",
     "SampleDecoder",
+    "UntrustedDataError",
     "decode_image_bytes",
     "decoder_for",
     "register_decoder",
@@ -152,7 +164,7 @@ register_decoder(
 register_decoder(("txt", "text", "transcript"), basic.decode_text, name="text (utf-8)", fix="store the text as UTF-8")
 register_decoder(("cls", "cls2", "index", "inx", "id"), basic.decode_int, name="integer", fix="store a decimal integer, e.g. b'3'")
 register_decoder(("json", "jsn"), basic.decode_json, name="json")
-_PICKLE_FIX = "pass SampleDecoder(allow_pickle=True) if you trust the data"
+_PICKLE_FIX = f"if you trust the data, pass SampleDecoder(allow_pickle=True) or set {TRUST_PICKLE_ENV}=1"
 register_decoder(("npy",), basic.decode_npy, name="numpy .npy", fix=f"write the array with numpy.save; object arrays need pickle: {_PICKLE_FIX}")
 register_decoder(("npz",), basic.decode_npz, name="numpy .npz", fix=f"write the arrays with numpy.savez; object arrays need pickle: {_PICKLE_FIX}")
 register_decoder(("pth",), basic.decode_pth, name="torch.load", fix=f"save tensors and plain containers only; other objects need pickle: {_PICKLE_FIX}")
@@ -173,7 +185,11 @@ class SampleDecoder:
         guess_content: choose the image (and video) decoders by sniffing the content with the
             ``filetype`` package, for parts whose extension does not tell.
         allow_pickle: unpickle ``pkl pickle pyd`` parts, numpy object arrays and arbitrary
-            ``pth`` files. Off by default: unpickling runs code from the dataset.
+            ``pth`` files. Off by default: unpickling runs code from the dataset, so such a part
+            raises :class:`UntrustedDataError` (a ``DecodeError`` that stops the run) unless
+            ``ENERGON_LITE_TRUST_PICKLE=1`` is set or the process runs as Energon.
+        untrusted_pickle: what an untrusted ``pkl pickle pyd`` part becomes: ``"error"`` (the
+            default) or ``"bytes"`` (left undecoded, e.g. for a linter).
         image_max_size: off by default. When set, JPEGs are decoded at 1/2, 1/4 or 1/8 scale
             where their longest side stays at least this many pixels (Pillow's ``draft``), which
             is much faster for large photos but CHANGES the image size; other formats are
@@ -190,6 +206,7 @@ class SampleDecoder:
         allow_pickle: bool = False,
         image_max_size: int | None = None,
         av_byte_budget: int = av.DEFAULT_BYTE_BUDGET,
+        untrusted_pickle: str = "error",
     ) -> None:
         check_image_decode(image_decode)
         if av_decode not in AV_DECODE_MODES:
@@ -214,6 +231,8 @@ class SampleDecoder:
         for flag, value in (("video_decode_audio", video_decode_audio), ("guess_content", guess_content), ("allow_pickle", allow_pickle)):
             if not isinstance(value, bool):
                 raise ConfigError(format_message(f"{flag} must be True or False", found=repr(value)))
+        if untrusted_pickle not in ("error", "bytes"):
+            raise ConfigError(format_message("untrusted_pickle must be 'error' or 'bytes'", found=repr(untrusted_pickle)))
         if guess_content:
             try:
                 import filetype  # noqa: F401
@@ -229,6 +248,7 @@ class SampleDecoder:
         self.video_decode_audio = video_decode_audio
         self.guess_content = guess_content
         self.allow_pickle = allow_pickle
+        self.untrusted_pickle = untrusted_pickle
         self.image_max_size = image_max_size
         if isinstance(av_byte_budget, bool) or not isinstance(av_byte_budget, int) or av_byte_budget < 1:
             raise ConfigError(format_message("av_byte_budget must be a positive number of bytes", found=repr(av_byte_budget)))
@@ -246,6 +266,8 @@ class SampleDecoder:
             "image_max_size": self.image_max_size,
             "av_byte_budget": self.av_byte_budget,
             "av_backend": av.backend(),
+            # Only when set, so that saved fingerprints stay valid.
+            **({"untrusted_pickle": self.untrusted_pickle} if self.untrusted_pickle != "error" else {}),
         }
 
     def __repr__(self) -> str:
@@ -263,11 +285,13 @@ class SampleDecoder:
                     return guessed
         return decoder_for(name.rsplit(".", 1)[-1])
 
-    def decode_part(self, part_name: str, data: bytes, *, key: str = "?") -> Any:
+    def decode_part(self, part_name: str, data: bytes, *, key: str = "?", dataset: str | None = None) -> Any:
         """Decodes one part by its name (e.g. ``"jpg"``, ``"detail.json"``, ``"txt.gz"``).
 
         Values that are not bytes-like are returned unchanged (already decoded). Raises
-        :class:`DecodeError` naming ``key`` and the part if the data cannot be decoded.
+        :class:`DecodeError` naming ``key`` and the part if the data cannot be decoded, and
+        :class:`UntrustedDataError` for a pickle part nothing allowed to unpickle. ``dataset``
+        (its path) goes into messages and keys the once-per-dataset log of Energon mode.
         """
         if isinstance(data, (bytearray, memoryview)):
             data = bytes(data)
@@ -283,24 +307,48 @@ class SampleDecoder:
         entry = self._entry(name, data)
         if entry is None:
             return data
+        if entry.fn is basic.decode_pickle and not self._pickle_trusted(key, part_name, data, dataset):
+            return data  # untrusted_pickle="bytes"
         try:
             value = entry.fn(data, self)
             if isinstance(value, av.AVDecoder):
                 value.name = f"sample {key!r}, part {part_name!r}"  # lazy: errors come later
                 value.extension = name.rsplit(".", 1)[-1]
             return value
-        except MissingDependencyError:
+        except (MissingDependencyError, UntrustedDataError):
             raise
         except Exception as exc:
             settings = f" (image_decode={self.image_decode!r})" if entry.fn is image.decode_image else ""
             raise self._error(key, part_name, data, entry.name, exc, entry.fix, settings) from exc
 
-    def decode(self, parts: Mapping[str, Any], *, key: str) -> dict[str, Any]:
+    def decode(self, parts: Mapping[str, Any], *, key: str, dataset: str | None = None) -> dict[str, Any]:
         """Decodes every part of a sample into a new dict; keys starting with ``__`` pass through."""
         return {
-            name: value if name.startswith("__") else self.decode_part(name, value, key=key)
+            name: value if name.startswith("__") else self.decode_part(name, value, key=key, dataset=dataset)
             for name, value in parts.items()
         }
+
+    def _pickle_trusted(self, key: str, part_name: str, data: bytes, dataset: str | None) -> bool:
+        """True if the pickle part may be unpickled, False to leave it as bytes; else raises."""
+        if self.allow_pickle:
+            return True
+        where = f"{dataset}: sample {key!r}, part {part_name!r}" if dataset else f"sample {key!r}, part {part_name!r}"
+        if energon_mode.opted_in(TRUST_PICKLE_ENV, f"pickle:{dataset}", f"unpickling pickle parts, first {where}"):
+            return True
+        if self.untrusted_pickle == "bytes":
+            return False
+        raise UntrustedDataError(
+            format_message(
+                f"part {part_name!r} of sample {key!r} is a pickle; unpickling runs code stored in the dataset, "
+                "so it is not done unless you allow it",
+                where=where,
+                expected="parts decoded without running code (or an explicit opt-in)",
+                found=f"{len(data)} bytes of pickle data",
+                fix="if you trust the dataset, use SampleDecoder(allow_pickle=True) as the task encoder's decoder, "
+                f"or set {TRUST_PICKLE_ENV}=1 in the environment for a program you cannot edit; otherwise leave "
+                "the part out of field_map / part_filter, or store it as .npy / .json",
+            )
+        )
 
     def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
         """Energon's call form: decodes a raw sample dict, taking the key from ``__key__``."""

@@ -6,35 +6,47 @@ a long video never holds the whole decoded video; every request is also checked 
 budget (:data:`DEFAULT_BYTE_BUDGET` per call, configurable per decoder) and exceeding it is a
 :class:`~megatron_energon_lite.errors.DecodeError`, not an out-of-memory kill.  The decoder reads
 from the bytes in memory (no temporary files) and pickles as those bytes, so it can cross from a
-dataloader worker to the main process or be rebuilt by ``restore_sample``.
+dataloader worker to the main process or be rebuilt by ``restore_sample``.  Like Energon's, it can
+be made from a binary file object (``AVDecoder(io.BytesIO(data))``) as well as from bytes.
 
-Units and ranges follow Energon's ``AVDecoder``: video ranges in seconds (or frame numbers),
-inclusive of the end, at least one frame per range; audio ranges in seconds (or samples).  A
-range past the end of the stream is clamped to the stream (documented behaviour, not an error);
-a range that starts after the end yields the last frame (video) or an empty clip (audio).
+Ranges, units and results follow Energon's ``AVDecoder`` (checked against it on generated files):
+
+* video ranges in seconds (or frame numbers), end inclusive: a clip holds every frame shown during
+  ``[start, end]`` (the frame on screen at ``start`` through the one on screen at ``end``); its
+  timestamps are the start of its first frame and the end of its last frame;
+* audio ranges in seconds (or samples): ``int(seconds * rate + 0.5)`` samples from the sample at
+  ``start``, in the stream's own sample type (``int16`` for 16-bit PCM, ``float32`` for float
+  codecs, ...); ``sample_rate=`` (ours) resamples and gives ``float32`` in [-1, 1];
+* a range that holds no frame or sample (it starts at or after the end) gives no clip: the list
+  of clips is shorter than the list of ranges.  A range that ends after the end is cut there.
 
 Inside dataloader workers FFmpeg decodes with one thread, so forked workers cannot deadlock on
 FFmpeg's thread pool.
 
-Audio clips of WAV, FLAC and Ogg files are read with ``soundfile`` (libsndfile) when it is
-installed: the same float32 ``(channels, samples)`` clips and timestamps, without FFmpeg's demuxer.
-Without it, or where libsndfile cannot read a file or a clip must be resampled, PyAV decodes.
+Audio clips of WAV and FLAC files are read with ``soundfile`` (libsndfile) when it is installed:
+the same clips (the same sample type and values) and timestamps, without FFmpeg's demuxer.
+Without it, or where libsndfile reads the file in another sample type than FFmpeg (8-bit PCM,
+Vorbis, ...) or a clip must be resampled, PyAV decodes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import logging
 import math
 import os
 import threading
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, BinaryIO, Literal, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import DecodeError, MissingDependencyError, format_message
+from ..media.metadata import (
+    AVMetadata,  # the one typed metadata class (Energon's media.AVMetadata)
+)
 
 __all__ = [
     "AV_EXTENSIONS",
@@ -107,27 +119,13 @@ def _sndfile_container(data: bytes) -> bool:
 @dataclasses.dataclass
 class AVData:
     """Decoded clips: video clips ``(frames, 3, height, width)`` uint8, audio clips
-    ``(channels, samples)`` float32, each with its ``(start, end)`` seconds."""
+    ``(channels, samples)`` in the stream's sample type (float32 when resampled), each with its
+    ``(start, end)`` seconds.  A part that was not asked for is an empty list (as Energon)."""
 
     video_clips: Optional[list[torch.Tensor]]
     video_timestamps: Optional[list[tuple[float, float]]]
     audio_clips: Optional[list[torch.Tensor]]
     audio_timestamps: Optional[list[tuple[float, float]]]
-
-
-@dataclasses.dataclass
-class AVMetadata:
-    """Stream facts read without decoding (Energon's field names)."""
-
-    video_duration: float | None = None
-    video_num_frames: int | None = None
-    video_fps: float | None = None
-    video_width: int | None = None
-    video_height: int | None = None
-    audio_duration: float | None = None
-    audio_channels: int | None = None
-    audio_sample_rate: int | None = None
-    audio_num_samples: int | None = None
 
 
 _local = threading.local()
@@ -161,38 +159,85 @@ def _to_rgb(frame, **size) -> np.ndarray:
 
 #: PCM/float sample formats -> scale to [-1, 1] (float formats are already there).
 _SAMPLE_SCALE = {"s16": 1 / 32768, "s32": 1 / 2147483648, "flt": 1.0, "dbl": 1.0}
+#: libsndfile subtypes whose samples FFmpeg decodes to the same values, and their numpy type.
+_SNDFILE_NATIVE = {"PCM_16": "int16", "PCM_S8": "int16", "PCM_24": "int32", "PCM_32": "int32", "FLOAT": "float32", "DOUBLE": "float64"}
+
+
+def _native_samples(frame) -> np.ndarray:
+    """``(channels, samples)`` of an audio frame in its own sample type (Energon's layout)."""
+    array = frame.to_ndarray()
+    if not frame.format.is_planar:  # packed: (1, samples * channels), interleaved
+        array = array.reshape(-1, len(frame.layout.channels)).T
+    return array
 
 
 def _float_samples(frame) -> np.ndarray | None:
-    """``(channels, samples)`` float32 of a PCM or float frame; None for other formats."""
-    name = frame.format.name
-    scale = _SAMPLE_SCALE.get(name.rstrip("p"))
+    """``(channels, samples)`` float32 in [-1, 1] of a PCM or float frame; None for other formats."""
+    scale = _SAMPLE_SCALE.get(frame.format.name.rstrip("p"))
     if scale is None:
         return None
-    array = frame.to_ndarray()
-    channels = len(frame.layout.channels)
-    if not frame.format.is_planar:  # packed: (1, samples * channels), interleaved
-        array = array.reshape(-1, channels).T
+    array = _native_samples(frame)
     return (array.astype(np.float32) * np.float32(scale)) if scale != 1.0 or array.dtype != np.float32 else array
+
+
+def _frame_time(frame, stream) -> float:
+    return float(frame.pts * stream.time_base) if frame.pts is not None else 0.0
+
+
+def _half_up(value: float) -> int:
+    """Energon's rounding of sample positions: ``int(value + 0.5)``."""
+    return int(value + 0.5)
 
 
 def _in_worker() -> bool:
     return torch.utils.data.get_worker_info() is not None
 
 
-class AVDecoder:
-    """Lazy access to the video and audio of one sample part."""
+def _read_stream(stream: Any) -> bytes:
+    """All bytes of a binary file object, from its start (Energon's AVDecoder takes a stream)."""
+    if isinstance(stream, io.TextIOBase) or "t" in str(getattr(stream, "mode", "rb")):
+        raise DecodeError(format_message("AVDecoder needs a binary stream", found=f"{type(stream).__name__} opened in text mode", fix="open the file with mode 'rb', or pass its bytes"))
+    if getattr(stream, "seekable", lambda: False)():
+        stream.seek(0)
+    data = stream.read()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DecodeError(format_message("AVDecoder needs a binary stream", found=f"read() returned {type(data).__name__}", fix="pass bytes or a file opened with mode 'rb'"))
+    return bytes(data)
 
-    def __init__(self, data: bytes, *, name: str = "?", byte_budget: int = DEFAULT_BYTE_BUDGET, extension: str | None = None) -> None:
-        self.data = bytes(data)
+
+class AVDecoder:
+    """Lazy access to the video and audio of one sample part.
+
+    ``AVDecoder(stream)`` takes the part's bytes or, as Energon's, a binary file object (read
+    once, from its start).  ``suppress_warnings`` is accepted for Energon's signature (this
+    decoder has no seeking warnings to suppress).
+    """
+
+    def __init__(
+        self,
+        stream: bytes | bytearray | memoryview | BinaryIO,
+        suppress_warnings: bool = False,
+        *,
+        name: str = "?",
+        byte_budget: int = DEFAULT_BYTE_BUDGET,
+        extension: str | None = None,
+    ) -> None:
+        self.data = bytes(stream) if isinstance(stream, (bytes, bytearray, memoryview)) else _read_stream(stream)
+        self.suppress_warnings = suppress_warnings
         self.name = name  # "sample key, part" for messages
         self.byte_budget = byte_budget
         self.extension = extension  # the part's extension, a hint for opening
 
+    @property
+    def stream(self) -> io.BytesIO:
+        """The media as a fresh binary stream (Energon's attribute), e.g. for ``av.open``."""
+        return io.BytesIO(self.data)
+
     def __getstate__(self) -> dict:
-        return {"data": self.data, "name": self.name, "byte_budget": self.byte_budget, "extension": self.extension}
+        return {"data": self.data, "name": self.name, "byte_budget": self.byte_budget, "extension": self.extension, "suppress_warnings": self.suppress_warnings}
 
     def __setstate__(self, state: dict) -> None:
+        self.suppress_warnings = False
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
@@ -249,49 +294,132 @@ class AVDecoder:
         with self._open() as container:
             return bool(container.streams.audio)
 
-    def get_metadata(self, get_video_frame_count: bool = False) -> AVMetadata:
-        """Durations, rates and sizes from the container; frame count from the stream header, or
-        by counting packets (no decoding) with ``get_video_frame_count=True`` when it is missing."""
+    def get_metadata(
+        self,
+        get_video: bool = True,
+        get_video_duration: bool = True,
+        get_video_frame_count: bool = True,
+        get_video_frame_size: bool = True,
+        get_audio: bool = True,
+        get_audio_duration: bool = True,
+        get_audio_num_samples: bool = False,
+    ) -> AVMetadata:
+        """Durations, rates and sizes of the first video and audio stream (Energon's arguments).
+
+        Header values come first; what the header lacks is computed only when asked:
+        ``get_video_duration`` / ``get_audio_duration`` read the packets (no decoding),
+        ``get_video_frame_count`` counts packets when the header has no frame count,
+        ``get_video_frame_size`` decodes the first frame when the header has no size, and
+        ``get_audio_num_samples`` counts the samples (libsndfile's count for WAV/FLAC, else by
+        decoding).  ``get_video=False`` / ``get_audio=False`` leave that stream's fields None.
+        """
         meta = AVMetadata()
-        with self._open() as container:
-            if container.streams.video:
-                stream = container.streams.video[0]
-                meta.video_fps = float(stream.average_rate or stream.base_rate or 0) or None
-                meta.video_width, meta.video_height = stream.codec_context.width, stream.codec_context.height
-                meta.video_duration = self._duration(container, stream)
-                frames = stream.frames or None
-                if frames is None and get_video_frame_count:
-                    frames = sum(1 for packet in container.demux(stream) if packet.size)
-                meta.video_num_frames = frames
-            if container.streams.audio:
-                stream = container.streams.audio[0]
-                meta.audio_sample_rate = stream.codec_context.sample_rate
-                meta.audio_channels = stream.codec_context.channels
-                meta.audio_duration = self._duration(container, stream)
-                if meta.audio_duration is not None and meta.audio_sample_rate:
-                    meta.audio_num_samples = int(round(meta.audio_duration * meta.audio_sample_rate))
+        try:
+            with self._open() as container:
+                if get_video and container.streams.video:
+                    self._video_metadata(container, meta, get_video_duration, get_video_frame_count, get_video_frame_size)
+                if get_audio and container.streams.audio:
+                    self._audio_metadata(container, meta, get_audio_duration, get_audio_num_samples)
+        except DecodeError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self._error("cannot read the media's metadata", exc) from exc
         return meta
 
+    def _video_metadata(self, container, meta: AVMetadata, duration: bool, frame_count: bool, frame_size: bool) -> None:
+        stream = container.streams.video[0]
+        meta.video_duration = self._duration(stream)
+        if meta.video_duration is None and duration:
+            # No duration in the header: count the packets (no decoding), which gives the frame
+            # count too (Energon fills both then).
+            count, end = self._count_packets(container, stream)
+            meta.video_num_frames = count
+            if end is not None:
+                meta.video_duration = float((end - (stream.start_time or 0)) * stream.time_base)
+        if frame_count and meta.video_num_frames is None:
+            meta.video_num_frames = stream.frames or self._count_packets(container, stream)[0]
+        rate = stream.average_rate
+        if rate:
+            meta.video_fps = float(rate)
+        elif meta.video_num_frames and meta.video_duration:
+            meta.video_fps = meta.video_num_frames / meta.video_duration
+        if frame_size:
+            meta.video_width, meta.video_height = stream.codec_context.width or None, stream.codec_context.height or None
+            if meta.video_width is None or meta.video_height is None:
+                container.seek(0)
+                for frame in container.decode(stream):
+                    meta.video_width, meta.video_height = frame.width, frame.height
+                    break
+
     @staticmethod
-    def _duration(container, stream) -> float | None:
-        if stream.duration is not None and stream.time_base is not None:
-            return float(stream.duration * stream.time_base)
-        if container.duration is not None:
-            return container.duration / 1_000_000
-        return None
+    def _count_packets(container, stream) -> tuple[int, int | None]:
+        """Packets with a timestamp and the end of the last one (stream time base)."""
+        count, end = 0, None
+        container.seek(0)
+        for packet in container.demux(stream):
+            if packet.pts is not None:
+                count += 1
+                if packet.duration is not None:
+                    end = packet.pts + packet.duration if end is None else max(end, packet.pts + packet.duration)
+        return count, end
+
+    def _audio_metadata(self, container, meta: AVMetadata, duration: bool, num_samples: bool) -> None:
+        stream = container.streams.audio[0]
+        meta.audio_sample_rate = stream.codec_context.sample_rate or None
+        meta.audio_channels = stream.codec_context.channels or None
+        meta.audio_duration = self._duration(stream)
+        if num_samples:
+            counted = self._sndfile_frames()
+            if counted is None:
+                counted, end = 0, None
+                container.seek(0)
+                for frame in container.decode(stream):
+                    counted += frame.samples
+                    if frame.pts is not None and frame.duration is not None:
+                        end = frame.pts + frame.duration
+                if end is not None:  # Energon takes the duration from the last frame then
+                    meta.audio_duration = float((end - (stream.start_time or 0)) * stream.time_base)
+            meta.audio_num_samples = counted
+            if meta.audio_duration is None and meta.audio_sample_rate:
+                meta.audio_duration = counted / meta.audio_sample_rate
+        if meta.audio_duration is None and duration:
+            end = None
+            container.seek(0)
+            for packet in container.demux(stream):
+                if packet.pts is not None and packet.duration is not None:
+                    end = packet.pts + packet.duration
+            if end is not None:
+                meta.audio_duration = float((end - (stream.start_time or 0)) * stream.time_base)
+
+    def _sndfile_frames(self) -> int | None:
+        if _soundfile() is None or not _sndfile_container(self.data):
+            return None
+        try:
+            with _soundfile().SoundFile(io.BytesIO(self.data)) as file:
+                return int(file.frames)
+        except Exception:  # noqa: BLE001 - libsndfile cannot read it: count by decoding
+            return None
+
+    @staticmethod
+    def _duration(stream) -> float | None:
+        """The stream's duration from its header, as Energon computes it (minus its start time)."""
+        if stream.duration is None or stream.time_base is None:
+            return None
+        return float((stream.duration - (stream.start_time or 0)) * stream.time_base)
 
     def get_video_fps(self) -> float:
-        return self.get_metadata().video_fps or 0.0
+        return self.get_metadata(get_video_duration=False, get_video_frame_count=False, get_video_frame_size=False, get_audio=False).video_fps or 0.0
 
     def get_audio_samples_per_second(self) -> int:
-        return self.get_metadata().audio_sample_rate or 0
+        return self.get_metadata(get_video=False, get_audio_duration=False).audio_sample_rate or 0
 
-    def get_video_duration(self, get_frame_count: bool = False):
-        meta = self.get_metadata(get_video_frame_count=get_frame_count)
-        return (meta.video_duration, meta.video_num_frames) if get_frame_count else meta.video_duration
+    def get_video_duration(self, get_frame_count: bool = False) -> tuple[float | None, int | None]:
+        """``(duration in seconds, number of frames or None)``; the count only with ``get_frame_count``."""
+        meta = self.get_metadata(get_video_frame_count=get_frame_count, get_video_frame_size=False, get_audio=False)
+        return meta.video_duration, meta.video_num_frames if get_frame_count else None
 
     def get_audio_duration(self) -> float | None:
-        return self.get_metadata().audio_duration
+        return self.get_metadata(get_video=False).audio_duration
 
     # --- video ---------------------------------------------------------------------------------
     def get_video_clips(
@@ -300,8 +428,10 @@ class AVDecoder:
         video_unit: Literal["frames", "seconds"] = "seconds",
         video_out_frame_size: Optional[tuple[int, int]] = None,
     ) -> tuple[list[torch.Tensor], list[tuple[float, float]]]:
-        """Frames of each ``(start, end)`` range (end inclusive), as ``(frames, 3, h, w)`` uint8;
-        ``video_out_frame_size`` is ``(width, height)`` to resize while decoding."""
+        """The frames shown during each ``[start, end]`` range (end inclusive) as
+        ``(frames, 3, h, w)`` uint8, with ``(start of the first frame, end of the last frame)`` in
+        seconds; a range with no frame in it gives no clip.  ``video_out_frame_size`` is
+        ``(width, height)`` to resize while decoding."""
         if video_unit not in ("frames", "seconds"):
             raise self._error(f"unknown video_unit {video_unit!r}", fix='use "seconds" or "frames"')
         clips, stamps, used = [], [], 0
@@ -311,52 +441,50 @@ class AVDecoder:
             time_base = stream.time_base
             for start, end in video_clip_ranges:
                 if video_unit == "frames":
-                    start, end = start / fps, end / fps
+                    start, end = int(start) / fps, (end if math.isinf(end) else int(end)) / fps
                 if end < start:
                     raise self._error(f"video clip range ends before it starts: ({start}, {end})", fix="pass (start, end) with end >= start")
-                frames, times = self._decode_range(container, stream, time_base, start, end, video_out_frame_size)
+                frames, first, last = self._decode_range(container, stream, time_base, fps, start, end, video_out_frame_size)
+                if not frames:
+                    continue  # nothing is shown during the range: no clip (as Energon)
                 used += sum(f.nbytes for f in frames)
                 self._check_budget(used)
                 clips.append(torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2).contiguous())
-                stamps.append((times[0], times[-1]))
+                stamps.append((first, last))
         return clips, stamps
 
-    def _decode_range(self, container, stream, time_base, start: float, end: float, size) -> tuple[list[np.ndarray], list[float]]:
-        """Seeks to the keyframe at or before ``start`` and decodes until past ``end``."""
+    def _decode_range(self, container, stream, time_base, fps: float, start: float, end: float, size) -> tuple[list[np.ndarray], float, float]:
+        """Seeks to the keyframe at or before ``start`` and decodes the frames shown during
+        ``[start, end]``: those that start at or before ``end`` and end after ``start``."""
+        frames: list[np.ndarray] = []
+        first = last = 0.0
+        eps = 1e-6
         try:
             container.seek(max(0, int(start / time_base)), stream=stream, backward=True, any_frame=False)
-            frames: list[np.ndarray] = []
-            times: list[float] = []
-            last = None
             kwargs: dict[str, int] = {}
             if size is not None:
                 kwargs.update(width=int(size[0]), height=int(size[1]))
             for frame in container.decode(stream):
                 t = float(frame.pts * time_base) if frame.pts is not None else float(frame.time or 0)
-                if t > end + 1e-6:
-                    if not frames:  # no frame inside the range: the first one after it
-                        frames.append(_to_rgb(frame, **kwargs))
-                        times.append(t)
+                if t > end + eps:
                     break
-                if t + 1e-6 >= start:
+                duration = float(frame.duration * time_base) if getattr(frame, "duration", None) else 1.0 / fps
+                if t + duration > start + eps:
+                    if not frames:
+                        first = t
                     frames.append(_to_rgb(frame, **kwargs))
-                    times.append(t)
+                    last = t + duration
                     self._check_budget(sum(f.nbytes for f in frames))
-                else:
-                    last = (frame, t)
-            if not frames and last is not None:  # the range starts after the last frame: clamp
-                frames.append(_to_rgb(last[0], **kwargs))
-                times.append(last[1])
         except DecodeError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise self._error("cannot decode the video", exc) from exc
-        if not frames:
-            raise self._error("the video stream has no frames")
-        return frames, times
+        return frames, first, last
 
     def get_video(self) -> AVData:
-        return self.get_frames(video_decode_audio=False)
+        """All frames of the video stream (Energon: no audio)."""
+        clips, stamps = self.get_video_clips([(0.0, math.inf)])
+        return AVData(clips, stamps, [], [])
 
     # --- audio ---------------------------------------------------------------------------------
     def get_audio_clips(
@@ -365,8 +493,10 @@ class AVDecoder:
         audio_unit: Literal["samples", "seconds"] = "seconds",
         sample_rate: int | None = None,
     ) -> tuple[list[torch.Tensor], list[tuple[float, float]]]:
-        """Samples of each ``[start, end)`` range as ``(channels, samples)`` float32; with
-        ``sample_rate`` the audio is resampled to it first (ranges are in the source's units)."""
+        """Samples of each ``[start, end)`` range as ``(channels, samples)`` in the stream's own
+        sample type, with ``(start, end)`` seconds (the end cut at the end of the audio); a range
+        starting at or after the end gives no clip.  With ``sample_rate`` (ours) the audio is
+        resampled to it first and the clips are float32 (ranges are in the source's units)."""
         if audio_unit not in ("samples", "seconds"):
             raise self._error(f"unknown audio_unit {audio_unit!r}", fix='use "seconds" or "samples"')
         if _soundfile() is not None and _sndfile_container(self.data):
@@ -379,28 +509,41 @@ class AVDecoder:
             stream = self._stream(container, "audio")
             source_rate = stream.codec_context.sample_rate
             rate = sample_rate or source_rate
+            as_float = sample_rate is not None
             for start, end in audio_clip_ranges:
                 if audio_unit == "samples":
                     start, end = start / source_rate, end / source_rate
                 if end < start:
                     raise self._error(f"audio clip range ends before it starts: ({start}, {end})", fix="pass (start, end) with end >= start")
                 try:
-                    container.seek(max(0, int(start / stream.time_base)), stream=stream, backward=True, any_frame=False)
+                    # Seek as Energon does (the container, in AV_TIME_BASE units), so that a codec
+                    # with overlapping frames (AAC) decodes the same values; decode from the start
+                    # if the seek lands after the range start.
+                    container.seek(max(0, int(start * av.time_base)))
                     # Resample only when asked to; plain PCM/float frames convert in numpy.
                     resampler = av.AudioResampler(format="fltp", layout=stream.codec_context.layout.name, rate=rate) if rate != source_rate else None
-                    chunks, first_time = [], None
-                    for frame in container.decode(stream):
-                        t = float(frame.pts * stream.time_base) if frame.pts is not None else 0.0
+                    chunks, first_time, last_end = [], None, 0.0
+                    frames = iter(container.decode(stream))
+                    head = next(frames, None)
+                    if head is not None and start > 0 and _frame_time(head, stream) > start:
+                        container.seek(0)
+                        frames = iter(container.decode(stream))
+                        head = next(frames, None)
+                    for frame in itertools.chain([head] if head is not None else [], frames):
+                        t = _frame_time(frame, stream)
                         if t > end:
                             break
                         if first_time is None:
                             first_time = t
-                        converted = _float_samples(frame) if resampler is None else None
-                        if converted is not None:
-                            chunks.append(converted)
-                        else:
-                            resampler = resampler or av.AudioResampler(format="fltp", layout=stream.codec_context.layout.name, rate=rate)
+                        last_end = t + (float(frame.duration * stream.time_base) if frame.duration else frame.samples / source_rate)
+                        if resampler is None:
+                            converted = _float_samples(frame) if as_float else _native_samples(frame)
+                            if converted is None:
+                                resampler = av.AudioResampler(format="fltp", layout=stream.codec_context.layout.name, rate=rate)
+                        if resampler is not None:
                             chunks.extend(out.to_ndarray() for out in resampler.resample(frame))
+                        else:
+                            chunks.append(converted)
                         used += chunks[-1].nbytes if chunks else 0
                         self._check_budget(used)
                     if resampler is not None:
@@ -409,38 +552,32 @@ class AVDecoder:
                     raise
                 except Exception as exc:  # noqa: BLE001
                     raise self._error("cannot decode the audio", exc) from exc
-                if not chunks and first_time is None and start > 0 and self._has_samples(container, stream):
-                    # The range starts at or after the end of the audio: an empty clip.
-                    chunks, first_time = [np.zeros((stream.codec_context.channels, 0), np.float32)], start
                 if not chunks:
-                    raise self._error("the audio stream has no samples in this range" if first_time is not None else "the audio stream has no samples", fix="check the file, or ask for a range inside the audio")
+                    continue  # the range starts at or after the end of the audio: no clip
                 audio = np.concatenate(chunks, axis=1)
                 # Cut to the range: the first decoded frame starts at first_time (at or before start).
-                offset = max(0, int(round((start - first_time) * rate)))
-                length = int(round((end - start) * rate)) if math.isfinite(end) else audio.shape[1]
-                clip = audio[:, offset : offset + length]  # clamped at the end of the stream
-                clips.append(torch.from_numpy(np.ascontiguousarray(clip, dtype=np.float32)))
-                stamps.append((first_time + offset / rate, first_time + (offset + clip.shape[1]) / rate))
+                offset = max(0, _half_up((start - first_time) * rate))
+                length = _half_up((end - start) * rate) if math.isfinite(end) else audio.shape[1]
+                clip = audio[:, offset : offset + length]  # cut at the end of the stream
+                if clip.shape[1] == 0 and length > 0:
+                    continue
+                clips.append(torch.from_numpy(np.ascontiguousarray(clip)))
+                complete = math.isfinite(end) and clip.shape[1] >= length
+                stamps.append((float(max(start, first_time)), end if complete else last_end))  # cut: where the last frame ends
         return clips, stamps
-
-    def _has_samples(self, container, stream) -> bool:
-        try:
-            container.seek(0, stream=stream, backward=True, any_frame=False)
-            return any(frame.samples for frame in container.decode(stream))
-        except Exception:  # noqa: BLE001 - unreadable counts as empty: the caller raises
-            return False
 
     def _soundfile_audio_clips(self, ranges, unit: str, sample_rate: int | None):
         """:meth:`get_audio_clips` through libsndfile, with the same clips and timestamps as the
-        PyAV path; None where the PyAV path must do it (resampling, or a file libsndfile cannot
-        read: PyAV then decodes it or reports the error)."""
+        PyAV path; None where the PyAV path must do it (resampling, a sample type FFmpeg decodes
+        differently, or a file libsndfile cannot read: PyAV then decodes it or reports the error)."""
         try:
             file = _soundfile().SoundFile(io.BytesIO(self.data))
         except Exception:  # noqa: BLE001 - e.g. a codec this libsndfile lacks
             return None
         with file:
             rate, total, channels = file.samplerate, file.frames, file.channels
-            if sample_rate not in (None, rate) or total <= 0:
+            dtype = "float32" if sample_rate is not None else _SNDFILE_NATIVE.get(file.subtype)
+            if sample_rate not in (None, rate) or total <= 0 or dtype is None:
                 return None
             clips, stamps, used = [], [], 0
             for start, end in ranges:
@@ -448,27 +585,29 @@ class AVDecoder:
                     start, end = start / rate, end / rate
                 if end < start:
                     raise self._error(f"audio clip range ends before it starts: ({start}, {end})", fix="pass (start, end) with end >= start")
-                first = max(0, int(round(start * rate)))
-                length = int(round((end - start) * rate)) if math.isfinite(end) else total
-                count = max(0, min(length, total - first))  # clamped at the end of the audio
-                used += count * channels * 4
+                first = max(0, _half_up(start * rate))
+                length = _half_up((end - start) * rate) if math.isfinite(end) else total
+                count = max(0, min(length, total - first))  # cut at the end of the audio
+                if first >= total or (count == 0 and length > 0):
+                    continue  # the range starts at or after the end: no clip
+                used += count * channels * np.dtype(dtype).itemsize
                 self._check_budget(used)
-                samples = np.zeros((0, channels), np.float32)
+                samples = np.zeros((0, channels), dtype)
                 try:
                     if count:
                         file.seek(first)
-                        samples = file.read(count, dtype="float32", always_2d=True)
+                        samples = file.read(count, dtype=dtype, always_2d=True)
                 except Exception:  # noqa: BLE001
                     return None
-                clip = torch.from_numpy(np.ascontiguousarray(samples.T))
-                clips.append(clip)
-                stamps.append((first / rate, (first + clip.shape[1]) / rate))
+                clips.append(torch.from_numpy(np.ascontiguousarray(samples.T)))
+                complete = math.isfinite(end) and count >= length
+                stamps.append((float(start), end if complete else (first + count) / rate))
         return clips, stamps
 
     def get_audio(self) -> AVData:
-        duration = self.get_audio_duration()
-        clips, stamps = self.get_audio_clips([(0.0, duration if duration else math.inf)])
-        return AVData(None, None, clips, stamps)
+        """All samples of the audio stream (Energon: no video)."""
+        clips, stamps = self.get_audio_clips([(0.0, math.inf)])
+        return AVData([], [], clips, stamps)
 
     # --- both ----------------------------------------------------------------------------------
     def get_clips(
@@ -484,19 +623,19 @@ class AVDecoder:
         return AVData(video, video_times, audio, audio_times)
 
     def get_frames(self, video_decode_audio: bool = False) -> AVData:
-        """Everything: all video frames (and the audio with ``video_decode_audio``), or the audio
-        of an audio-only file."""
-        meta = self.get_metadata()
-        if meta.video_duration is None and meta.video_width is None:
+        """Everything: all video frames (and the audio with ``video_decode_audio``, when the file
+        has an audio stream), or the audio of an audio-only file."""
+        with self._open() as container:
+            has_video, has_audio = bool(container.streams.video), bool(container.streams.audio)
+        if not has_video:
             return self.get_audio()
-        video, video_times = self.get_video_clips([(0.0, math.inf)])
-        audio = audio_times = None
-        if video_decode_audio and meta.audio_sample_rate:
-            audio, audio_times = self.get_audio_clips([(0.0, meta.audio_duration or math.inf)])
-        return AVData(video, video_times, audio, audio_times)
+        if video_decode_audio and has_audio:
+            return self.get_video_with_audio()
+        return self.get_video()
 
     def get_video_with_audio(self) -> AVData:
-        return self.get_frames(video_decode_audio=True)
+        """All video frames and all audio samples."""
+        return self.get_clips(video_clip_ranges=[(0.0, math.inf)], audio_clip_ranges=[(0.0, math.inf)])
 
 
 def get_clips_uniform(
@@ -507,17 +646,31 @@ def get_clips_uniform(
     request_audio: bool = False,
     video_out_frame_size: Optional[tuple[int, int]] = None,
 ) -> AVData:
-    """``num_clips`` clips of ``clip_duration_seconds`` each, spread evenly from start to end."""
+    """``num_clips`` clips of ``clip_duration_seconds`` each, spread evenly (Energon's placement).
+
+    The clips start at ``numpy.linspace(0, duration - clip_duration_seconds, num_clips)``, the
+    duration being the shorter of the requested streams'.  Clips of zero duration (single
+    frames) sit at the middle of frames: from half a frame after the start to half a frame before
+    the end.
+    """
     if not (request_video or request_audio):
         raise DecodeError(format_message("get_clips_uniform needs request_video or request_audio", where=av_decoder.name))
     if num_clips < 1:
         raise DecodeError(format_message("num_clips must be at least 1", where=av_decoder.name, found=repr(num_clips)))
-    meta = av_decoder.get_metadata()
-    durations = [d for d, asked in ((meta.video_duration, request_video), (meta.audio_duration, request_audio)) if asked and d is not None]
-    duration = min(durations) if durations else 0.0
-    last_start = max(0.0, duration - clip_duration_seconds)
-    starts = [last_start * i / (num_clips - 1) if num_clips > 1 else 0.0 for i in range(num_clips)]
-    ranges = [(s, s + clip_duration_seconds) for s in starts]
+    meta = av_decoder.get_metadata(get_video=request_video, get_video_frame_count=False, get_video_frame_size=False, get_audio=request_audio)
+    durations = []
+    for asked, duration, what in ((request_video, meta.video_duration, "video"), (request_audio, meta.audio_duration, "audio")):
+        if asked:
+            if duration is None:
+                raise DecodeError(format_message(f"the {what} has no duration", where=av_decoder.name, fix=f"check that the file has a {what} stream"))
+            durations.append(duration)
+    total = min(durations)
+    if clip_duration_seconds == 0:
+        half_frame = 0.5 / (meta.video_fps or 1.0) if request_video else 0.0
+        first, last = half_frame, total - half_frame
+    else:
+        first, last = 0.0, total - clip_duration_seconds
+    ranges = [(float(start), float(start + clip_duration_seconds)) for start in np.linspace(first, last, num_clips)]
     return av_decoder.get_clips(
         video_clip_ranges=ranges if request_video else None,
         audio_clip_ranges=ranges if request_audio else None,
@@ -532,9 +685,12 @@ def get_single_frames_uniform(
     video_out_frame_size: Optional[tuple[int, int]] = None,
     return_timestamps: bool = False,
 ):
-    """``num_frames`` single frames spread evenly over the video, as ``(num_frames, 3, h, w)``."""
+    """``num_frames`` single frames spread evenly over the video, as ``(num_frames, 3, h, w)``
+    (with ``return_timestamps``, also the start time of each frame)."""
     data = get_clips_uniform(av_decoder, 0.0, num_frames, request_video=True, video_out_frame_size=video_out_frame_size)
-    frames = torch.stack([clip[0] for clip in data.video_clips])
+    if not data.video_clips:
+        raise DecodeError(format_message("the video has no frames", where=av_decoder.name))
+    frames = torch.cat(data.video_clips, dim=0)
     if return_timestamps:
         return frames, [start for start, _ in data.video_timestamps]
     return frames

@@ -1,10 +1,14 @@
 """Decoders for non-media parts: text, ints, JSON, numpy, torch, pickle, msgpack, CBOR.
 
 Each decoder is ``fn(data: bytes, decoder: SampleDecoder) -> value`` and is registered by
-extension in :mod:`megatron_energon_lite.decode`. Nothing here unpickles unless the decoder was
-built with ``allow_pickle=True``:
+extension in :mod:`megatron_energon_lite.decode`. Unpickling runs code stored in the data, so
+nothing here unpickles unless :func:`pickle_allowed` says so: the decoder was built with
+``allow_pickle=True``, the environment sets ``ENERGON_LITE_TRUST_PICKLE=1`` (for programs you
+cannot edit), or the process runs as Energon (``import megatron_energon_lite.as_energon``),
+which unpickles like Energon does. Otherwise:
 
-* ``pkl pickle pyd`` parts are returned as the raw bytes (a warning is logged once);
+* a ``pkl pickle pyd`` part is refused with :class:`UntrustedDataError` naming the opt-ins
+  (``SampleDecoder`` checks this before calling :func:`decode_pickle`);
 * ``npy``/``npz`` object arrays fail to decode;
 * ``pth`` is read with ``torch.load(weights_only=True)``, which loads tensors and plain containers.
 
@@ -20,10 +24,15 @@ import logging
 import pickle
 from typing import TYPE_CHECKING, Any
 
+from .. import energon_mode
+from ..errors import ConfigError, DecodeError
+
 if TYPE_CHECKING:
     from . import SampleDecoder
 
 __all__ = [
+    "TRUST_PICKLE_ENV",
+    "UntrustedDataError",
     "decode_cbor",
     "decode_int",
     "decode_json",
@@ -33,7 +42,20 @@ __all__ = [
     "decode_pickle",
     "decode_pth",
     "decode_text",
+    "pickle_allowed",
 ]
+
+#: Set to 1 to unpickle pickle-based parts without editing the program (``allow_pickle=True``).
+TRUST_PICKLE_ENV = "ENERGON_LITE_TRUST_PICKLE"
+
+
+class UntrustedDataError(DecodeError, ConfigError):
+    """A part needs unpickling, which runs code stored in the dataset, and nothing allowed it.
+
+    A :class:`DecodeError` that is also a :class:`ConfigError`: every sample with such a part
+    would fail the same way, so the loader stops at the first one instead of skipping them all.
+    """
+
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +83,24 @@ def decode_json(data: bytes, decoder: SampleDecoder) -> Any:
     return json.loads(data)
 
 
+def pickle_allowed(decoder: SampleDecoder) -> bool:
+    """Whether ``decoder`` may unpickle: ``allow_pickle=True``, ``ENERGON_LITE_TRUST_PICKLE=1`` or
+    Energon mode (read on every call, so setting the variable after import works)."""
+    return decoder.allow_pickle or energon_mode.opted_in(TRUST_PICKLE_ENV)
+
+
 def decode_npy(data: bytes, decoder: SampleDecoder) -> Any:
-    """A numpy array from ``.npy`` bytes; object arrays only with ``allow_pickle=True``."""
+    """A numpy array from ``.npy`` bytes; object arrays only when :func:`pickle_allowed`."""
     import numpy as np
 
-    return np.lib.format.read_array(io.BytesIO(data), allow_pickle=decoder.allow_pickle)
+    return np.lib.format.read_array(io.BytesIO(data), allow_pickle=pickle_allowed(decoder))
 
 
 def decode_npz(data: bytes, decoder: SampleDecoder) -> dict[str, Any]:
-    """All arrays of an ``.npz`` archive, by name; object arrays only with ``allow_pickle=True``."""
+    """All arrays of an ``.npz`` archive, by name; object arrays only when :func:`pickle_allowed`."""
     import numpy as np
 
-    loaded = np.load(io.BytesIO(data), allow_pickle=decoder.allow_pickle)
+    loaded = np.load(io.BytesIO(data), allow_pickle=pickle_allowed(decoder))
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         raise ValueError(f"expected an npz (zip) archive, found {type(loaded).__name__} data")
     with loaded:
@@ -80,21 +108,17 @@ def decode_npz(data: bytes, decoder: SampleDecoder) -> dict[str, Any]:
 
 
 def decode_pth(data: bytes, decoder: SampleDecoder) -> Any:
-    """``torch.load`` on CPU; ``weights_only`` unless ``allow_pickle=True``."""
+    """``torch.load`` on CPU; ``weights_only`` unless :func:`pickle_allowed`."""
     import torch
 
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not decoder.allow_pickle)
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not pickle_allowed(decoder))
 
 
 def decode_pickle(data: bytes, decoder: SampleDecoder) -> Any:
-    """Unpickled only with ``allow_pickle=True``; otherwise the bytes, unchanged."""
-    if not decoder.allow_pickle:
-        _warn_once(
-            "pickle",
-            "pickle parts (pkl/pickle/pyd) are left as bytes: unpickling runs code from the dataset. "
-            "Pass SampleDecoder(allow_pickle=True) if you trust the data.",
-        )
-        return data
+    """``pickle.loads``; :class:`~megatron_energon_lite.decode.SampleDecoder` calls it only
+    once :func:`pickle_allowed` (or refuses the part with :class:`UntrustedDataError`)."""
+    if not pickle_allowed(decoder):  # called directly: refuse here too
+        raise UntrustedDataError(f"unpickling is not allowed: pass SampleDecoder(allow_pickle=True) or set {TRUST_PICKLE_ENV}=1")
     return pickle.loads(data)
 
 

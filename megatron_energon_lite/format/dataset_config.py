@@ -6,7 +6,10 @@ Three forms, as in Energon 7.4 (research/energon.md 2.1-2.6):
   where an expression is ``part``, ``part[key][0]`` (JSON access) or alternatives ``jpg,png``;
 * crude: ``__class__: CrudeWebdataset`` -> a plain dict of decoded parts;
 * sample loader (legacy): ``sample_loader: file.py:function``.  This executes code shipped with
-  the dataset, so it only runs when the caller passes ``trust_dataset_code=True``.
+  the dataset, so it only runs when the caller trusts it: ``trust_dataset_code=True`` (CLI:
+  ``--trust-dataset-code``), ``ENERGON_LITE_TRUST_DATASET_CODE=1`` in the environment (for
+  programs you cannot edit), or Energon mode (``import megatron_energon_lite.as_energon``),
+  which runs it as Energon does and logs once per dataset.
 
 Class names under ``__module__: megatron.energon`` (or ``megatron_energon_lite``) are looked up
 in our sample registry; other modules must already be imported by the user's program (we never
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import re
 import sys
 from dataclasses import dataclass, field
@@ -25,9 +29,21 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from .. import energon_mode
 from ..errors import ConfigError, DecodeError, format_message
-from ..samples import CrudeSample, Sample, SourceInfo, registered_sample_types, sample_type_by_name
+from ..samples import (
+    CrudeSample,
+    Sample,
+    SourceInfo,
+    registered_sample_types,
+    sample_type_by_name,
+)
 from .metadata import DATASET_YAML, check_mapping, load_structured, meta_dir
+
+logger = logging.getLogger(__name__)
+
+#: Set to 1 to run a dataset's ``sample_loader.py`` without editing the program.
+TRUST_DATASET_CODE_ENV = "ENERGON_LITE_TRUST_DATASET_CODE"
 
 _OUR_MODULES = ("megatron.energon", "megatron_energon_lite")
 _CRUDE_CLASSES = ("CrudeWebdataset", "DefaultCrudeJsonlDatasetFactory", "CrudeJsonlDatasetFactory")
@@ -274,18 +290,25 @@ def _part_filter(value: Any, path: Path, trust: bool) -> frozenset[str] | Callab
     )
 
 
+def dataset_code_trusted(trust_dataset_code: bool, *, dataset: str) -> bool:
+    """Whether a dataset's own Python code may run: the argument, ``ENERGON_LITE_TRUST_DATASET_CODE=1``
+    or Energon mode (the last two log once per dataset, since nobody asked in the call)."""
+    return trust_dataset_code or energon_mode.opted_in(TRUST_DATASET_CODE_ENV, f"dataset-code:{dataset}", f"running the Python code of dataset {dataset}")
+
+
 def _load_function(spec: Any, path: Path, trust: bool, key: str) -> Callable:
     if not isinstance(spec, str):
         raise ConfigError(format_message(f"invalid {key}", where=f"{path}: {key}", expected="FILE.py:FUNCTION", found=repr(spec)))
     file_name, _, function = spec.partition(":")
     function = function or key
-    if not trust:
+    if not dataset_code_trusted(trust, dataset=str(path.parent.parent)):
         raise ConfigError(
             format_message(
                 f"dataset.yaml uses {key} from {file_name}, which runs Python code shipped with the dataset",
                 where=f"{path}: {key}",
-                fix="if you trust this dataset, pass trust_dataset_code=True (CLI: --trust-dataset-code); "
-                "otherwise convert it to a field_map",
+                fix=f"if you trust this dataset, pass trust_dataset_code=True to get_train_dataset / get_val_dataset "
+                f"(CLI: --trust-dataset-code), or set {TRUST_DATASET_CODE_ENV}=1 in the environment for a program "
+                "you cannot edit; otherwise convert it to a field_map",
             )
         )
     module_path = path.parent / file_name

@@ -9,22 +9,55 @@ sample whose key is missing in another dataset fails (``nonmatch: error``), is d
 
 Energon needs ``energon prepare <metadataset>.yaml`` to write this index to a cache file first;
 here it is computed when the loader is built (one SQL scan per dataset) and kept in memory, so
-forked dataloader workers share it.
+forked dataloader workers share it.  :func:`write_energon_join_index` writes Energon's cache file
+too (``<metadataset>.yaml.cache/join_index_<sha256>.bin``, see below), so that
+``energon-lite prepare meta.yaml`` leaves a join that Energon loads.
+
+Energon's join index file: the magic ``b"JIDX0001"``, the number of columns (one per joined
+dataset) as a little-endian int64, then per row and column three int64 ``(shard, byte_offset,
+byte_size)``: ``shard`` is the position of the sample's shard in the split's list of shard files
+(as written in split.yaml, shard excludes included), the byte range is the sample's in its tar
+(``index.sqlite``), and ``(-1, -1, -1)`` stands for a missing match (``nonmatch: none``).  The
+file name hashes each dataset's ``index.uuid``, its ``shard/key`` excludes and its ``nonmatch``.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import sqlite3
 from dataclasses import dataclass
+
 import numpy as np
 
 from ..errors import ConfigError, DatasetError, format_message
-from ..storage import as_path, file_stat, local_view
-from .metadata import INDEX_SQLITE, meta_dir, read_info, resolve_split
-from .metadataset import JoinMember, JoinSpec
+from ..storage import AnyPath, as_path, atomic_write_bytes, file_stat, local_view
+from .metadata import (
+    INDEX_SQLITE,
+    INDEX_UUID,
+    check_mapping,
+    load_structured,
+    meta_dir,
+    read_info,
+    read_split_config,
+    resolve_split,
+)
+from .metadataset import JoinMember, JoinSpec, load_blend_plan
 
-__all__ = ["JoinIndex", "join_index"]
+__all__ = [
+    "JOIN_INDEX_MAGIC",
+    "JoinIndex",
+    "JoinIndexFile",
+    "PreparedJoin",
+    "energon_join_index_path",
+    "join_cache_dir",
+    "join_index",
+    "prepare_metadataset_joins",
+    "write_energon_join_index",
+]
+
+#: The first bytes of Energon's join index file (format version 1).
+JOIN_INDEX_MAGIC = b"JIDX0001"
 
 
 @dataclass(frozen=True)
@@ -117,3 +150,159 @@ def _cached_index(spec: JoinSpec, stamps: tuple) -> JoinIndex:
     kept_before = np.concatenate([[0], np.cumsum(keep)])
     shard_starts = [int(kept_before[s]) for s in primary_starts]
     return JoinIndex(rows=rows, shard_starts=shard_starts)
+
+
+# --- Energon's join index cache file --------------------------------------------------------------
+
+
+def _index_database(member: JoinMember) -> str:
+    database = meta_dir(member.path) / INDEX_SQLITE
+    local = local_view(database)
+    if local is None:
+        raise DatasetError(format_message("a joined dataset has no sample index", where=member.where, expected=str(database), fix=f"run `energon-lite prepare {member.path}`"))
+    return str(local)
+
+
+def energon_join_index_path(spec: JoinSpec, cache_dir: AnyPath) -> AnyPath:
+    """Where Energon looks for this join's index: ``cache_dir / join_index_<sha256>.bin``.
+
+    The hash covers, per joined dataset in order: its ``index.uuid`` (which a new prepare
+    changes), its ``shard/key`` excludes and its ``nonmatch``.  Energon hashes the excludes in the
+    order of a Python set, which varies between processes when there are two or more; they are
+    hashed sorted here.
+    """
+    digest = hashlib.sha256()
+    for member in spec.members:
+        uuid_file = meta_dir(member.path) / INDEX_UUID
+        if not uuid_file.is_file():
+            raise DatasetError(
+                format_message(
+                    "a joined dataset has no index.uuid",
+                    where=member.where,
+                    expected=str(uuid_file),
+                    fix=f"run `energon-lite prepare {member.path} --tar-index-only` (or a full prepare)",
+                )
+            )
+        excludes = sorted({entry for entry in read_split_config(member.path, member.split_config).expanded_excludes() if "/" in entry})
+        digest.update(b"\0uuid=")
+        digest.update(uuid_file.read_text().encode())
+        digest.update(b"\0excludes=")
+        for entry in excludes:
+            digest.update(entry.encode())
+            digest.update(b"\0")
+        digest.update(f"\0nonmatch={member.nonmatch}\0".encode())
+    return cache_dir / f"join_index_{digest.hexdigest()}.bin"
+
+
+def _member_locations(member: JoinMember) -> np.ndarray:
+    """``(n, 3)`` int64: Energon's ``(shard, byte_offset, byte_size)`` of each split index."""
+    root = as_path(member.path)
+    info = read_info(root)
+    config = read_split_config(root, member.split_config)
+    split = resolve_split(root, member.split_part, split_config=member.split_config, info=info)
+    listed = {name: i for i, name in reversed(list(enumerate(config.expanded_split(member.split_part))))}
+    info_position = {name: i for i, name in enumerate(info.shard_counts)}
+    first: dict[int, tuple[int, int]] = {}  # tar_file_id -> (first split index, listed position)
+    start = 0
+    for shard in split.shards:
+        first[info_position[shard.name]] = (start, listed[shard.name])
+        start += shard.count
+    out = np.full((start, 3), -1, dtype=np.int64)
+    db = sqlite3.connect(f"file:{_index_database(member)}?mode=ro", uri=True)
+    try:
+        for tar_file_id, sample_index, offset, size in db.execute("SELECT tar_file_id, sample_index, byte_offset, byte_size FROM samples"):
+            found = first.get(tar_file_id)
+            if found is not None:
+                out[found[0] + sample_index] = (found[1], offset, size)
+    except sqlite3.Error as exc:
+        raise DatasetError(format_message("cannot read the sample index", where=str(meta_dir(root) / INDEX_SQLITE), found=str(exc), fix=f"re-run `energon-lite prepare {root}`")) from None
+    finally:
+        db.close()
+    return out
+
+
+@dataclass(frozen=True)
+class JoinIndexFile:
+    """What :func:`write_energon_join_index` did."""
+
+    path: AnyPath
+    rows: int  # rows written (joined samples)
+    primary_samples: int  # samples of the primary split (excludes applied)
+    missing: tuple[int, ...]  # per dataset: rows where it had no match (nonmatch: none)
+    written: bool  # False: an up-to-date file was already there
+
+
+def write_energon_join_index(spec: JoinSpec, cache_dir: AnyPath) -> JoinIndexFile:
+    """Writes Energon's join index file for ``spec`` into ``cache_dir`` (unless it is up to date).
+
+    The rows are this module's (:func:`join_index`: a primary sample whose key is missing fails,
+    is skipped or gets ``(-1, -1, -1)`` as its dataset's ``nonmatch`` says), in the primary's
+    split order.
+    """
+    index = join_index(spec)
+    primary_keys, _ = _split_keys(spec.members[0])
+    primary = sum(key is not None for key in primary_keys)
+    missing = tuple(int((index.rows[:, m] < 0).sum()) for m in range(len(spec.members)))
+    path = energon_join_index_path(spec, cache_dir)
+    if path.is_file():
+        return JoinIndexFile(path, len(index), primary, missing, written=False)
+    table = np.full((len(index), len(spec.members), 3), -1, dtype=np.int64)
+    for m, member in enumerate(spec.members):
+        locations = _member_locations(member)
+        column = index.rows[:, m]
+        present = column >= 0
+        table[present, m] = locations[column[present]]
+    header = JOIN_INDEX_MAGIC + np.array([len(spec.members)], dtype="<i8").tobytes()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, header + table.astype("<i8").tobytes())
+    return JoinIndexFile(path, len(index), primary, missing, written=True)
+
+
+def join_cache_dir(metadataset_file: str) -> AnyPath:
+    """Energon's cache folder of a metadataset file: ``<folder>/<name>.cache``."""
+    path = as_path(metadataset_file)
+    return path.parent / f"{path.name}.cache"
+
+
+@dataclass(frozen=True)
+class PreparedJoin:
+    """One join of a metadataset that :func:`prepare_metadataset_joins` prepared."""
+
+    split_part: str
+    where: str  # "file.yaml: splits.train.blend[0]"
+    spec: JoinSpec
+    index_file: JoinIndexFile
+
+
+def prepare_metadataset_joins(path: AnyPath) -> tuple[list[PreparedJoin], list[AnyPath]]:
+    """``energon prepare meta.yaml``: builds every join of every split of the metadataset.
+
+    Each join (also in blends and in metadatasets this one references) is computed, which checks
+    its ``nonmatch`` rules (``nonmatch: error`` with a missing key raises), and Energon's join
+    index file is written to the cache folder of the YAML file that defines the join
+    (:func:`join_cache_dir`).  Files ``join_index_*.bin`` in those folders that no join uses any
+    more are removed, as Energon does.  Returns the joins and the removed files.
+    """
+    path = as_path(path).resolve()
+    raw = check_mapping(load_structured(path), file=path, key_path="", allowed=("__module__", "__class__", "splits"), required=("splits",))
+    splits = check_mapping(raw["splits"], file=path, key_path="splits", allowed=list(raw["splits"] or {}))
+    prepared: list[PreparedJoin] = []
+    seen: set[tuple] = set()
+    for split_part in splits:
+        for leaf in load_blend_plan(path, str(split_part), training=True).leaves:
+            spec = leaf.join
+            if spec is None or spec.file is None or (spec.file, spec) in seen:
+                continue
+            seen.add((spec.file, spec))
+            prepared.append(PreparedJoin(str(split_part), leaf.where, spec, write_energon_join_index(spec, join_cache_dir(spec.file))))
+    used = {str(p.index_file.path) for p in prepared}
+    removed: list[AnyPath] = []
+    for folder in {str(join_cache_dir(p.spec.file)) for p in prepared} | {str(join_cache_dir(str(path)))}:
+        cache = as_path(folder)
+        if not cache.is_dir():
+            continue
+        for stale in sorted(cache.glob("join_index_*.bin")):
+            if str(stale) not in used:
+                stale.unlink()
+                removed.append(stale)
+    return prepared, removed

@@ -13,7 +13,18 @@ import os
 import numpy as np
 
 from ..errors import DatasetError, format_message
-from ..storage import AnyPath, LocalFilePool, RemoteFilePool, RemotePath, as_path, atomic_write_bytes, cached_copy, file_pool, file_stat, local_file
+from ..storage import (
+    AnyPath,
+    LocalFilePool,
+    RemoteFilePool,
+    RemotePath,
+    as_path,
+    atomic_write_bytes,
+    cached_copy,
+    file_pool,
+    file_stat,
+    local_file,
+)
 from .tar_index import INDEX_DTYPE
 
 

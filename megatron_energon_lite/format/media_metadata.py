@@ -47,7 +47,6 @@ from ..storage import local_view
 from .metadata import INDEX_SQLITE, meta_dir
 from .tar_reader import SampleEntry
 
-
 IMAGE = "image"
 AV = "av"
 

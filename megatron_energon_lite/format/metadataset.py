@@ -8,7 +8,8 @@ multiplied or merged down to the leaf:
 * ``weight``: product over the levels of ``weight / sum(sibling weights)`` (``blend``);
 * ``repetitions``: product over the levels (``blend_epochized``);
 * ``subflavors``: outer levels override inner ones, which override ``dataset.yaml``;
-* ``shuffle_over_epochs_multiplier``: product over the levels;
+* ``shuffle_over_epochs_multiplier``: product over the levels, except that ``None`` (no
+  shuffling) on any level wins, then ``-1`` (slices drawn with replacement), as in Energon;
 * ``subset``: the leaf's own range (absolute sample indices or percentages) first, then each outer
   percentage range applied to what is left, innermost first.
 
@@ -31,7 +32,20 @@ from ..storage import AnyPath, RemotePath, as_path
 from .jsonl import jsonl_index_path
 from .metadata import check_mapping, is_prepared, load_structured
 
-__all__ = ["BLEND_MODES", "BlendPlan", "Blender", "JoinMember", "JoinSpec", "LeafDataset", "is_metadataset_path", "load_blend_plan", "single_dataset_plan"]
+__all__ = [
+    "BLEND_MODES",
+    "WITH_REPLACEMENT",
+    "BlendPlan",
+    "Blender",
+    "JoinMember",
+    "JoinSpec",
+    "LeafDataset",
+    "check_shuffle_over_epochs",
+    "combine_shuffle_over_epochs",
+    "is_metadataset_path",
+    "load_blend_plan",
+    "single_dataset_plan",
+]
 
 _OUR_MODULES = ("megatron.energon", "megatron_energon_lite")
 #: ``random``: Energon's per-sample weighted draw.  ``exact``: a deterministic schedule whose
@@ -43,7 +57,7 @@ _REF_KEYS = ("path", "split_part", "subflavors", "shuffle_over_epochs_multiplier
 _V1_REF_KEYS = ("path", "weight", "split_part", "subflavor", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config")
 _NODE_KINDS = ("path", "blend", "blend_epochized", "join")
 _JOIN_KEYS = ("join", "joiner", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "subset")
-_JOIN_MEMBER_KEYS = ("path", "split_part", "nonmatch", "dataset_config", "split_config")
+_JOIN_MEMBER_KEYS = ("path", "split_part", "nonmatch", "subflavors", "dataset_config", "split_config")
 NONMATCH = ("error", "skip", "none")
 
 
@@ -57,6 +71,14 @@ class JoinMember:
     where: str
     dataset_config: str | None = None
     split_config: str | None = None
+    #: This member's own subflavors (Energon's join member ``subflavors:``).  Its samples get
+    #: ``{**subflavors, **the join's subflavors}`` (outer levels win, as everywhere); the default
+    #: joiner keeps the primary's.  Not part of equality: the join index does not depend on it.
+    subflavors: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def sample_subflavors(self, outer: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The subflavors this member's samples carry, given the join's (merged) subflavors."""
+        return {**self.subflavors, **(outer or {})}
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,8 @@ class JoinSpec:
     members: tuple[JoinMember, ...]
     names: tuple[str, ...] | None  # the dict form's names (joiner gets keyword arguments)
     joiner: tuple[str, str, str]  # (module, "__class__" or "__function__", name)
+    #: The metadataset file that defines the join (Energon keeps its join index cache next to it).
+    file: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -78,7 +102,7 @@ class LeafDataset:
     weight: Fraction = Fraction(1)  # exact, so that an exact blend follows the ratios as written
     repetitions: float = 1.0
     subflavors: Mapping[str, Any] = field(default_factory=dict)
-    shuffle_over_epochs_multiplier: int = 1
+    shuffle_over_epochs_multiplier: int | None = 1  # None: no shuffling; -1: with replacement
     dataset_config: str | None = None
     split_config: str | None = None
     #: Absolute ``[start, end)`` sample indices of the split (``end`` None: to the end), or None.
@@ -120,7 +144,7 @@ class LeafDataset:
             "subflavors": dict(self.subflavors),
             "shuffle_over_epochs_multiplier": self.shuffle_over_epochs_multiplier,
             "subset": None if self.absolute_range is None and self.relative_range is None else [self.absolute_range, self.relative_range],
-            **({"join": [[m.path, m.split_part, m.nonmatch] for m in self.join.members]} if self.join is not None else {}),
+            **({"join": [[m.path, m.split_part, m.nonmatch, *([dict(m.subflavors)] if m.subflavors else [])] for m in self.join.members]} if self.join is not None else {}),
         }
 
 
@@ -139,6 +163,44 @@ class BlendPlan:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "blend_mode": self.blend_mode, "leaves": [leaf.describe() for leaf in self.leaves]}
+
+
+#: ``shuffle_over_epochs_multiplier`` that draws slices with replacement, without end (Energon's -1).
+WITH_REPLACEMENT = -1
+
+
+def check_shuffle_over_epochs(value: Any, *, where: str | None = None) -> int | None:
+    """Validates a ``shuffle_over_epochs(_multiplier)``: ``None``, ``-1`` or an integer >= 1.
+
+    Energon's meanings: ``k >= 1`` shuffles the slices of ``k`` epochs together (each slice ``k``
+    times per super-epoch); ``None`` does not shuffle (the slices in order, every epoch the same);
+    ``-1`` draws slices uniformly with replacement, forever (an epoch never ends).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, bool) and hasattr(value, "__index__") and (int(value) == WITH_REPLACEMENT or int(value) >= 1):
+        return int(value)
+    raise ConfigError(
+        format_message(
+            "invalid shuffle_over_epochs_multiplier",
+            where=where,
+            expected="an integer >= 1 (epochs shuffled together), -1 (slices drawn with replacement, "
+            "without end) or None (no shuffling: slices in order)",
+            found=repr(value),
+        )
+    )
+
+
+def combine_shuffle_over_epochs(outer: int | None, inner: int | None) -> int | None:
+    """Two levels' multipliers as Energon combines them: ``None`` wins, then ``-1``, else the product.
+
+    (An outer and an inner metadataset level, or ``get_train_dataset``'s argument and a leaf's.)
+    """
+    if outer is None or inner is None:
+        return None
+    if outer == WITH_REPLACEMENT or inner == WITH_REPLACEMENT:
+        return WITH_REPLACEMENT
+    return outer * inner
 
 
 # --- entry points ----------------------------------------------------------------------------
@@ -338,6 +400,8 @@ class _Parser:
                 expected = "error (the primary dataset: the first entry)" if i == 0 else " | ".join(NONMATCH)
                 raise ConfigError(format_message("invalid nonmatch", where=self.where(f"{member_path}.nonmatch"), expected=expected, found=repr(nonmatch)))
             target = self._resolve(entry["path"], f"{member_path}.path")
+            member_flavors = entry.get("subflavors") or {}
+            check_mapping(member_flavors, file=self.file, key_path=f"{member_path}.subflavors", allowed=list(member_flavors) if isinstance(member_flavors, Mapping) else ())
             member = JoinMember(
                 path=str(target),
                 # Energon's precedence: the dataset's own split_part, the join's, the split's.
@@ -346,6 +410,7 @@ class _Parser:
                 where=self.where(member_path),
                 dataset_config=entry.get("dataset_config"),
                 split_config=entry.get("split_config"),
+                subflavors=dict(member_flavors),
             )
             if target.suffix in (".jsonl", ".yaml", ".yml", ".json"):
                 raise ConfigError(format_message("only prepared dataset folders can be joined", where=self.where(f"{member_path}.path"), found=str(target)))
@@ -356,7 +421,7 @@ class _Parser:
         kinds = [k for k in ("__class__", "__function__") if k in joiner]
         if len(kinds) != 1:
             raise ConfigError(format_message("invalid joiner", where=self.where(f"{key_path}.joiner"), expected="__module__ and exactly one of __class__ (a Sample type) or __function__", found=repr(dict(joiner))))
-        spec = JoinSpec(tuple(members), names, (str(joiner["__module__"]), kinds[0], str(joiner[kinds[0]])))
+        spec = JoinSpec(tuple(members), names, (str(joiner["__module__"]), kinds[0], str(joiner[kinds[0]])), file=self.file if self.chain else None)
         settings = self._ref_settings({k: v for k, v in node.items() if k in ("subflavors", "shuffle_over_epochs_multiplier")}, key_path, members[0].split_part)
         leaf = LeafDataset(path=members[0].path, where=self.where(key_path), join=spec, **settings)
         if "subset" in node:
@@ -440,16 +505,7 @@ class _Parser:
         check_mapping(subflavors, file=self.file, key_path=f"{key_path}.subflavors", allowed=list(subflavors))
         if ref.get("subflavor") is not None:  # V1's single subflavor, as Energon maps it
             subflavors = {"__subflavor__": ref["subflavor"], **subflavors}
-        multiplier = ref.get("shuffle_over_epochs_multiplier", 1)
-        if not (isinstance(multiplier, int) and not isinstance(multiplier, bool) and multiplier >= 1):
-            raise ConfigError(
-                format_message(
-                    "invalid shuffle_over_epochs_multiplier",
-                    where=self.where(f"{key_path}.shuffle_over_epochs_multiplier"),
-                    expected="an integer >= 1 (-1 and None are not supported yet)",
-                    found=repr(multiplier),
-                )
-            )
+        multiplier = check_shuffle_over_epochs(ref.get("shuffle_over_epochs_multiplier", 1), where=self.where(f"{key_path}.shuffle_over_epochs_multiplier"))
         part = ref.get("split_part", split_part)
         if not isinstance(part, str) or not part:
             raise ConfigError(format_message("invalid split_part", where=self.where(f"{key_path}.split_part"), expected="a split name such as train, val or test", found=repr(part)))
@@ -482,7 +538,7 @@ class _Parser:
         outer_flavors = settings["subflavors"]
         multiplier = settings["shuffle_over_epochs_multiplier"]
         leaves = tuple(
-            replace(leaf, subflavors={**leaf.subflavors, **outer_flavors}, shuffle_over_epochs_multiplier=leaf.shuffle_over_epochs_multiplier * multiplier)
+            replace(leaf, subflavors={**leaf.subflavors, **outer_flavors}, shuffle_over_epochs_multiplier=combine_shuffle_over_epochs(multiplier, leaf.shuffle_over_epochs_multiplier))
             for leaf in plan.leaves
         )
         plan = replace(plan, leaves=leaves)

@@ -35,8 +35,25 @@ from braceexpand import braceexpand
 from tqdm import tqdm
 
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
-from ..storage import AnyPath, RemotePath, as_path, atomic_write_text, list_files, local_file, local_scratch, local_view, remove_scratch, replace_with
-from .media_metadata import MediaFilter, MediaIndexWriter, MediaScan, read_media_filter, scan_media
+from ..storage import (
+    AnyPath,
+    RemotePath,
+    as_path,
+    atomic_write_text,
+    list_files,
+    local_file,
+    local_scratch,
+    local_view,
+    remove_scratch,
+    replace_with,
+)
+from .media_metadata import (
+    MediaFilter,
+    MediaIndexWriter,
+    MediaScan,
+    read_media_filter,
+    scan_media,
+)
 from .metadata import (
     INDEX_SQLITE,
     INDEX_UUID,

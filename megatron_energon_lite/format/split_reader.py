@@ -13,6 +13,7 @@ import bisect
 import os
 from dataclasses import dataclass
 from itertools import accumulate
+
 import numpy as np
 
 from ..storage import LocalFilePool, RemoteFilePool, as_path, file_pool

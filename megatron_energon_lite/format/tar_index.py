@@ -15,7 +15,15 @@ from pathlib import PurePosixPath
 import numpy as np
 
 from ..errors import DatasetError, format_message
-from ..storage import AnyPath, FileStat, RemotePath, as_path, atomic_write_bytes, cached_copy, file_stat
+from ..storage import (
+    AnyPath,
+    FileStat,
+    RemotePath,
+    as_path,
+    atomic_write_bytes,
+    cached_copy,
+    file_stat,
+)
 
 INDEX_DTYPE = np.dtype("<u8")
 

@@ -6,8 +6,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard
-from .node import as_key
-from .node import Node, State, get_restore_key, set_restore_key
+from .node import Node, State, as_key, get_restore_key, set_restore_key
 
 __all__ = ["BatchNode"]
 

@@ -23,7 +23,12 @@ from typing import Any, Callable
 from ..errors import ConfigError, format_message
 from ..format.join import join_index
 from ..format.metadata import read_info, resolve_split
-from ..format.metadataset import BLEND_MODES, BlendPlan, LeafDataset
+from ..format.metadataset import (
+    BLEND_MODES,
+    BlendPlan,
+    LeafDataset,
+    combine_shuffle_over_epochs,
+)
 from ..rng import dataset_seed
 from ..storage import configure_storage
 from ..task_encoder.base import TaskEncoder
@@ -63,7 +68,7 @@ class PipelineSpec:
     virtual_epoch_length: int = 0
     limit: int | None = None
     repeat: bool = True
-    shuffle_over_epochs_multiplier: int = 1
+    shuffle_over_epochs_multiplier: int | None = 1
     dataset_config: str | None = None
     split_config: str | None = None
     trust_dataset_code: bool = False
@@ -99,7 +104,7 @@ class PipelineSpec:
             "decoder": None if decoder is None else decoder.config(),
             # Blends only, so that a plain dataset's fingerprint stays as it was.
             **(self._blend_fingerprint() if self.plan.kind != "single" else {}),
-            **{f"worker_config.{k}": v for k, v in self.worker_config.config().items()},
+            **{f"worker_config.{k}": v for k, v in self.worker_config.fingerprint().items()},
         }
 
     def _blend_fingerprint(self) -> dict[str, Any]:
@@ -129,8 +134,11 @@ def validate(spec: PipelineSpec) -> None:
             raise ConfigError(format_message(f"invalid {name}", expected="a positive integer or None", found=repr(value)))
     if spec.virtual_epoch_length < 0:
         raise ConfigError(format_message("invalid virtual_epoch_length", expected="0 (off) or a positive number of batches", found=repr(spec.virtual_epoch_length)))
-    if spec.shuffle_over_epochs_multiplier not in (1,) and not (isinstance(spec.shuffle_over_epochs_multiplier, int) and spec.shuffle_over_epochs_multiplier > 1):
-        raise ConfigError(format_message("invalid shuffle_over_epochs_multiplier", expected="an integer >= 1 (-1 and None are not supported yet)", found=repr(spec.shuffle_over_epochs_multiplier)))
+    # Energon's values: k >= 1 (epochs shuffled together), -1 (slices drawn with replacement,
+    # without end) or None (no shuffling); see sharding.epoch_slice_order.
+    from .sharding import check_shuffle_over_epochs
+
+    check_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, where="get_train_dataset(shuffle_over_epochs_multiplier=...)")
     hooks = hook_spec(spec.task_encoder)
     if spec.packing_buffer_size is not None and not hooks.packing:
         raise ConfigError(
@@ -300,13 +308,14 @@ def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: in
             subflavors=leaf.subflavors,
             trust_dataset_code=spec.trust_dataset_code,
         )
-    multiplier = spec.shuffle_over_epochs_multiplier * leaf.shuffle_over_epochs_multiplier
+    multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
     order = partial(_slice_order, seed, multiplier) if spec.training else None
     node: Node = SliceSource(
         loader,
         slices,
         seed=seed,
-        parallel_slices=spec.parallel_slices,
+        # In-order slices (multiplier None) are read one at a time, as Energon needs them.
+        parallel_slices=1 if spec.training and multiplier is None else spec.parallel_slices,
         guard=guard(stage="load", tolerance=hooks.default_failure_tolerance),
         **({"slice_order": order} if order is not None else {}),
     )

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ConfigError, StateError, format_message
-from .node import as_key
-from .node import Node, State, get_restore_key, set_restore_key
+from .node import Node, State, as_key, get_restore_key, set_restore_key
 
 __all__ = ["ConcatNode"]
 

@@ -24,7 +24,13 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable
 
-from ..errors import ConfigError, FatalSampleError, SkipSample, StateError, format_message
+from ..errors import (
+    ConfigError,
+    FatalSampleError,
+    SkipSample,
+    StateError,
+    format_message,
+)
 from ..worker import ErrorHandler, log_exception
 from .node import get_restore_key
 

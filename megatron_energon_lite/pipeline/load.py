@@ -13,7 +13,12 @@ from typing import Any, Callable
 
 from ..decode import SampleDecoder
 from ..errors import ConfigError, DatasetError, format_message
-from ..format.dataset_config import DatasetConfig, load_dataset_config, make_sample, sample_class
+from ..format.dataset_config import (
+    DatasetConfig,
+    load_dataset_config,
+    make_sample,
+    sample_class,
+)
 from ..format.join import join_index
 from ..format.jsonl import JsonlReader
 from ..format.metadata import require_prepared
@@ -83,7 +88,7 @@ class SampleLoader:
         if raw is None:
             return None
         parts = raw.parts if config.wanted_parts is not None else {p: v for p, v in raw.parts.items() if config.keep_part(p)}
-        decoded = self.decoder.decode(parts, key=raw.key) if self.decoder is not None else dict(parts)
+        decoded = self.decoder.decode(parts, key=raw.key, dataset=str(self.path)) if self.decoder is not None else dict(parts)
         source = SourceInfo(
             dataset_path=str(self.path),
             index=index,
@@ -149,7 +154,7 @@ class JoinLoader:
         self.spec = spec
         self.index = join_index(spec)
         self.loaders = [
-            SampleLoader(m.path, m.split_part, dataset_config=m.dataset_config, split_config=m.split_config, decoder=decoder, subflavors=subflavors, trust_dataset_code=trust_dataset_code)
+            SampleLoader(m.path, m.split_part, dataset_config=m.dataset_config, split_config=m.split_config, decoder=decoder, subflavors=m.sample_subflavors(subflavors), trust_dataset_code=trust_dataset_code)
             for m in spec.members
         ]
         for member, loader in zip(spec.members, self.loaders):

@@ -67,17 +67,57 @@ class Node(Generic[T]):
         return state
 
 
+class KeyedDict(dict):
+    """A dict item that carries its restore key as an attribute, not as a key.
+
+    A hook may return a plain dict without a ``__restore_key__`` key (a batch for
+    ``model(**batch)``).  Energon leaves such a dict without a restore key; adding the key would
+    change what the user gets, and losing it would break the stages that save the keys of what
+    they hold (packing, grouping) and ``restore_sample``.  :func:`set_restore_key` therefore
+    returns a shallow copy of such a dict as a ``KeyedDict``: it is a ``dict`` with the same items
+    (``model(**batch)`` and ``batch[...]`` work as before) whose key is ``batch.__restore_key__``,
+    like a sample's.
+    """
+
+    __slots__ = ("__restore_key__",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.__restore_key__: tuple = ()
+
+    def __reduce__(self):  # pickled to the main process with its key (and a plain dict's items)
+        return (_keyed_dict, (dict(self), self.__restore_key__))
+
+
+def _keyed_dict(items: dict, key: tuple) -> KeyedDict:
+    out = KeyedDict(items)
+    out.__restore_key__ = key
+    return out
+
+
 def get_restore_key(item: Any) -> tuple:
-    """The ``__restore_key__`` of a sample, a crude dict or a batch."""
+    """The ``__restore_key__`` of a sample, a crude dict, a :class:`KeyedDict` or a batch."""
+    if isinstance(item, KeyedDict):
+        return tuple(item.__restore_key__)
     if isinstance(item, dict):
         return tuple(item.get("__restore_key__", ()))
     return tuple(getattr(item, "__restore_key__", ()))
 
 
 def set_restore_key(item: Any, key: tuple) -> Any:
-    """Sets the restore key in place (dataclass samples, batches and crude dicts)."""
-    if isinstance(item, dict):
-        item["__restore_key__"] = key
+    """Sets the restore key of ``item`` and returns the item to use from now on.
+
+    Samples, batches and dicts that have a ``__restore_key__`` key are updated in place (as
+    Energon does).  A dict without that key is not given one: the result is a
+    :class:`KeyedDict` copy that carries the key as an attribute.  Always use the return value.
+    """
+    if isinstance(item, KeyedDict):
+        item.__restore_key__ = key
+    elif isinstance(item, dict):
+        if "__restore_key__" in item:
+            item["__restore_key__"] = key
+        else:
+            item = _keyed_dict(item, key)
     elif hasattr(item, "__restore_key__"):
         object.__setattr__(item, "__restore_key__", key)
     return item

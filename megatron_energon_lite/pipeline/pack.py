@@ -5,9 +5,12 @@ The stage reads ``buffer_size`` items from its source, asks ``select(items)`` ho
 ``pack(postencode(member) for member in group)``.  ``pack`` may return a generator (0..n packs
 per group).  When the groups of a buffer are used up, the next buffer is read.
 
-Every buffered item must appear in exactly one group: a group that repeats an item or a
-selection that leaves items out is an error naming the keys, unless ``allow_drop`` says the
-selection may leave items out on purpose.
+``select`` gets a copy of the buffer list: it may sort it or pop from it (Energon's documented
+pattern) without touching the buffer this stage keeps.  A group must hold samples of the buffer
+(the same objects), and no sample may be in two groups (both are errors naming the keys).  A
+sample the selection leaves out of every group is dropped, as Energon drops it; unless
+``allow_drop`` says the task encoder drops on purpose, a warning counts them (the running count
+of this worker, logged when it reaches 1, 2, 4, 8, ... dropped samples).
 
 State (DESIGN.md rule 3: positions, never samples): the source's state taken just before the
 current buffer was read, how many groups of it were emitted, and how many outputs of the current
@@ -28,10 +31,13 @@ State keys:
     ``index``: packs attempted so far; the next pack gets this index.
     ``buffer_index``: the pack index of the open buffer's first group (``select`` sees it).
     ``failures``: the guard's consecutive-failure count.
+    ``left_out``: samples dropped by the selection before the open buffer (all so far when no
+    buffer is open); optional when restoring (older states count from 0).
 """
 
 from __future__ import annotations
 
+import logging
 from types import GeneratorType
 from typing import Any, Callable
 
@@ -40,6 +46,8 @@ from .guard import DROPPED, SampleGuard, describe_item
 from .node import Node, State, as_key, get_restore_key, set_restore_key
 
 __all__ = ["PackNode"]
+
+logger = logging.getLogger(__name__)
 
 
 class PackNode(Node[Any]):
@@ -63,7 +71,7 @@ class PackNode(Node[Any]):
         self.select = select
         self.pack = pack
         self.postencode = postencode
-        self.allow_drop = allow_drop
+        self.allow_drop = allow_drop  # the task encoder drops on purpose: no warning
         self.guard = guard if guard is not None else SampleGuard(stage="pack")
         self.reset()
 
@@ -77,6 +85,7 @@ class PackNode(Node[Any]):
             self.guard.reset()
             self._start = self.source.get_state()
             self._open, self._groups_done, self._emitted, self._index, self._buffer_index = False, 0, 0, 0, 0
+            self._left_out = self._left_out_start = 0
             return
         self.check_state(state, "source", "open", "groups_done", "emitted", "index", "buffer_index", "failures")
         self.source.reset(state["source"])
@@ -84,9 +93,13 @@ class PackNode(Node[Any]):
         self._start = state["source"]
         self._open, self._index, self._buffer_index = False, state["index"], state["buffer_index"]
         self._groups_done, self._emitted = 0, 0
+        left_out = state.get("left_out", 0)
+        if not isinstance(left_out, int) or isinstance(left_out, bool) or left_out < 0:
+            raise StateError(format_message("invalid Pack state", expected="left_out: a count >= 0", found=repr(left_out)[:80]))
+        self._left_out = self._left_out_start = left_out
         if state["open"]:
             # Replay: read the same buffer again, select again, skip what was emitted.
-            self._read_buffer(state["buffer_index"])
+            self._read_buffer(state["buffer_index"], replay=True)
             self._groups_done = state["groups_done"]
             if state["emitted"]:
                 self._start_group(self._groups[self._groups_done], state["index"] - 1)
@@ -104,11 +117,13 @@ class PackNode(Node[Any]):
             "index": self._index,
             "buffer_index": self._buffer_index,
             "failures": self.guard.failures,
+            "left_out": self._left_out_start if self._open else self._left_out,
         }
 
     # --- iteration -----------------------------------------------------------------------------
-    def _read_buffer(self, index: int) -> None:
+    def _read_buffer(self, index: int, *, replay: bool = False) -> None:
         self._start = self.source.get_state()
+        self._left_out_start = self._left_out
         items = []
         while len(items) < self.buffer_size:
             try:
@@ -117,12 +132,13 @@ class PackNode(Node[Any]):
                 break
         if not items:
             raise StopIteration
-        groups = self.select(items, index)
-        self._groups = self._check_groups(items, groups)
+        # A copy: the selection may sort or pop its argument (Energon passes a copy too).
+        groups = self.select(list(items), index)
+        self._groups = self._check_groups(items, groups, replay=replay)
         self._buffer_index = index
         self._open, self._groups_done, self._emitted = True, 0, 0
 
-    def _check_groups(self, items: list[Any], groups: Any) -> list[list[Any]]:
+    def _check_groups(self, items: list[Any], groups: Any, *, replay: bool = False) -> list[list[Any]]:
         if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in groups):
             raise ConfigError(format_message("select_samples_to_pack must return a list of lists of samples", found=type(groups).__name__))
         position = {id(item): i for i, item in enumerate(items)}
@@ -136,16 +152,33 @@ class PackNode(Node[Any]):
         repeated = [describe_item(items[i]) for i, n in seen.items() if n > 1]
         if repeated:
             raise ConfigError(format_message("select_samples_to_pack put a sample into more than one pack", found=", ".join(repeated[:5]), fix="put every sample of the buffer into exactly one group"))
-        dropped = [describe_item(item) for i, item in enumerate(items) if i not in seen]
-        if dropped and not self.allow_drop:
-            raise ConfigError(
-                format_message(
-                    f"select_samples_to_pack left {len(dropped)} of {len(items)} samples out",
-                    found=", ".join(dropped[:5]),
-                    fix="put every sample into a group, or set packing_may_drop_samples = True on the task encoder to drop on purpose",
-                )
-            )
+        dropped = len(items) - len(seen)
+        if dropped:
+            self._report_left_out([item for i, item in enumerate(items) if i not in seen], len(items), replay=replay)
         return [list(group) for group in groups if group]
+
+    def _report_left_out(self, left_out: list[Any], buffered: int, *, replay: bool) -> None:
+        """Counts samples the selection put into no group; they are dropped (Energon's behaviour)."""
+        before = self._left_out
+        self._left_out += len(left_out)
+        if replay:  # counted and reported when the buffer was first read
+            return
+        names = ", ".join(describe_item(item) for item in left_out[:3]) + (", ..." if len(left_out) > 3 else "")
+        if self.allow_drop:
+            logger.debug("select_samples_to_pack dropped %d of %d samples of a buffer: %s", len(left_out), buffered, names)
+            return
+        # Warn when the running count reaches the next power of two: 1, 2, 4, 8, ...
+        if before == 0 or (self._left_out.bit_length() > before.bit_length()):
+            logger.warning(
+                "select_samples_to_pack left %d of %d samples of a packing buffer out of every pack; they are "
+                "dropped (%d dropped so far by this worker; this warning repeats at 1, 2, 4, 8, ... dropped). "
+                "Left out: %s. Put every sample into a group, or set packing_may_drop_samples = True on the "
+                "task encoder to drop on purpose without this warning.",
+                len(left_out),
+                buffered,
+                self._left_out,
+                names,
+            )
 
     def _start_group(self, group: list[Any], index: int) -> Any:
         members = group

@@ -24,16 +24,26 @@ Sharding depends on the topology only through the number of global workers ``W``
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_right
 from collections.abc import Sequence
 
 from ..errors import ConfigError, format_message
+from ..format.metadataset import (
+    WITH_REPLACEMENT,
+    check_shuffle_over_epochs,
+    combine_shuffle_over_epochs,
+)
 from ..rng import rng_for, stage_id
 
 __all__ = [
     "SLICE_ORDER_STAGE",
     "STAGE_ID",
+    "WITH_REPLACEMENT",
+    "SliceDraws",
     "bit_reversal_permutation",
+    "check_shuffle_over_epochs",
+    "combine_shuffle_over_epochs",
     "epoch_slice_order",
     "rotation_offset_for",
     "slice_ranges",
@@ -359,37 +369,76 @@ def rotation_offset_for(dataset_index: int, dataset_lengths: Sequence[int], num_
 # --------------------------------------------------------------------------------------------
 
 
-def epoch_slice_order(num_slices: int, *, seed: int, epoch: int, shuffle_over_epochs: int = 1) -> list[int]:
-    """The order in which a worker visits its slices in (super-)epoch ``epoch``.
+class SliceDraws(Sequence[int]):
+    """Slice ids drawn uniformly with replacement, without end (``shuffle_over_epochs=-1``).
 
-    Returns a uniformly random permutation of ``list(range(num_slices)) * shuffle_over_epochs``:
-    with ``shuffle_over_epochs=k > 1`` the slices of ``k`` consecutive epochs are shuffled together
-    (each slice appears ``k`` times), and ``epoch`` is the index of that group of ``k`` epochs (the
-    super-epoch: pass ``plain_epoch // k``).  The order depends on nothing but the arguments: the
-    generator is ``numpy.random.default_rng((seed, STAGE_ID, epoch))`` (``rng.rng_for``), a
-    counter-based key, so the order of any epoch can be recomputed from ``(seed, epoch)`` alone,
-    with no saved RNG state.  Pass the worker's seed (``rng.worker_seed(global_worker_id,
-    seed_offset)``) so that workers differ.
-
-    Energon draws this order with ``torch.randperm`` on a worker generator; the orders differ from
-    Energon's, but the distribution is the same.  ``shuffle_over_epochs=-1`` (draw slices with
-    replacement forever) is not supported yet.
+    Item ``i`` is the ``i``-th draw, a pure function of ``(seed, epoch, i)``: draws come in blocks
+    of :attr:`BLOCK` from ``rng_for(seed, SLICE_ORDER_STAGE, epoch, block)``, so any position is
+    computed without the ones before it and a restored reader needs only its position.  ``len()``
+    is ``sys.maxsize`` (there is no last slice).  Iterating over it (``list(draws)``) would never
+    end and raises instead: index it.
     """
-    if shuffle_over_epochs == -1 and _is_int(shuffle_over_epochs):
+
+    BLOCK = 1024
+
+    def __init__(self, num_slices: int, *, seed: int, epoch: int) -> None:
+        self.num_slices, self.seed, self.epoch = num_slices, seed, epoch
+        self._block_index = -1
+        self._block: list[int] = []
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+    def __getitem__(self, position):  # type: ignore[override]
+        if not _is_int(position) or int(position) < 0:
+            raise IndexError(f"SliceDraws takes a draw number >= 0, not {position!r}")
+        block, offset = divmod(int(position), self.BLOCK)
+        if block != self._block_index:
+            rng = rng_for(self.seed, SLICE_ORDER_STAGE, self.epoch, block)
+            self._block = rng.integers(0, self.num_slices, self.BLOCK).tolist()
+            self._block_index = block
+        return self._block[offset]
+
+    def __iter__(self):
         raise ConfigError(
             format_message(
-                "shuffle_over_epochs=-1 (draw slices with replacement forever) is not supported yet.",
-                expected="a positive number of epochs to shuffle over together",
-                found="-1",
-                fix="use shuffle_over_epochs=1 (the default) or a larger positive number",
+                "the slice draws of shuffle_over_epochs=-1 never end and cannot be listed",
+                expected="indexing: draws[i] for the i-th slice to open",
+                fix="keep the sequence epoch_slice_order returns and index it",
             )
         )
-    k = _check_int(
-        "shuffle_over_epochs",
-        shuffle_over_epochs,
-        minimum=1,
-        fix="pass the number of epochs whose slices are shuffled together (1 = each epoch alone)",
-    )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SliceDraws) and (self.num_slices, self.seed, self.epoch) == (other.num_slices, other.seed, other.epoch)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SliceDraws(num_slices={self.num_slices}, seed={self.seed}, epoch={self.epoch})"
+
+
+def epoch_slice_order(num_slices: int, *, seed: int, epoch: int, shuffle_over_epochs: int | None = 1) -> Sequence[int]:
+    """The order in which a worker opens its slices in (super-)epoch ``epoch``.
+
+    * ``shuffle_over_epochs=k >= 1``: a uniformly random permutation of
+      ``list(range(num_slices)) * k``: the slices of ``k`` consecutive epochs are shuffled
+      together (each slice appears ``k`` times), and ``epoch`` is the index of that group of ``k``
+      epochs (the super-epoch: pass ``plain_epoch // k``).
+    * ``None``: no shuffling, ``list(range(num_slices))`` every epoch (Energon reads the slices in
+      order and, with one slice open at a time, the samples in dataset order).
+    * ``-1``: a :class:`SliceDraws`, slices drawn uniformly with replacement without end, so the
+      epoch never ends (Energon's "infinite epochs").  Index it; do not list it.
+
+    The order depends on nothing but the arguments: the generator is
+    ``numpy.random.default_rng((seed, STAGE_ID, epoch))`` (``rng.rng_for``), a counter-based key,
+    so the order of any epoch can be recomputed from ``(seed, epoch)`` alone, with no saved RNG
+    state.  Pass the worker's seed (``rng.worker_seed(global_worker_id, seed_offset)``) so that
+    workers differ.
+
+    Energon draws these orders with its worker generator (``torch.randperm`` / ``randbelow``); the
+    orders differ from Energon's, but the distribution is the same.
+    """
+    k = check_shuffle_over_epochs(shuffle_over_epochs)
     n = _check_int("num_slices", num_slices, minimum=0, fix="pass the number of slices of this worker")
     e = _check_int("epoch", epoch, minimum=0, fix="count epochs from 0")
     if not _is_int(seed):
@@ -401,10 +450,17 @@ def epoch_slice_order(num_slices: int, *, seed: int, epoch: int, shuffle_over_ep
                 fix="pass the worker seed, e.g. rng.worker_seed(global_worker_id, seed_offset)",
             )
         )
-    # 1. A fresh generator keyed by (seed, STAGE_ID, epoch): no state carried between epochs.
-    rng = rng_for(int(seed), SLICE_ORDER_STAGE, e)
-    # 2. A uniform permutation of the k * n positions of range(n) repeated k times; position p
-    #    holds slice p % n, so every slice appears exactly k times in a uniformly random order.
+    # 1. No slices: nothing to order (also for -1: a worker without samples ends at once).
     if n == 0:
         return []
+    # 2. No shuffling: the slices in sample order, the same every epoch.
+    if k is None:
+        return list(range(n))
+    # 3. With replacement: an endless sequence of uniform draws, computed on demand.
+    if k == WITH_REPLACEMENT:
+        return SliceDraws(n, seed=int(seed), epoch=e)
+    # 4. A fresh generator keyed by (seed, STAGE_ID, epoch): no state carried between epochs.
+    rng = rng_for(int(seed), SLICE_ORDER_STAGE, e)
+    # 5. A uniform permutation of the k * n positions of range(n) repeated k times; position p
+    #    holds slice p % n, so every slice appears exactly k times in a uniformly random order.
     return [int(p) % n for p in rng.permutation(n * k)]

@@ -15,6 +15,7 @@ from typing import Any
 from ..rng import UniformStream
 from .node import Node, State, as_key, get_restore_key, key_to_json
 
+
 class _Pending:
     """A buffered entry known only by its restore key (after a restore)."""
 

@@ -24,6 +24,7 @@ from .guard import DROPPED, SampleGuard
 from .load import RESTORE_TAG, SampleLoader
 from .node import Node, State
 
+
 def sequential_order(num_slices: int, epoch: int) -> list[int]:
     return list(range(num_slices))
 
@@ -58,7 +59,7 @@ class SliceSource(Node):
     # --- state -------------------------------------------------------------------------------
     def start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
-        self._order = [int(i) for i in self.slice_order(len(self.slices), epoch)]
+        self._order = self.slice_order(len(self.slices), epoch)
         self._next_slice = 0
         self._open: list[list[int]] = []
         self._draws = 0
@@ -74,7 +75,7 @@ class SliceSource(Node):
         self.check_state(state, "epoch", "next_slice", "open", "draws", "failures")
         self.guard.reset(state["failures"])
         self._epoch = state["epoch"]
-        self._order = [int(i) for i in self.slice_order(len(self.slices), self._epoch)]
+        self._order = self.slice_order(len(self.slices), self._epoch)
         self._next_slice = state["next_slice"]
         self._open = [list(entry) for entry in state["open"]]
         self._draws = state["draws"]
@@ -92,7 +93,7 @@ class SliceSource(Node):
 
     # --- iteration -----------------------------------------------------------------------------
     def _open_next(self) -> None:
-        self._open.append([self._order[self._next_slice], 0])
+        self._open.append([int(self._order[self._next_slice]), 0])
         self._next_slice += 1
 
     def _update_weights(self) -> None:
@@ -119,7 +120,7 @@ class SliceSource(Node):
             if start + entry[1] >= end:
                 del self._open[position]
                 if self._next_slice < len(self._order):
-                    self._open.insert(position, [self._order[self._next_slice], 0])
+                    self._open.insert(position, [int(self._order[self._next_slice]), 0])
                     self._next_slice += 1
                 self._update_weights()
             sample = self._load(index, end)

@@ -23,7 +23,14 @@ from .paths import (
     remove_scratch,
     replace_with,
 )
-from .remote import RemoteFilePool, RemotePath, RemoteSettings, configure_storage, configured_storage, read_counters
+from .remote import (
+    RemoteFilePool,
+    RemotePath,
+    RemoteSettings,
+    configure_storage,
+    configured_storage,
+    read_counters,
+)
 
 __all__ = [
     "AnyPath",

@@ -14,8 +14,16 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Union
 
 from ..errors import StorageError, format_message
-from .local import LocalFilePool, atomic_write_bytes as _local_atomic_write
-from .remote import RemoteFilePool, RemotePath, RemoteSettings, RemoteStat, is_url, stat_from_info
+from .local import LocalFilePool
+from .local import atomic_write_bytes as _local_atomic_write
+from .remote import (
+    RemoteFilePool,
+    RemotePath,
+    RemoteSettings,
+    RemoteStat,
+    is_url,
+    stat_from_info,
+)
 
 AnyPath = Union[Path, RemotePath]
 
@@ -33,6 +41,9 @@ def as_path(value: Any, storage_options: Mapping[str, Any] | None = None, settin
         return value
     if isinstance(value, Path):
         return value
+    storage_path = getattr(value, "storage_path", None)
+    if callable(storage_path):  # an EPath: local or remote, it knows its storage-layer path
+        return storage_path()
     text = os.fspath(value)
     if is_url(text):
         return RemotePath(text, storage_options, settings)

@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
-from ..errors import EnergonLiteError, MissingDependencyError, StorageError, format_message
+from ..errors import (
+    EnergonLiteError,
+    MissingDependencyError,
+    StorageError,
+    format_message,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -138,8 +138,8 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
 
     #: Cookers for crude datasets, tried in order (see :class:`Cooker`).
     cookers: Sequence[Cooker[Any]] = ()
-    #: True when select_samples_to_pack may leave samples of the buffer out on purpose; otherwise
-    #: a left-out sample is an error naming it (ours; Energon drops such samples silently).
+    #: Samples that select_samples_to_pack leaves out of every pack are dropped (as in Energon),
+    #: with a warning that names and counts them; True says it is on purpose and silences it.
     packing_may_drop_samples: bool = False
 
     #: Decodes the parts of a sample; None hands the hooks raw bytes.

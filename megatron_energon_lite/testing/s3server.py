@@ -160,7 +160,9 @@ class LocalS3Server:
     def start(self) -> "LocalS3Server":
         if self._moto is not None:
             return self
-        from moto.server import ThreadedMotoServer  # imported lazily: a dev-only dependency
+        from moto.server import (
+            ThreadedMotoServer,  # imported lazily: a dev-only dependency
+        )
 
         # werkzeug logs every request at INFO to stderr unless its logger has a level already.
         werkzeug_log = logging.getLogger("werkzeug")

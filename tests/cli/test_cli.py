@@ -1,5 +1,4 @@
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -76,14 +75,15 @@ def test_lint_reports_stale_index(caption_dataset: Path) -> None:
 
 
 def test_prepare_validates_flags_before_work(caption_dataset: Path) -> None:
+    # Bad values fail with status 1 (as energon's ClickExceptions), before anything is written.
     bad_field = _run("prepare", str(caption_dataset), "--non-interactive", "--split-ratio", "1,0,0", "--sample-type", "CaptioningSample", "--field-map", '{"img": "jpg"}')
-    assert bad_field.exit_code == 2 and "no field 'img'" in bad_field.output
+    assert bad_field.exit_code == 1 and "no field 'img'" in bad_field.output
     bad_type = _run("prepare", str(caption_dataset), "--non-interactive", "--split-ratio", "1,0,0", "--sample-type", "Nope")
-    assert bad_type.exit_code == 2 and "CaptioningSample" in bad_type.output
+    assert bad_type.exit_code == 1 and "CaptioningSample" in bad_type.output
     bad_ratio = _run("prepare", str(caption_dataset), "--non-interactive", "--split-ratio", "1,0")
-    assert bad_ratio.exit_code == 2
+    assert bad_ratio.exit_code == 1 and "--split-ratio" in bad_ratio.output
     no_split = _run("prepare", str(caption_dataset), "--non-interactive")
-    assert no_split.exit_code == 2
+    assert no_split.exit_code == 1 and "--split-ratio is required" in no_split.output
     assert not (caption_dataset / ".nv-meta").exists()
 
 
@@ -119,5 +119,9 @@ def test_prepare_jsonl(tmp_path: Path) -> None:
 def test_errors_are_one_clean_message(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = _run("prepare", str(tmp_path / "empty"), "--non-interactive", "--split-ratio", "1,0,0")
-    assert result.exit_code == 1
-    assert result.output.startswith("Error: no tar files found") and "Traceback" not in result.output
+    assert result.exit_code == 0 and "Did not find any tar files" in result.output  # as energon
+    assert not (tmp_path / "empty/.nv-meta").exists()
+    (tmp_path / "empty/.nv-meta").mkdir()
+    (tmp_path / "empty/.nv-meta/.info.json").write_text("{not json")
+    result = _run("info", str(tmp_path / "empty"))
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and "Traceback" not in result.output

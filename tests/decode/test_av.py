@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import pickle
 import tracemalloc
 
@@ -11,7 +13,12 @@ import pytest
 import torch
 
 from megatron_energon_lite import DecodeError, SampleDecoder
-from megatron_energon_lite.decode.av import AVData, AVDecoder, get_clips_uniform, get_single_frames_uniform
+from megatron_energon_lite.decode.av import (
+    AVData,
+    AVDecoder,
+    get_clips_uniform,
+    get_single_frames_uniform,
+)
 from megatron_energon_lite.synthetic import make_audio, make_tone, make_video
 
 
@@ -41,16 +48,21 @@ def test_all_frames_in_order(video: bytes) -> None:
 
 def test_clips_by_seconds_and_frames_with_timestamps(video: bytes) -> None:
     decoder = AVDecoder(video)
-    clips, stamps = decoder.get_video_clips([(0.5, 1.0), (1.5, 1.75)])
-    assert [gray(c) for c in clips] == [[4, 5, 6, 7, 8], [12, 13, 14]]  # ends inclusive, 8 fps
-    assert stamps[0] == pytest.approx((0.5, 1.0)) and stamps[1] == pytest.approx((1.5, 1.75))
+    clips, stamps = decoder.get_video_clips([(0.5, 1.0), (1.5, 1.75), (0.3, 0.6)])
+    # Every frame shown during [start, end], 8 fps: the frame on screen at 0.3 s (2) through the
+    # one on screen at 0.6 s (4); timestamps from the first frame's start to the last one's end.
+    assert [gray(c) for c in clips] == [[4, 5, 6, 7, 8], [12, 13, 14], [2, 3, 4]]
+    assert stamps == [pytest.approx((0.5, 1.125)), pytest.approx((1.5, 1.875)), pytest.approx((0.25, 0.625))]
     by_frame, _ = decoder.get_video_clips([(3, 5)], video_unit="frames", video_out_frame_size=(32, 16))
     assert gray(by_frame[0]) == [3, 4, 5] and by_frame[0].shape == (3, 3, 16, 32)
 
 
-def test_ranges_past_the_end_are_clamped(video: bytes) -> None:
-    clips, _ = AVDecoder(video).get_video_clips([(1.8, 9.0), (5.0, 6.0)])
-    assert gray(clips[0]) == [15] and gray(clips[1]) == [15]
+def test_ranges_past_the_end_are_cut_or_dropped(video: bytes) -> None:
+    """As Energon: a range running past the end is cut there; one starting after it gives no clip."""
+    clips, stamps = AVDecoder(video).get_video_clips([(1.8, 9.0), (5.0, 6.0), (2.0, 3.0), (0.0, 0.0)])
+    assert [gray(c) for c in clips] == [[14, 15], [0]] and stamps == [pytest.approx((1.75, 2.0)), pytest.approx((0.0, 0.125))]
+    by_frame, _ = AVDecoder(video).get_video_clips([(14, 40), (16, 20)], video_unit="frames")
+    assert [gray(c) for c in by_frame] == [[14, 15]]
 
 
 def test_uniform_clips_and_single_frames(video: bytes) -> None:
@@ -66,13 +78,18 @@ def test_audio_clips_lengths_and_resampling(fmt: str) -> None:
     decoder = SampleDecoder().decode_part(fmt, make_audio(1.0, 16000, fmt))
     meta = decoder.get_metadata()
     assert (meta.audio_sample_rate, meta.audio_channels) == (16000, 1) and meta.audio_duration == pytest.approx(1.0, abs=0.01)
-    clips, stamps = decoder.get_audio_clips([(0.25, 0.5), (0.9, 2.0)])
-    assert clips[0].shape == (1, 4000) and clips[1].shape == (1, 1600)  # the second is clamped at the end
-    assert stamps[0] == pytest.approx((0.25, 0.5), abs=1e-3)
-    expected = make_tone(1.0, 16000)[:, 4000:8000]
-    assert np.allclose(clips[0].numpy(), expected, atol=2e-3)
+    clips, stamps = decoder.get_audio_clips([(0.25, 0.5), (0.9, 2.0), (1.0, 1.5)])
+    assert clips[0].shape == (1, 4000) and clips[1].shape == (1, 1600)  # the second is cut at the end
+    assert len(clips) == 2  # the third starts at the end: no clip
+    assert stamps == [pytest.approx((0.25, 0.5)), pytest.approx((0.9, 1.0))]
+    # 16-bit PCM comes as int16, the samples as written (Energon's sample type).
+    assert clips[0].dtype == torch.int16
+    expected = (make_tone(1.0, 16000) * 32767).astype(np.int16)[:, 4000:8000]
+    assert np.array_equal(clips[0].numpy(), expected)
     resampled, _ = decoder.get_audio_clips([(0.0, 0.5)], sample_rate=8000)
-    assert abs(resampled[0].shape[1] - 4000) <= 64
+    assert abs(resampled[0].shape[1] - 4000) <= 64 and resampled[0].dtype == torch.float32
+    as_float, _ = decoder.get_audio_clips([(0.25, 0.5)], sample_rate=16000)  # ours: float32 in [-1, 1]
+    assert as_float[0].dtype == torch.float32 and np.allclose(as_float[0].numpy(), make_tone(1.0, 16000)[:, 4000:8000], atol=2e-3)
     whole = decoder.get_frames()
     assert whole.audio_clips[0].shape[1] == pytest.approx(16000, abs=2)
 
@@ -137,9 +154,118 @@ def test_bad_media_are_clear_errors(video: bytes, data, call, message: str) -> N
         call(AVDecoder(data, name="sample 'bad'"))
 
 
-def test_zero_length_audio_is_an_error() -> None:
+def test_zero_length_audio_has_no_clips() -> None:
     import struct
 
     header = b"RIFF" + struct.pack("<I", 36) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, 16000, 32000, 2, 16) + b"data" + struct.pack("<I", 0)
-    with pytest.raises(DecodeError, match="no samples"):
-        AVDecoder(header, name="sample 'empty'").get_audio_clips([(0.0, 1.0)])
+    assert AVDecoder(header, name="sample 'empty'").get_audio_clips([(0.0, 1.0)]) == ([], [])
+
+
+# --- Energon's AVDecoder on the same files ---------------------------------------------------------
+
+
+def mkv(video: bytes) -> bytes:
+    """The same frames remuxed into Matroska (Energon seeks these by timestamp, not frame index)."""
+    out = io.BytesIO()
+    with av.open(io.BytesIO(video)) as src, av.open(out, "w", format="matroska") as dst:
+        template = src.streams.video[0]
+        stream = dst.add_stream_from_template(template)
+        for packet in src.demux(template):
+            if packet.dts is not None:
+                packet.stream = stream
+                dst.mux(packet)
+    return out.getvalue()
+
+
+def energon_av():
+    return pytest.importorskip("megatron.energon.av")
+
+
+def same_clips(theirs: tuple, ours: tuple) -> None:
+    (their_clips, their_stamps), (our_clips, our_stamps) = theirs, ours
+    assert len(our_clips) == len(their_clips) and len(our_stamps) == len(their_stamps)
+    assert all(ours == pytest.approx(theirs) for ours, theirs in zip(our_stamps, their_stamps)), (our_stamps, their_stamps)
+    for a, b in zip(their_clips, our_clips):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+VIDEO_RANGES = [[(0.5, 1.0), (1.5, 1.75)], [(1.8, 9.0), (5.0, 6.0)], [(0.0, float("inf"))], [(0.0, 0.0), (1.0, 1.0)], [(0.3, 0.6)]]
+FRAME_RANGES = [[(3, 5)], [(0, 15)], [(14, 40)], [(20, 30)]]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # Energon warns about seconds vs frames seeking
+@pytest.mark.parametrize("container", ["mp4", "mkv"])
+def test_video_clips_are_energons(video: bytes, container: str) -> None:
+    data = video if container == "mp4" else mkv(video)
+    theirs, ours = energon_av().AVDecoder(io.BytesIO(data)), AVDecoder(data)
+    for ranges in VIDEO_RANGES:
+        same_clips(theirs.get_video_clips(ranges), ours.get_video_clips(ranges))
+    for ranges in FRAME_RANGES:
+        same_clips(theirs.get_video_clips(ranges, video_unit="frames"), ours.get_video_clips(ranges, video_unit="frames"))
+    same_clips(theirs.get_video_clips([(0.5, 1.0)], video_out_frame_size=(32, 24)), ours.get_video_clips([(0.5, 1.0)], video_out_frame_size=(32, 24)))
+
+
+@pytest.mark.parametrize("kind", ["wav", "flac", "aac"])
+def test_audio_clips_are_energons(kind: str) -> None:
+    data = make_video(audio_rate=16000) if kind == "aac" else make_audio(1.0, 16000, kind)
+    theirs, ours = energon_av().AVDecoder(io.BytesIO(data)), AVDecoder(data)
+    for ranges in ([(0.25, 0.5), (0.9, 2.5)], [(0.0, float("inf"))], [(1.0, 1.5), (5.0, 6.0), (0.5, 0.75)], [(0.1, 0.3333)]):
+        same_clips(theirs.get_audio_clips(ranges), ours.get_audio_clips(ranges))
+    same_clips(theirs.get_audio_clips([(100, 4100)], audio_unit="samples"), ours.get_audio_clips([(100, 4100)], audio_unit="samples"))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_uniform_helpers_are_energons() -> None:
+    energon = energon_av()
+    from megatron.energon.av.utils import get_clips_uniform as their_clips
+    from megatron.energon.av.utils import get_single_frames_uniform as their_frames
+
+    data = make_video(audio_rate=16000)
+    for n in (1, 3, 4, 7):
+        a, a_times = their_frames(energon.AVDecoder(io.BytesIO(data)), n, return_timestamps=True)
+        b, b_times = get_single_frames_uniform(AVDecoder(data), n, return_timestamps=True)
+        assert torch.equal(a, b) and a_times == pytest.approx(b_times)
+    for seconds, n in ((0.25, 3), (0.5, 4), (2.0, 2)):
+        a = their_clips(energon.AVDecoder(io.BytesIO(data)), seconds, n, request_video=True, request_audio=True)
+        b = get_clips_uniform(AVDecoder(data), seconds, n, request_video=True, request_audio=True)
+        same_clips((a.video_clips, a.video_timestamps), (b.video_clips, b.video_timestamps))
+        same_clips((a.audio_clips, a.audio_timestamps), (b.audio_clips, b.audio_timestamps))
+
+
+METADATA_FLAGS = [
+    {},
+    {"get_video": False},
+    {"get_audio": False},
+    {"get_video_frame_count": False, "get_video_frame_size": False},
+    {"get_audio_num_samples": True},
+    {"get_video_duration": False, "get_audio_duration": False},
+]
+
+
+@pytest.mark.parametrize("kind", ["mp4", "mp4+aac", "wav", "flac"])
+def test_metadata_keywords_are_energons(kind: str) -> None:
+    data = {"mp4": make_video(), "mp4+aac": make_video(audio_rate=16000), "wav": make_audio(1.0), "flac": make_audio(1.0, fmt="flac")}[kind]
+    theirs, ours = energon_av().AVDecoder(io.BytesIO(data)), AVDecoder(data)
+    for flags in METADATA_FLAGS:
+        assert dataclasses.asdict(ours.get_metadata(**flags)) == pytest.approx(dataclasses.asdict(theirs.get_metadata(**flags))), flags
+    if "mp4" in kind:
+        assert ours.get_video_duration() == theirs.get_video_duration()
+        assert ours.get_video_duration(get_frame_count=True) == theirs.get_video_duration(get_frame_count=True)
+    assert ours.get_audio_duration() == pytest.approx(theirs.get_audio_duration())
+    if kind != "mp4":
+        assert ours.get_audio_samples_per_second() == theirs.get_audio_samples_per_second() == 16000
+
+
+def test_a_decoder_from_a_stream_as_energon(video: bytes, tmp_path) -> None:
+    stream = io.BytesIO(video)
+    stream.seek(100)  # read from the start, whatever the position
+    from_stream = AVDecoder(stream)
+    assert from_stream.data == video and gray(from_stream.get_video_clips([(1.0, 1.0)])[0][0]) == [8]
+    path = tmp_path / "v.mp4"
+    path.write_bytes(video)
+    with open(path, "rb") as f:
+        assert AVDecoder(f).get_metadata().video_num_frames == 16
+    with open(path, encoding="latin-1") as f, pytest.raises(DecodeError, match="binary stream"):
+        AVDecoder(f)
+    assert AVDecoder(video).stream.read() == video  # Energon's attribute: a fresh binary stream
+    assert AVDecoder(io.BytesIO(video), suppress_warnings=True).suppress_warnings

@@ -10,9 +10,21 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_energon_lite import decode
-from megatron_energon_lite.decode import SampleDecoder, basic, decoder_for, register_decoder, registered_decoders
-from megatron_energon_lite.errors import ConfigError, DecodeError, MissingDependencyError
+from megatron_energon_lite import decode, energon_mode
+from megatron_energon_lite.decode import (
+    SampleDecoder,
+    UntrustedDataError,
+    basic,
+    decoder_for,
+    register_decoder,
+    registered_decoders,
+)
+from megatron_energon_lite.errors import (
+    ConfigError,
+    DecodeError,
+    MissingDependencyError,
+)
+from megatron_energon_lite.pipeline import guard
 
 
 @pytest.fixture
@@ -23,6 +35,16 @@ def clean_table(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(basic, "_warned", set())
+
+
+@pytest.fixture
+def no_trust(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """Plain mode without the environment opt-ins; a fresh once-per-process log (returned)."""
+    monkeypatch.delenv(basic.TRUST_PICKLE_ENV, raising=False)
+    monkeypatch.setattr(energon_mode, "_enabled", False)
+    logged: set[str] = set()
+    monkeypatch.setattr(energon_mode, "_logged", logged)
+    return logged
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -99,7 +121,7 @@ def test_npz_gives_dict_of_arrays() -> None:
     assert out["b"].dtype == np.float32
 
 
-def test_npy_object_arrays_need_allow_pickle() -> None:
+def test_npy_object_arrays_need_allow_pickle(no_trust: set[str]) -> None:
     data = _npy(np.array([{"a": 1}, None], dtype=object))
     with pytest.raises(DecodeError, match="allow_pickle") as info:
         SampleDecoder().decode_part("npy", data, key="obj")
@@ -120,7 +142,7 @@ def test_pth_tensors_load_with_weights_only() -> None:
     assert out["weights"].dtype == torch.float16 and torch.equal(out["weights"], obj["weights"])
 
 
-def test_pth_arbitrary_objects_need_allow_pickle() -> None:
+def test_pth_arbitrary_objects_need_allow_pickle(no_trust: set[str]) -> None:
     data = _pth(Payload(5))
     with pytest.raises(DecodeError, match="torch.load") as info:
         SampleDecoder().decode_part("pth", data, key="k9")
@@ -129,16 +151,64 @@ def test_pth_arbitrary_objects_need_allow_pickle() -> None:
 
 
 @pytest.mark.parametrize("ext", ["pkl", "pickle", "pyd", "state.pkl"])
-def test_pickle_is_not_decoded_by_default(ext: str, fresh_warnings: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_pickle_is_refused_by_default_naming_part_key_and_opt_ins(ext: str, no_trust: set[str]) -> None:
     data = pickle.dumps(Payload(3))
-    with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.decode.basic"):
-        out = SampleDecoder().decode_part(ext, data)
-        assert out == data and isinstance(out, bytes)
-        SampleDecoder().decode_part(ext, data)
-    warnings = [r for r in caplog.records if "allow_pickle" in r.getMessage()]
-    assert len(warnings) == 1  # once, not per sample
-    decoded = SampleDecoder(allow_pickle=True).decode_part(ext, data)
+    with pytest.raises(UntrustedDataError) as info:
+        SampleDecoder().decode({ext: data, "txt": b"fine"}, key="sample_07", dataset="/data/ds")
+    message = str(info.value)
+    assert f"part {ext!r} of sample 'sample_07'" in message and "/data/ds" in message
+    assert "SampleDecoder(allow_pickle=True)" in message and "ENERGON_LITE_TRUST_PICKLE=1" in message
+    # A DecodeError that is also a ConfigError: the sample guard stops instead of skipping them all.
+    assert isinstance(info.value, DecodeError) and isinstance(info.value, ConfigError)
+    assert "ConfigError" in [cls.__name__ for cls in guard.SYSTEM_EXCEPTIONS]
+
+
+def test_decode_pickle_called_directly_refuses_too(no_trust: set[str]) -> None:
+    with pytest.raises(UntrustedDataError, match="ENERGON_LITE_TRUST_PICKLE"):
+        basic.decode_pickle(pickle.dumps(1), SampleDecoder())
+
+
+@pytest.mark.parametrize("ext", ["pkl", "pickle", "pyd"])
+def test_pickle_with_allow_pickle_argument(ext: str, no_trust: set[str]) -> None:
+    decoded = SampleDecoder(allow_pickle=True).decode_part(ext, pickle.dumps(Payload(3)), key="k")
     assert isinstance(decoded, Payload) and decoded.value == 3
+    assert not no_trust  # an explicit argument logs nothing
+
+
+def test_pickle_with_environment_variable(no_trust: set[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    decoder = SampleDecoder()  # built before the variable is set, like a class-level default decoder
+    monkeypatch.setenv(basic.TRUST_PICKLE_ENV, "1")
+    with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.energon_mode"):
+        for i in range(3):
+            assert decoder.decode_part("pkl", pickle.dumps(Payload(i)), key=f"k{i}", dataset="/a").value == i
+        assert decoder.decode_part("pkl", pickle.dumps(Payload(9)), key="k", dataset="/b").value == 9
+    logs = [r.getMessage() for r in caplog.records]
+    assert len(logs) == 2 and "ENERGON_LITE_TRUST_PICKLE" in logs[0] and "'k0'" in logs[0] and "/b" in logs[1]
+    # numpy object arrays and arbitrary torch files follow the same opt-in
+    assert decoder.decode_part("npy", _npy(np.array([{"a": 1}], dtype=object)))[0] == {"a": 1}
+    assert decoder.decode_part("pth", _pth(Payload(5))).value == 5
+    monkeypatch.setenv(basic.TRUST_PICKLE_ENV, "0")
+    with pytest.raises(UntrustedDataError):
+        decoder.decode_part("pkl", pickle.dumps(1))
+
+
+def test_pickle_in_energon_mode_unpickles_and_logs_once_per_dataset(no_trust: set[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(energon_mode, "_enabled", True)
+    with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.energon_mode"):
+        for dataset in ("/a", "/a", "/b"):
+            assert SampleDecoder().decode_part("pickle", pickle.dumps(Payload(4)), key="k", dataset=dataset).value == 4
+    logs = [r.getMessage() for r in caplog.records]
+    assert len(logs) == 2 and all("as Energon does" in line for line in logs)
+    assert "/a" in logs[0] and "/b" in logs[1]
+
+
+def test_untrusted_pickle_bytes_leaves_the_part_undecoded(no_trust: set[str]) -> None:
+    data = pickle.dumps(Payload(3))
+    decoder = SampleDecoder(untrusted_pickle="bytes")
+    assert decoder.decode_part("pkl", data, key="k") == data
+    assert decoder.config()["untrusted_pickle"] == "bytes" and "untrusted_pickle" not in SampleDecoder().config()
+    with pytest.raises(ConfigError, match="untrusted_pickle"):
+        SampleDecoder(untrusted_pickle="skip")
 
 
 def test_config_is_plain_json_and_tracks_settings() -> None:

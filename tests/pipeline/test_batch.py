@@ -3,10 +3,16 @@ from __future__ import annotations
 import pytest
 from resume import END, ListSource, check_resume_at_every_step, run
 
-from megatron_energon_lite.errors import ConfigError, FatalSampleError, SkipSample, StateError
+from megatron_energon_lite.errors import (
+    ConfigError,
+    FatalSampleError,
+    SkipSample,
+    StateError,
+)
 from megatron_energon_lite.pipeline.batch import BatchNode
 from megatron_energon_lite.pipeline.guard import SampleGuard
 from megatron_energon_lite.pipeline.map import MapNode
+from megatron_energon_lite.pipeline.node import get_restore_key
 
 VALUES = list(range(10, 21))  # 11 items
 
@@ -35,7 +41,26 @@ def test_batches_in_order_with_partial_last_batch(batch_size: int, drop_last: bo
 
 def test_restore_key_lists_the_members() -> None:
     batch = BatchNode(ListSource(VALUES), 3, collate).next()
-    assert batch["__restore_key__"] == ("Batch", 0, ("List", 0), ("List", 1), ("List", 2))
+    assert get_restore_key(batch) == ("Batch", 0, ("List", 0), ("List", 1), ("List", 2))
+
+
+def test_a_dict_batch_without_a_restore_key_gets_none_added() -> None:
+    """Energon only updates a dict's __restore_key__ where it has one: model(**batch) must work."""
+
+    def model(values, index):
+        return sum(values) + index
+
+    node = BatchNode(ListSource(VALUES), 3, collate)
+    batch = node.next()
+    assert "__restore_key__" not in batch and set(batch) == {"values", "index"}
+    assert isinstance(batch, dict) and model(**batch) == 33
+    assert batch.__restore_key__ == ("Batch", 0, ("List", 0), ("List", 1), ("List", 2))
+    rebuilt = BatchNode(ListSource(VALUES), 3, collate).restore(batch.__restore_key__)
+    assert rebuilt == batch and "__restore_key__" not in rebuilt
+    # A dict that has the key keeps it, updated in place (Energon's behaviour).
+    keyed = BatchNode(ListSource(VALUES), 3, lambda items, i: {"__restore_key__": (), "n": len(items)}).next()
+    assert keyed["__restore_key__"] == ("Batch", 0, ("List", 0), ("List", 1), ("List", 2))
+    check_resume_at_every_step(lambda: BatchNode(ListSource(VALUES), 3, collate), steps=6)
 
 
 def test_failing_batcher_drops_the_whole_batch() -> None:

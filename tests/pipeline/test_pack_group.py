@@ -57,13 +57,70 @@ def test_generator_packs_and_postencode_resume_at_every_step() -> None:
     assert events[1][0][:3] == ("Pack", 0, 1)  # sub-index of a generator output
 
 
-def test_selection_that_repeats_or_drops_items_names_them() -> None:
+def test_selection_that_repeats_items_or_invents_them_names_them() -> None:
     with pytest.raises(ConfigError, match="more than one pack"):
         run(PackNode(ListSource(WORDS), 4, lambda items, i: [items, items[:1]], join), 1)
-    with pytest.raises(ConfigError, match="left 3 of 4 samples out(.|\n)*k1"):
-        run(PackNode(ListSource(WORDS), 4, lambda items, i: [items[:1]], join), 1)
-    dropped = PackNode(ListSource(WORDS), 4, lambda items, i: [items[:1]], join, allow_drop=True)
-    assert values(run(dropped, 4)) == ["a", "e", "iii"]
+    with pytest.raises(ConfigError, match="not in the buffer"):
+        run(PackNode(ListSource(WORDS), 4, lambda items, i: [[dict(items[0])]], join), 1)
+
+
+def pop_sorted(items: list, index: int, budget: int = 6) -> list[list]:
+    """Energon's documented PackingCaptioningTaskEncoder pattern: sort the argument, pop from it."""
+    items.sort(key=lambda m: len(m["value"]))
+    groups = []
+    while items:
+        group, used = [], 0
+        while items and used + len(items[0]["value"]) <= budget:
+            used += len(items[0]["value"])
+            group.append(items.pop(0))
+        if not group:  # longer than the budget alone
+            group.append(items.pop(0))
+        groups.append(group)
+    return groups
+
+
+def test_a_selection_that_sorts_and_pops_its_argument_works() -> None:
+    packs = values(run(PackNode(ListSource(WORDS), 4, pop_sorted, join), 12))
+    assert sorted(v for p in packs for v in p.split("|")) == sorted(WORDS)
+    assert packs[0] == "a|bb|ccc"  # the first buffer (a, bb, ccc, dddd) sorted by length
+    check_resume_at_every_step(lambda: PackNode(RepeatNode(ListSource(WORDS)), 4, pop_sorted, join), steps=30)
+
+
+def every_other(items: list, index: int) -> list[list]:
+    """Leaves out every second sample of the buffer (Energon drops such samples)."""
+    return [[item] for item in items[::2]]
+
+
+def test_left_out_samples_are_dropped_with_a_counting_warning(caplog) -> None:
+    caplog.set_level("DEBUG", logger="megatron_energon_lite.pipeline.pack")
+    node = PackNode(ListSource(WORDS), 4, every_other, join)
+    events = run(node, 7)
+    assert values(events) == ["a", "ccc", "e", "ggggg", "iii", "k"] and events[-1] == END
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    # Buffers leave out 2, 2 and 1 samples: running counts 2, 4, 5 -> warned at 2 and 4 (powers of two).
+    assert len(warnings) == 2 and "left 2 of 4 samples" in warnings[0] and "2 dropped so far" in warnings[0]
+    assert "4 dropped so far" in warnings[1] and "'k1'" in warnings[0]
+    assert node.get_state()["left_out"] == 5
+    caplog.clear()
+    quiet = PackNode(ListSource(WORDS), 4, every_other, join, allow_drop=True)
+    assert values(run(quiet, 6)) == ["a", "ccc", "e", "ggggg", "iii", "k"]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_left_out_counts_resume_exactly() -> None:
+    check_resume_at_every_step(lambda: PackNode(RepeatNode(ListSource(WORDS)), 4, every_other, join), steps=30)
+    node = PackNode(ListSource(WORDS), 4, every_other, join)
+    run(node, 3)  # inside the second buffer: 2 left out before it
+    state = node.get_state()
+    assert state["open"] and state["left_out"] == 2
+    fresh = PackNode(ListSource(WORDS), 4, every_other, join)
+    fresh.reset(state)
+    assert fresh.get_state() == state
+    run(fresh, 10)
+    assert fresh.get_state()["left_out"] == 5
+    old = {k: v for k, v in state.items() if k != "left_out"}  # a state written before the count existed
+    fresh.reset(old)
+    assert fresh.get_state()["left_out"] == 0  # counted from 0 before this buffer
 
 
 def by_length(item, index):
