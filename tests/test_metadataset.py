@@ -344,7 +344,7 @@ def test_blend_and_blend_epochized_cannot_mix(root: Path) -> None:
 def test_absolute_subsets_only_on_datasets(root: Path) -> None:
     inner = write(root, "inner_plain.yaml", "splits:\n  train:\n    path: ./A\n")
     outer = write(root, "outer_absolute.yaml", f"splits:\n  train:\n    blend:\n      - {{path: {inner.name}, subset: {{range: [0, 10]}}}}\n")
-    with pytest.raises(ConfigError, match="only allowed on datasets"):
+    with pytest.raises(ConfigError, match="only allowed for a leaf dataset"):
         train(outer, 0)
 
 

@@ -24,3 +24,36 @@ def test_energon_sample_names_are_exported() -> None:
         "SimilarityInterleavedSample", "CrudeSample", "SkipSample", "FatalSampleError",
     }
     assert energon_names <= set(lite.__all__)
+
+
+# Energon 7.4.1's ``megatron.energon.__all__`` (96 names), which code written for Energon imports.
+ENERGON_7_4_NAMES = [
+    "AugmentTaskEncoder", "BaseCoreDatasetFactory", "BaseWebdatasetFactory", "Batch",
+    "BatchDataset", "BlendDataset", "CachePool", "CaptioningSample", "CaptioningWebdataset",
+    "ConcatDataset", "Cooker", "CrudeJsonlDatasetFactory", "CrudeSample", "CrudeWebdataset",
+    "DatasetLoader", "DatasetLoaderInterface", "DecodeFileStore", "DefaultCrudeJsonlDatasetFactory",
+    "DefaultDecoderWebdatasetFactory", "DefaultGenericWebdatasetFactory", "DefaultTaskEncoder",
+    "DirectLazy", "EpochizeDataset", "FileCacheLazy", "FileStore", "FileStoreCachePool",
+    "FileStoreDecoder", "FilterDataset", "GcDataset", "GroupBatchDataset",
+    "ImageClassificationSample", "ImageClassificationWebdataset", "ImageSample", "ImageWebdataset",
+    "InterleavedSample", "InterleavedWebdataset", "IterMapDataset", "JoinedWebdatasetFactory",
+    "Lazy", "LimitDataset", "LogSampleDataset", "MapDataset", "Metadataset", "MetadatasetV2",
+    "MixBatchDataset", "MockLazy", "MultiChoiceVQASample", "MultiChoiceVQAWebdataset",
+    "NoCachePool", "OCRSample", "OCRWebdataset", "PackingDataset", "PrimaryFileStore",
+    "RepeatDataset", "Sample", "SampleDecoder", "SavableDataLoader", "SavableDataset",
+    "ShuffleBufferDataset", "SimilarityInterleavedSample", "SimilarityInterleavedWebdataset",
+    "SkipSample", "SourceInfo", "StandardWebdatasetFactory", "SystemFileStore", "TaskEncoder",
+    "TextSample", "TextWebdataset", "VQAOCRWebdataset", "VQASample", "VQAWebdataset", "VidQASample",
+    "VidQAWebdataset", "WorkerConfig", "__version__", "basic_sample_keys", "batch_list",
+    "batch_pad_stack", "batch_stack", "concat_pad", "cooker", "edataclass", "generic_batch",
+    "generic_concat", "get_loader", "get_savable_loader", "get_train_dataset", "get_val_dataset",
+    "get_val_datasets", "homogeneous_concat_mix", "load_dataset", "log_exception",
+    "prepare_metadataset", "reraise_exception", "stateless", "traverse_metadataset",
+]
+
+
+def test_every_energon_7_4_public_name_exists() -> None:
+    assert len(ENERGON_7_4_NAMES) == 96
+    missing = [name for name in ENERGON_7_4_NAMES if not hasattr(lite, name)]
+    assert missing == []
+    assert set(ENERGON_7_4_NAMES) <= set(lite.__all__)

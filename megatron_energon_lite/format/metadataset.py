@@ -45,6 +45,8 @@ __all__ = [
     "is_metadataset_path",
     "load_blend_plan",
     "single_dataset_plan",
+    "with_subflavors",
+    "with_subset",
 ]
 
 _OUR_MODULES = ("megatron.energon", "megatron_energon_lite")
@@ -111,6 +113,9 @@ class LeafDataset:
     relative_range: tuple[float, float] | None = None
     #: Set when this "dataset" is a join of several (``path`` is then the primary's).
     join: JoinSpec | None = None
+    #: Energon's ``aux:`` sources, name -> resolved path (the loader refuses them until they are
+    #: supported; ``traverse_metadataset`` reports them).
+    aux: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def sample_range(self, total: int) -> tuple[int, int]:
         """``[start, end)`` of the split's samples this leaf reads (Energon's subset arithmetic)."""
@@ -224,7 +229,59 @@ def single_dataset_plan(path: str | os.PathLike, split_part: str, **settings: An
     return BlendPlan("single", (leaf,))
 
 
-def load_blend_plan(source: Any, split_part: str, *, training: bool) -> BlendPlan:
+def with_subflavors(plan: BlendPlan, subflavors: Any) -> BlendPlan:
+    """Energon's ``subflavors`` argument: merged into every dataset's, winning over the YAML's."""
+    if subflavors is None:
+        return plan
+    if not isinstance(subflavors, Mapping):
+        raise ConfigError(format_message("subflavors must be a dict", found=repr(subflavors)[:80], fix="pass e.g. subflavors={'source': 'coco'}"))
+    leaves = tuple(replace(leaf, subflavors={**leaf.subflavors, **subflavors}) for leaf in plan.leaves)
+    return replace(plan, leaves=leaves)
+
+
+def with_subset(plan: BlendPlan, subset: Any) -> BlendPlan:
+    """Energon's ``subset`` argument (its ``DatasetSubset``, or a dict with the same keys):
+    ``range`` (fractions) applies to what each dataset's own subset leaves, as an outer
+    metadataset subset does; ``absolute_range`` (sample indices) only to a single dataset."""
+    if subset is None:
+        return plan
+    get = subset.get if isinstance(subset, Mapping) else lambda key: getattr(subset, key, None)
+    fraction, absolute = get("range"), get("absolute_range")
+    expected = "DatasetSubset(range=(start, end)) with 0 <= start <= end <= 1, or absolute_range=(first, end or None) for a single dataset"
+    try:
+        if fraction is not None:
+            start, end = (float(v) for v in fraction)
+            if not 0 <= start <= end <= 1:
+                raise ValueError
+        if absolute is not None:
+            first, last = absolute
+            if not isinstance(first, int) or not (last is None or isinstance(last, int)) or first < 0 or (last is not None and last < first):
+                raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(format_message("invalid subset", expected=expected, found=repr(subset)[:120])) from None
+    leaves = []
+    for leaf in plan.leaves:
+        if absolute is not None:
+            if plan.kind != "single" or leaf.absolute_range is not None or leaf.relative_range is not None:
+                raise ConfigError(
+                    format_message(
+                        "an absolute subset range applies to a single dataset only",
+                        where=leaf.where,
+                        expected=expected,
+                        found=repr(subset)[:120],
+                        fix="use a fractional range, or put the index range on the dataset entry of the metadataset",
+                    )
+                )
+            leaf = replace(leaf, absolute_range=(absolute[0], absolute[1]))
+        if fraction is not None:
+            inner = leaf.relative_range or (0.0, 1.0)
+            width = inner[1] - inner[0]
+            leaf = replace(leaf, relative_range=(inner[0] + start * width, inner[0] + end * width))
+        leaves.append(leaf)
+    return replace(plan, leaves=tuple(leaves))
+
+
+def load_blend_plan(source: Any, split_part: str, *, training: bool, check_datasets: bool = True) -> BlendPlan:
     """The plan of split ``split_part`` of a metadataset file, dict or :class:`Blender`.
 
     For validation (``training=False``) every leaf is read once, in YAML order: weights,
@@ -233,10 +290,10 @@ def load_blend_plan(source: Any, split_part: str, *, training: bool) -> BlendPla
     if isinstance(source, Blender):
         plan = source.plan(split_part)
     elif isinstance(source, Mapping):
-        plan = _Parser(Path.cwd(), "<metadataset dict>", ()).split(source, split_part)
+        plan = _Parser(Path.cwd(), "<metadataset dict>", (), check_datasets=check_datasets).split(source, split_part)
     else:
         path = as_path(source).resolve()
-        plan = _Parser(path.parent, str(path), (path,)).split(load_structured(path), split_part)
+        plan = _Parser(path.parent, str(path), (path,), check_datasets=check_datasets).split(load_structured(path), split_part)
     if not training:
         leaves = tuple(replace(leaf, weight=Fraction(1), repetitions=1.0) for leaf in plan.leaves)
         return BlendPlan("single" if len(leaves) == 1 else "concat", leaves, None, plan.source)
@@ -320,10 +377,12 @@ def _range_bound(value: Any, where: str) -> tuple[str, float | int | None]:
 class _Parser:
     """Reads one metadataset file (or dict); ``chain`` holds the files being read, for cycles."""
 
-    def __init__(self, base: AnyPath, file: str, chain: tuple[AnyPath, ...]) -> None:
+    def __init__(self, base: AnyPath, file: str, chain: tuple[AnyPath, ...], *, check_datasets: bool = True) -> None:
         self.base = base
         self.file = file
         self.chain = chain
+        #: False: datasets are not opened (``traverse_metadataset`` lists missing ones too).
+        self.check_datasets = check_datasets
 
     def where(self, key_path: str) -> str:
         return f"{self.file}: {key_path}"
@@ -414,7 +473,8 @@ class _Parser:
             )
             if target.suffix in (".jsonl", ".yaml", ".yml", ".json"):
                 raise ConfigError(format_message("only prepared dataset folders can be joined", where=self.where(f"{member_path}.path"), found=str(target)))
-            _check_dataset(LeafDataset(path=member.path, split_part=member.split_part, where=member.where), self.where(f"{member_path}.path"))
+            if self.check_datasets:
+                _check_dataset(LeafDataset(path=member.path, split_part=member.split_part, where=member.where), self.where(f"{member_path}.path"))
             members.append(member)
         joiner = node["joiner"]
         check_mapping(joiner, file=self.file, key_path=f"{key_path}.joiner", allowed=("__module__", "__class__", "__function__"), required=("__module__",))
@@ -487,17 +547,18 @@ class _Parser:
     def ref_plan(self, ref: Mapping, key_path: str, split_part: str, *, extra: Iterable[str]) -> BlendPlan:
         if "split" in ref:
             raise ConfigError(format_message("unknown key 'split'", where=self.where(f"{key_path}.split"), expected="split_part", found="split", fix="rename 'split' to 'split_part' (Energon's docs show 'split' by mistake)"))
-        if "aux" in ref:
-            raise ConfigError(format_message("aux sources are not supported yet", where=self.where(f"{key_path}.aux"), fix="remove aux; read auxiliary files in your cooker instead"))
-        check_mapping(ref, file=self.file, key_path=key_path, allowed=(*_REF_KEYS, *extra), required=("path",))
+        check_mapping(ref, file=self.file, key_path=key_path, allowed=(*_REF_KEYS, "aux", *extra), required=("path",))
         settings = self._ref_settings(ref, key_path, split_part)
         target = self._resolve(ref["path"], f"{key_path}.path")
         if is_metadataset_path(target):
+            if "aux" in ref:
+                raise ConfigError(format_message("aux is not allowed on a reference to a metadataset", where=self.where(f"{key_path}.aux"), fix=f"set aux on the dataset entries inside {target}"))
             return self._nested(target, ref, key_path, settings)
-        leaf = LeafDataset(path=str(target), where=self.where(key_path), **settings)
+        leaf = LeafDataset(path=str(target), where=self.where(key_path), aux=self._aux(ref.get("aux"), f"{key_path}.aux"), **settings)
         if "subset" in ref:
             leaf = _leaf_subset(leaf, ref["subset"], self.where(f"{key_path}.subset"), innermost=True)
-        _check_dataset(leaf, self.where(f"{key_path}.path"))
+        if self.check_datasets:
+            _check_dataset(leaf, self.where(f"{key_path}.path"))
         return BlendPlan("single", (leaf,))
 
     def _ref_settings(self, ref: Mapping, key_path: str, split_part: str) -> dict[str, Any]:
@@ -517,6 +578,18 @@ class _Parser:
             "split_config": ref.get("split_config"),
         }
 
+    def _aux(self, raw: Any, key_path: str) -> dict[str, str]:
+        """``aux: {name: path}``: a prepared dataset or ``filesystem://folder``, relative to the YAML."""
+        if raw is None:
+            return {}
+        aux = check_mapping(raw, file=self.file, key_path=key_path, allowed=list(raw or {}))
+        resolved = {}
+        for name, value in aux.items():
+            if isinstance(value, str) and value.startswith("filesystem://"):
+                value = value[len("filesystem://") :]
+            resolved[str(name)] = str(self._resolve(value, f"{key_path}.{name}"))
+        return resolved
+
     def _resolve(self, value: Any, key_path: str) -> AnyPath:
         """A path from the YAML: a URL or an absolute path as is, else relative to the YAML file
         (also when the YAML file itself is remote)."""
@@ -534,7 +607,7 @@ class _Parser:
         for key in ("dataset_config", "split_config"):
             if settings[key] is not None:
                 raise ConfigError(format_message(f"{key} is not allowed on a reference to a metadataset", where=self.where(f"{key_path}.{key}"), fix=f"set {key} on the dataset entries inside {target}"))
-        plan = _Parser(target.parent, str(target), (*self.chain, target)).split(load_structured(target), settings["split_part"])
+        plan = _Parser(target.parent, str(target), (*self.chain, target), check_datasets=self.check_datasets).split(load_structured(target), settings["split_part"])
         outer_flavors = settings["subflavors"]
         multiplier = settings["shuffle_over_epochs_multiplier"]
         leaves = tuple(
@@ -574,7 +647,8 @@ class _Parser:
                 child = self._nested(target, entry, entry_path, settings)
             else:
                 leaf = LeafDataset(path=str(target), where=self.where(entry_path), **settings)
-                _check_dataset(leaf, self.where(f"{entry_path}.path"))
+                if self.check_datasets:
+                    _check_dataset(leaf, self.where(f"{entry_path}.path"))
                 child = BlendPlan("single", (leaf,))
             children.append((weight, child))
         total = sum(w for w, _ in children)
@@ -593,7 +667,7 @@ def _leaf_subset(leaf: LeafDataset, subset: Any, where: str, *, innermost: bool)
         raise ConfigError(format_message("invalid subset range start", where=f"{where}.range[0]", expected="a percentage or a sample index", found="'end'"))
     if kind_a == "absolute" or kind_b == "absolute":
         if not innermost:
-            raise ConfigError(format_message("absolute subset ranges are only allowed on datasets", where=where, expected="percentages on blends and references to metadatasets", found=repr(subset["range"]), fix="use percentages here, or put the index range on the dataset entry"))
+            raise ConfigError(format_message("absolute subset ranges are only allowed for a leaf dataset", where=where, expected="percentages on blends and references to metadatasets", found=repr(subset["range"]), fix="use percentages here, or put the index range on the dataset entry"))
         if kind_a != "absolute" or kind_b == "relative":
             raise ConfigError(format_message("subset range mixes sample indices and percentages", where=where, expected="[index, index or 'end'] or [percent, percent]", found=repr(subset["range"])))
         if b is not None and b < a:

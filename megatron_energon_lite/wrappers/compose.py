@@ -4,7 +4,7 @@
 ``build_encode_sample`` / ``build_cook_crude_sample`` call these functions. They are used only
 when a task encoder overrides one of those methods (its override may call ``super()``); otherwise
 the loader builds the same stages directly from ``pipeline/build.py``. The inputs are
-:class:`LoadedDataset` entries whose ``dataset`` is a :class:`DatasetFactory`: ``.build()``
+:class:`LoadedDataset` entries whose ``dataset`` is a dataset factory (``flavors/``): ``.build()``
 gives the dataset's uncooked samples on each worker.
 """
 
@@ -16,16 +16,10 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, format_message
-from ..pipeline.build import (
-    PipelineSpec,
-    dataset_sizes,
-    dataset_slices,
-    is_crude,
-    leaf_source,
-)
+from ..flavors.base_dataset import BaseCoreDatasetFactory
+from ..flavors.factories import plan_factory
+from ..pipeline.build import PipelineSpec, dataset_sizes, dataset_slices
 from ..pipeline.hooks import hook_spec
-from ..pipeline.load import SampleLoader
-from ..pipeline.node import Node
 from ..samples import CrudeSample
 from ..task_encoder.cooking import select_cooker
 from ..worker import WorkerConfig
@@ -47,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILD_METHODS",
     "DatasetBlendMode",
-    "DatasetFactory",
     "LoadedDataset",
     "build_batch",
     "build_cook_crude_sample",
@@ -70,73 +63,11 @@ class DatasetBlendMode(enum.Enum):
     SAMPLE_REPETITIONS = "sample_repetitions"
 
 
-class DatasetSource(SavableDataset[Any]):
-    """Dataset ``index`` of a plan on each worker, uncooked (its shuffled slices for training).
-
-    ``slices``: ``dataset_slices(spec)[index]``, computed once for all datasets of the plan.
-    """
-
-    def __init__(self, spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]]) -> None:
-        super().__init__()
-        self.spec = spec
-        self.index = index
-        self.slices = slices
-        self.worker_config = spec.worker_config
-
-    def build_worker(self, local_worker_id: int) -> Node:
-        return leaf_source(self.spec, self.index, local_worker_id, self.slices[local_worker_id])
-
-    def worker_length(self, local_worker_id: int) -> int:
-        return sum(end - start for start, end in self.slices[local_worker_id])
-
-    def config(self) -> dict[str, Any]:
-        return {"type": "DatasetSource", "dataset": self.spec.plan.leaves[self.index].describe(), "training": self.spec.training, "split_part": self.spec.split_part}
-
-
-class DatasetFactory:
-    """What Energon's ``LoadedDataset.dataset`` is: one dataset of the plan, not yet built."""
-
-    def __init__(self, spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]], size: int) -> None:
-        self.spec = spec
-        self.index = index
-        self.leaf = spec.plan.leaves[index]
-        self.source = DatasetSource(spec, index, slices)
-        self.size = size
-
-    @functools.cached_property
-    def _crude(self) -> bool:
-        if self.leaf.join is not None:
-            return False
-        if self.leaf.path.endswith(".jsonl"):
-            return True
-        loader = SampleLoader(self.leaf.path, self.leaf.split_part, dataset_config=self.leaf.dataset_config or self.spec.dataset_config, split_config=self.leaf.split_config or self.spec.split_config, decoder=None, subflavors=self.leaf.subflavors, trust_dataset_code=self.spec.trust_dataset_code)
-        return is_crude(loader)
-
-    @property
-    def __sample_type__(self) -> type:
-        return CrudeSample if self._crude else object
-
-    @property
-    def subflavors(self) -> dict[str, Any]:
-        return dict(self.leaf.subflavors)
-
-    def __len__(self) -> int:
-        """Samples of the dataset's split over all ranks (its subset applied), as in Energon."""
-        return self.size
-
-    def build(self, worker_rotation_offset: int = 0) -> SavableDataset[Any]:
-        """The dataset's samples on each worker (the rotation offset is computed from the plan)."""
-        return self.source
-
-    def as_file_store(self) -> Any:
-        raise ConfigError(format_message("auxiliary data (aux:, FileStore) is not supported yet", where=self.leaf.where, fix="read the data from the sample itself for now"))
-
-
 @dataclasses.dataclass
 class LoadedDataset:
     """One dataset of a plan with its blend settings (Energon's ``LoadedDataset``)."""
 
-    dataset: DatasetFactory
+    dataset: BaseCoreDatasetFactory
     weight: float | None = None
     repetitions: float | None = None
     aux: dict[str, Any] | None = None
@@ -153,7 +84,7 @@ def overrides_build(task_encoder: Any) -> bool:
 def loaded_datasets(spec: PipelineSpec) -> list[LoadedDataset]:
     """The plan's datasets as ``build_train_datasets`` / ``build_val_datasets`` receive them."""
     slices, sizes = dataset_slices(spec), dataset_sizes(spec)  # once for every dataset of the plan
-    return [LoadedDataset(DatasetFactory(spec, k, slices[k], sizes[k]), weight=float(leaf.weight), repetitions=leaf.repetitions) for k, leaf in enumerate(spec.plan.leaves)]
+    return [LoadedDataset(plan_factory(spec, k, slices[k], sizes[k]), weight=float(leaf.weight), repetitions=leaf.repetitions) for k, leaf in enumerate(spec.plan.leaves)]
 
 
 def build_cook_crude_sample(te: TaskEncoder, dataset: SavableDataset[Any], *, worker_config: WorkerConfig, subflavors: dict[str, Any], get_primary_aux: Any = None, aux: dict[str, Any] | None = None) -> SavableDataset[Any]:
