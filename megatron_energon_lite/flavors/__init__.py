@@ -15,7 +15,6 @@ from ..samples import (
     SimilarityInterleavedSample,
     TextSample,
     VidQASample,
-    VQAOCRSample,
     VQASample,
 )
 from ..wrappers.base import SavableDataset
