@@ -39,6 +39,7 @@ __all__ = [
     "SkipSample",
     "StateError",
     "StorageError",
+    "WatchdogTimeoutError",
     "format_message",
     "log_exception",
     "reraise_exception",
@@ -101,6 +102,10 @@ class NotSupportedError(EnergonLiteError, NotImplementedError):
 
 class FatalSampleError(EnergonLiteError):
     """Too many consecutive samples failed; the run stops instead of skipping forever."""
+
+
+class WatchdogTimeoutError(FatalSampleError, TimeoutError):
+    """Producing one item took longer than the watchdog timeout and ``fail_on_timeout`` is set."""
 
 
 class SkipSample(Exception):

@@ -67,7 +67,7 @@ from .metadata import (
     write_info,
     write_split_config,
 )
-from .sqlite_index import DuplicateKey, SqliteIndexWriter
+from .sqlite_index import DuplicateKey, DuplicateSampleKeyError, SqliteIndexWriter
 from .tar_index import index_name, write_tar_index
 from .tar_reader import SampleEntry, group_samples, iter_members
 
@@ -207,14 +207,19 @@ def split_counts_by_ratio(num_shards: int, ratio: Sequence[float]) -> list[int]:
 
 
 def splits_by_ratio(
-    shards: Sequence[str], ratio: Sequence[float], *, shuffle: bool = False
+    shards: Sequence[str], ratio: Sequence[float] | Sequence[tuple[str, float]], *, shuffle: bool = False
 ) -> dict[str, list[str]]:
+    """Consecutive runs of shards per split: ``ratio`` as ``(8, 1, 1)`` (train, val, test) or as
+    Energon's ``[("train", 8), ("val", 1), ...]``."""
+    split_names = list(DEFAULT_SPLIT_NAMES)
+    if ratio and all(isinstance(r, (tuple, list)) and len(r) == 2 for r in ratio):
+        split_names, ratio = [str(name) for name, _ in ratio], [float(r) for _, r in ratio]
     names = list(shards)
     if shuffle:
         random.Random(42).shuffle(names)  # Energon's seed, so the same shards go to each split
     counts = split_counts_by_ratio(len(names), ratio)
     result, start = {}, 0
-    for split_name, count in zip(DEFAULT_SPLIT_NAMES, counts):
+    for split_name, count in zip(split_names, counts):
         result[split_name] = names[start : start + count]
         start += count
     return result
@@ -282,21 +287,8 @@ def _unchanged_shards(
 
 
 
-def _duplicate_error(duplicates: list[DuplicateKey], names: list[str]) -> DatasetError:
-    shown = "\n".join(
-        f"    {d.key!r}: {names[d.first[0]]} sample {d.first[1]} and {names[d.again[0]]} sample {d.again[1]}"
-        for d in duplicates[:10]
-    )
-    more = f"\n    ... and {len(duplicates) - 10} more" if len(duplicates) > 10 else ""
-    return DatasetError(
-        format_message(
-            f"the data contains {len(duplicates)} duplicate sample key(s); nothing was written",
-            expected="every sample key unique over all shards",
-            found=f"\n{shown}{more}",
-            fix="rename the samples (e.g. prefix keys with the shard name) or exclude one copy "
-            "with --exclude",
-        )
-    )
+def _duplicate_error(duplicates: list[DuplicateKey], names: list[str]) -> DuplicateSampleKeyError:
+    return DuplicateSampleKeyError.from_duplicates(duplicates, names)
 
 
 def prepare_dataset(
@@ -314,12 +306,14 @@ def prepare_dataset(
     dataset_yaml_name: str = "dataset.yaml",
     confirm_overwrite: Callable[[], bool] | None = None,
     media_filter: MediaFilter | None = None,
+    shards: Sequence[str] | None = None,
 ) -> PrepareResult:
     """Indexes the tars under ``root`` and writes Energon-compatible metadata.
 
     Exactly one of ``split_ratio`` (e.g. ``(8, 1, 1)`` for train/val/test) and ``split_parts``
     (``[(name, regex), ...]``) is needed unless ``tar_index_only`` keeps the existing splits.
     ``dataset_yaml`` is the text of ``.nv-meta/<dataset_yaml_name>`` to write, if any.
+    ``shards``: the tar paths (relative to ``root``) to index instead of every tar found there.
     ``media_filter`` stores media metadata (Energon's ``--media-metadata-by-*``); None keeps the
     filter of an existing index, if it has one.
     """
@@ -355,7 +349,7 @@ def prepare_dataset(
                         "not re-indexed), or --tar-index-only to keep splits and dataset.yaml",
                     )
                 )
-        names = discover_shards(root, exclude)
+        names = [str(name) for name in shards] if shards is not None else discover_shards(root, exclude)
     if not names:
         raise DatasetError(
             format_message(
@@ -427,7 +421,7 @@ def _write_index(
     unchanged: dict[str, tuple[int, int]],
 ) -> dict[str, int]:
     """Writes the samples table of the new index; returns the sample count of each shard."""
-    writer = SqliteIndexWriter(tmp_index)
+    writer = SqliteIndexWriter(tmp_index, scratch=True)
     duplicates: list[DuplicateKey] = []
     counts: dict[str, int] = {}
     try:

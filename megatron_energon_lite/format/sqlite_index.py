@@ -3,29 +3,123 @@
 Plain train/val loading does not need it (``.tar.idx`` suffices); joins, aux sources and media
 metadata do.  ``sample_key`` is unique over the whole dataset, so this is also where duplicate
 keys are found at prepare time.
+
+:class:`SqliteIndexWriter` has two faces over one file format:
+
+- the shard-at-a-time calls that :mod:`.prepare` uses (:meth:`~SqliteIndexWriter.add_shard`,
+  :meth:`~SqliteIndexWriter.copy_shard`), which collect every duplicate key so the error can
+  list them all;
+- Energon's row-batch calls (``append_samples``, ``append_parts``, ``append_media_metadata_batch``,
+  ``append_media_filter``, ``close``, a context manager and the ``db`` attribute), which raise
+  :class:`DuplicateSampleKeyError` on the first duplicate and leave the failed batch unwritten.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any
 
+from ..edataclass import edataclass
+from ..errors import ConfigError, DatasetError, format_message
+from .media_metadata import MEDIA_SCHEMA
 from .tar_reader import SampleEntry
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = [
+    "DuplicateKey",
+    "DuplicateSampleKeyError",
+    "IndexAggregatable",
+    "IndexMediaMetadata",
+    "IndexSample",
+    "IndexSamplePart",
+    "SqliteIndexWriter",
+    "shard_row_count",
+]
+
 _SCHEMA = (
-    "CREATE TABLE samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
-    "sample_index INTEGER NOT NULL, byte_offset INTEGER, byte_size INTEGER)",
-    "CREATE TABLE sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
-    "content_byte_offset INTEGER, content_byte_size INTEGER)",
+    (
+        "CREATE TABLE samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
+        "sample_index INTEGER NOT NULL, byte_offset INTEGER, byte_size INTEGER)"
+    ),
+    (
+        "CREATE TABLE sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
+        "content_byte_offset INTEGER, content_byte_size INTEGER)"
+    ),
+)
+_DROP = (
+    "DROP INDEX IF EXISTS idx_samples_sample_key",
+    "DROP INDEX IF EXISTS idx_samples_by_tar_and_idx",
+    "DROP TABLE IF EXISTS samples",
+    "DROP INDEX IF EXISTS idx_sample_parts_seq",
+    "DROP INDEX IF EXISTS idx_sample_parts_full",
+    "DROP TABLE IF EXISTS sample_parts",
 )
 _INDEXES = (
-    "CREATE INDEX idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
-    "CREATE INDEX idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset)",
-    "CREATE INDEX idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, "
-    "content_byte_offset, content_byte_size)",
+    "CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
+    "CREATE INDEX IF NOT EXISTS idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset)",
+    (
+        "CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, "
+        "part_name, content_byte_offset, content_byte_size)"
+    ),
 )
+_INSERT_SAMPLE = "INSERT INTO samples VALUES (?, ?, ?, ?, ?)"
+_INSERT_PART = "INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)"
+_DUPLICATE_FIX = (
+    "rename the samples (e.g. prefix keys with the shard name), exclude one copy with --exclude, "
+    "or run prepare with --fix-duplicates"
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows (Energon's ``flavors.webdataset.prepare`` row types)
+# ---------------------------------------------------------------------------------------------
+
+
+@edataclass
+class IndexAggregatable:
+    """Base of the rows an indexing worker hands to the index writer."""
+
+
+@edataclass
+class IndexSample(IndexAggregatable):
+    """One ``samples`` row: where a whole sample lies in its tar."""
+
+    tar_file_id: int
+    sample_key: str
+    sample_index: int
+    byte_offset: int
+    byte_size: int
+
+
+@edataclass
+class IndexSamplePart(IndexAggregatable):
+    """One ``sample_parts`` row: where one part's content lies in its tar."""
+
+    tar_file_id: int
+    sample_index: int
+    part_name: str
+    content_byte_offset: int
+    content_byte_size: int
+
+
+@edataclass
+class IndexMediaMetadata(IndexAggregatable):
+    """One ``media_metadata`` row: ``entry_key`` is ``<sample_key>.<part_name>``."""
+
+    entry_key: str
+    metadata_type: str
+    metadata_json: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Duplicate keys
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -37,33 +131,249 @@ class DuplicateKey:
     again: tuple[int, int]
 
 
+class DuplicateSampleKeyError(DatasetError, RuntimeError):
+    """A sample key occurs more than once in a dataset; the index was not written.
+
+    ``sample_key`` is the (first) duplicated key, as in Energon; ``duplicates`` lists every one
+    found with both positions when they are known. Also a :class:`RuntimeError`, like Energon's.
+    """
+
+    sample_key: str
+    duplicates: list[DuplicateKey]
+
+    def __init__(
+        self,
+        sample_key: str,
+        *,
+        where: str | None = None,
+        found: str | None = None,
+        what: str | None = None,
+        duplicates: Sequence[DuplicateKey] = (),
+    ) -> None:
+        super().__init__(
+            format_message(
+                what or f"duplicate sample key {sample_key!r} while indexing",
+                where=where,
+                expected="every sample key unique over all shards of the dataset",
+                found=found,
+                fix=_DUPLICATE_FIX,
+            )
+        )
+        self.sample_key = sample_key
+        self.duplicates = list(duplicates)
+
+    @classmethod
+    def from_duplicates(
+        cls, duplicates: Sequence[DuplicateKey], shard_names: Sequence[str], *, where: str | None = None
+    ) -> DuplicateSampleKeyError:
+        """One error listing (up to ten of) ``duplicates``; shard ids are resolved to names."""
+        if not duplicates:
+            raise ValueError("from_duplicates needs at least one duplicate")
+        shown = "\n".join(
+            f"    {d.key!r}: {shard_names[d.first[0]]} sample {d.first[1]} and "
+            f"{shard_names[d.again[0]]} sample {d.again[1]}"
+            for d in duplicates[:10]
+        )
+        more = f"\n    ... and {len(duplicates) - 10} more" if len(duplicates) > 10 else ""
+        return cls(
+            duplicates[0].key,
+            what=f"the data contains {len(duplicates)} duplicate sample key(s); nothing was written",
+            where=where,
+            found=f"\n{shown}{more}",
+            duplicates=duplicates,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep the attributes across pickling (errors travel from prepare's worker processes).
+        return (_rebuild_duplicate_error, (type(self), str(self), self.sample_key, self.duplicates))
+
+
+def _rebuild_duplicate_error(
+    cls: type[DuplicateSampleKeyError], message: str, sample_key: str, duplicates: list[DuplicateKey]
+) -> DuplicateSampleKeyError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.sample_key = sample_key
+    error.duplicates = duplicates
+    return error
+
+
+# ---------------------------------------------------------------------------------------------
+# Writer
+# ---------------------------------------------------------------------------------------------
+
+
+def _local_file(path: str | os.PathLike) -> Path:
+    try:
+        return Path(os.fspath(path))
+    except TypeError:
+        raise ConfigError(
+            format_message(
+                "index.sqlite can only be written on the local file system",
+                where=str(path),
+                found="a remote path",
+                fix="build the index in a local folder and upload the finished file",
+            )
+        ) from None
+
+
 class SqliteIndexWriter:
-    """Builds a new index file; rows of unchanged shards can be copied from an old index."""
+    """Writes the sample tables (and optionally the media tables) of an ``index.sqlite``.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.unlink(missing_ok=True)
-        self._db = sqlite3.connect(f"file:{path}", uri=True)  # uri: ATTACH read-only
-        self._db.execute("PRAGMA journal_mode=OFF")
-        self._db.execute("PRAGMA synchronous=OFF")
-        for statement in _SCHEMA:
-            self._db.execute(statement)
+    Opening drops and recreates the sample tables (``enable_sample_tables``); the media tables
+    are created if missing and emptied first when ``reset_tables``. ``scratch=True`` is for a
+    fresh temporary file that is renamed into place afterwards: an old file at the path is
+    removed, and there is no rollback journal on disk and no fsync. Lookup indexes are built
+    once, in :meth:`close`, after all rows are in.
+    """
 
+    def __init__(
+        self,
+        sqlite_path: str | os.PathLike,
+        *,
+        enable_sample_tables: bool = True,
+        enable_media_metadata: bool = False,
+        reset_tables: bool = True,
+        scratch: bool = False,
+    ) -> None:
+        if enable_sample_tables and not reset_tables:
+            raise ConfigError(
+                format_message(
+                    "the sample tables of index.sqlite are always rebuilt from scratch",
+                    where=str(sqlite_path),
+                    expected="reset_tables=True with enable_sample_tables=True",
+                    found="reset_tables=False",
+                    fix="pass enable_sample_tables=False to add only media metadata to an index",
+                )
+            )
+        self.sqlite_path = sqlite_path
+        self.enable_sample_tables = enable_sample_tables
+        self.enable_media_metadata = enable_media_metadata
+        self.reset_tables = reset_tables
+        self.path = _local_file(sqlite_path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if scratch:
+            self.path.unlink(missing_ok=True)
+        # A URI connection so that attach_previous can open the old index read-only.
+        self.db: sqlite3.Connection | None = sqlite3.connect(self.path.absolute().as_uri(), uri=True)
+        self.db.execute("PRAGMA busy_timeout = 5000")
+        if scratch:
+            self.db.execute("PRAGMA journal_mode=MEMORY")  # savepoints still roll back
+            self.db.execute("PRAGMA synchronous=OFF")
+        if enable_sample_tables:
+            for statement in (*_DROP, *_SCHEMA):
+                self.db.execute(statement)
+        if enable_media_metadata:
+            if reset_tables:
+                self.db.execute("DROP TABLE IF EXISTS media_metadata")
+                self.db.execute("DROP TABLE IF EXISTS media_filters")
+            for statement in MEDIA_SCHEMA:
+                self.db.execute(statement)
+
+    def _open_db(self) -> sqlite3.Connection:
+        if self.db is None:
+            raise DatasetError(
+                format_message(
+                    "the index writer is already closed",
+                    where=str(self.path),
+                    fix="write all rows before close(), or open a new SqliteIndexWriter",
+                )
+            )
+        return self.db
+
+    # --- Energon's row-batch interface -------------------------------------------------------
+    def append_samples(self, rows: Sequence[IndexSample]) -> None:
+        """Inserts sample rows; a duplicate key raises and leaves none of ``rows`` written."""
+        db = self._open_db()
+        if not rows:
+            return
+        db.execute("SAVEPOINT append_samples")
+        try:
+            db.executemany(
+                _INSERT_SAMPLE,
+                ((r.tar_file_id, r.sample_key, r.sample_index, r.byte_offset, r.byte_size) for r in rows),
+            )
+        except sqlite3.IntegrityError as exc:
+            db.execute("ROLLBACK TO SAVEPOINT append_samples")
+            db.execute("RELEASE SAVEPOINT append_samples")
+            key, found = self._explain_duplicate(rows)
+            raise DuplicateSampleKeyError(key, where=str(self.path), found=found) from exc
+        db.execute("RELEASE SAVEPOINT append_samples")
+
+    def append_parts(self, rows: Sequence[IndexSamplePart]) -> None:
+        """Inserts part rows."""
+        self._open_db().executemany(
+            _INSERT_PART,
+            (
+                (r.tar_file_id, r.sample_index, r.part_name, r.content_byte_offset, r.content_byte_size)
+                for r in rows
+            ),
+        )
+
+    def append_media_metadata_batch(self, rows: Sequence[IndexMediaMetadata]) -> None:
+        """Inserts (or replaces) media metadata rows; needs ``enable_media_metadata``."""
+        self._require_media()
+        self._open_db().executemany(
+            "INSERT OR REPLACE INTO media_metadata (entry_key, metadata_type, metadata_json) VALUES (?, ?, ?)",
+            ((r.entry_key, r.metadata_type, r.metadata_json) for r in rows),
+        )
+
+    def append_media_filter(self, *, strategy: str, patterns: str | None) -> None:
+        """Records the media filter a run used (Energon keeps one row per distinct filter)."""
+        self._require_media()
+        self._open_db().execute(
+            "INSERT OR IGNORE INTO media_filters (strategy, patterns) VALUES (?, ?)", (strategy, patterns)
+        )
+
+    def _require_media(self) -> None:
+        if not self.enable_media_metadata:
+            raise ConfigError(
+                format_message(
+                    "media metadata written to an index writer opened without media tables",
+                    where=str(self.path),
+                    fix="open the SqliteIndexWriter with enable_media_metadata=True",
+                )
+            )
+
+    def _explain_duplicate(self, rows: Sequence[IndexSample]) -> tuple[str, str]:
+        """The key (and its two positions) that made a batch fail; SQLite names neither."""
+        db = self._open_db()
+        seen: dict[str, IndexSample] = {}
+        for row in rows:
+            earlier = seen.get(row.sample_key)
+            if earlier is not None:
+                return row.sample_key, (
+                    f"twice in one batch: tar_file_id {earlier.tar_file_id} sample {earlier.sample_index} "
+                    f"and tar_file_id {row.tar_file_id} sample {row.sample_index}"
+                )
+            first = db.execute(
+                "SELECT tar_file_id, sample_index FROM samples WHERE sample_key = ?", (row.sample_key,)
+            ).fetchone()
+            if first is not None:
+                return row.sample_key, (
+                    f"already indexed at tar_file_id {first[0]} sample {first[1]}, "
+                    f"again at tar_file_id {row.tar_file_id} sample {row.sample_index}"
+                )
+            seen[row.sample_key] = row
+        return rows[0].sample_key, "a uniqueness violation SQLite did not attribute to one row"
+
+    # --- shard-at-a-time interface (prepare) -----------------------------------------------
     def add_shard(
         self, tar_file_id: int, samples: Sequence[SampleEntry], offsets: Sequence[int]
     ) -> list[DuplicateKey]:
         """Inserts one shard's rows; returns the keys that were already present."""
+        db = self._open_db()
         rows = [
             (tar_file_id, s.key, i, int(offsets[i]), int(offsets[i + 1]) - int(offsets[i]))
             for i, s in enumerate(samples)
         ]
-        before = self._db.total_changes
-        self._db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows)
+        before = db.total_changes
+        db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows)
         duplicates: list[DuplicateKey] = []
-        if self._db.total_changes - before != len(rows):
+        if db.total_changes - before != len(rows):
             duplicates = self._find_duplicates(rows)
-        self._db.executemany(
-            "INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)",
+        db.executemany(
+            _INSERT_PART,
             (
                 (tar_file_id, i, part, offset, size)
                 for i, s in enumerate(samples)
@@ -73,9 +383,10 @@ class SqliteIndexWriter:
         return duplicates
 
     def _find_duplicates(self, rows: list[tuple]) -> list[DuplicateKey]:
+        db = self._open_db()
         found = []
         for tar_file_id, key, index, _, _ in rows:
-            first = self._db.execute(
+            first = db.execute(
                 "SELECT tar_file_id, sample_index FROM samples WHERE sample_key = ?", (key,)
             ).fetchone()
             if first != (tar_file_id, index):
@@ -84,37 +395,59 @@ class SqliteIndexWriter:
 
     def attach_previous(self, old_index: Path) -> None:
         """Makes a previous index readable as ``prev`` for :meth:`copy_shard`."""
-        self._db.execute("ATTACH DATABASE ? AS prev", (f"file:{old_index}?mode=ro",))
+        uri = f"{Path(old_index).absolute().as_uri()}?mode=ro"
+        self._open_db().execute("ATTACH DATABASE ? AS prev", (uri,))
 
     def copy_shard(self, old_id: int, new_id: int) -> list[DuplicateKey]:
         """Copies an unchanged shard's rows from the attached previous index, renumbering it."""
+        db = self._open_db()
         rows = [
             (new_id, *row)
-            for row in self._db.execute(
+            for row in db.execute(
                 "SELECT sample_key, sample_index, byte_offset, byte_size FROM prev.samples "
                 "WHERE tar_file_id = ? ORDER BY sample_index",
                 (old_id,),
             )
         ]
-        before = self._db.total_changes
-        self._db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows)
-        duplicates = [] if self._db.total_changes - before == len(rows) else self._find_duplicates(rows)
-        self._db.execute(
+        before = db.total_changes
+        db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows)
+        duplicates = [] if db.total_changes - before == len(rows) else self._find_duplicates(rows)
+        db.execute(
             "INSERT INTO sample_parts SELECT ?, sample_index, part_name, content_byte_offset, "
             "content_byte_size FROM prev.sample_parts WHERE tar_file_id = ?",
             (new_id, old_id),
         )
         return duplicates
 
+    # --- finishing ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Builds the lookup indexes, commits and closes (a second call does nothing)."""
+        if self.db is None:
+            return
+        if self.enable_sample_tables:
+            for statement in _INDEXES:
+                self.db.execute(statement)
+        self.db.commit()
+        self.db.close()
+        self.db = None
+
     def finish(self) -> None:
-        for statement in _INDEXES:
-            self._db.execute(statement)
-        self._db.commit()
-        self._db.close()
+        """:meth:`close` under the name prepare uses."""
+        self.close()
 
     def abort(self) -> None:
-        self._db.close()
+        """Discards everything: closes without committing and deletes the file."""
+        if self.db is not None:
+            self.db.close()
+            self.db = None
         self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # As in Energon, rows written before an error are kept (a failed batch never is).
+        self.close()
 
 
 def shard_row_count(index: Path, tar_file_id: int) -> int:
