@@ -25,6 +25,8 @@ from .format.metadataset import (
     is_metadataset_path,
     load_blend_plan,
     single_dataset_plan,
+    with_subflavors,
+    with_subset,
 )
 from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate, worker_lengths
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
@@ -93,6 +95,9 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self._restore_states: list[dict | None] | None = None
         self._passes_continue = dataset.passes_continue
         self._rotation = 0
+        from .debug_log import WorkerLog
+
+        self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
 
     def restore(self, states: list[dict | None], rotation: int) -> None:
         """Build the pipelines anew from ``states`` (one per logical worker), ``rotation`` first."""
@@ -138,6 +143,8 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
                 return
             self._fresh_restore.discard(logical)
             item = set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
+            if self._debug_log is not None:
+                self._debug_log.yielded(item, logical)
             yield item, logical, pipeline.get_state()
 
 
@@ -196,6 +203,15 @@ def _convert_item(entry: tuple[Any, int, dict]) -> Any:
 class SavableDataLoader(torch.utils.data.DataLoader):
     """A DataLoader whose position can be saved and restored exactly at every step."""
 
+    #: Energon's counter of loader and pass ids (``id`` and ``iter_id`` of the debug log records).
+    _next_id = 0
+
+    @staticmethod
+    def next_id() -> int:
+        value = SavableDataLoader._next_id
+        SavableDataLoader._next_id = value + 1
+        return value
+
     def __init__(self, dataset: SavableDataset, *, prefetch_factor: int = 2) -> None:
         if not isinstance(dataset, SavableDataset):
             raise ConfigError(format_message("get_loader expects the result of get_train_dataset, get_val_dataset or a dataset wrapper", found=type(dataset).__name__))
@@ -219,6 +235,10 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._next_worker = 0
         self._first_worker = 0  # the logical worker served by physical worker 0
         self._started = False
+        from .debug_log import LoaderLog
+
+        self.id = self.next_id()
+        self._debug_log = LoaderLog.create(self.worker_config, self.id, dataset)  # None unless worker_log_level >= 1
 
     def __len__(self) -> int:
         return len(self.savable_dataset)
@@ -227,7 +247,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._started = True
         if self._stream is None:
             self._stream = super().__iter__()
+            iter_id = self.next_id()
+            if self._debug_log is not None:
+                self._debug_log.start_pass(iter_id)
         stream = self._stream
+        debug_log = self._debug_log
         n = self.worker_config.workers_per_rank
         while True:
             try:
@@ -235,12 +259,16 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             except StopIteration:
                 self._stream = None
                 self._next_worker = self._first_worker
+                if debug_log is not None:
+                    debug_log.end_pass()
                 return
             if isinstance(entry, UnpicklableItem):
                 raise DatasetError(entry.message)
             item, logical, state = entry
             self._worker_states[logical] = state
             self._next_worker = (logical + 1) % n
+            if debug_log is not None:
+                debug_log.yielded(item, logical)
             yield item
 
     # --- state ---------------------------------------------------------------------------------
@@ -480,56 +508,17 @@ def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: TaskEncoder) ->
         )
 
 
-def _with_subflavors(plan: BlendPlan, subflavors: Any) -> BlendPlan:
-    """Energon's ``subflavors`` argument: merged into every dataset's, winning over the YAML's."""
-    if subflavors is None:
-        return plan
-    if not isinstance(subflavors, Mapping):
-        raise ConfigError(format_message("subflavors must be a dict", found=repr(subflavors)[:80], fix="pass e.g. subflavors={'source': 'coco'}"))
-    leaves = tuple(dataclasses.replace(leaf, subflavors={**leaf.subflavors, **subflavors}) for leaf in plan.leaves)
-    return dataclasses.replace(plan, leaves=leaves)
-
-
-def _with_subset(plan: BlendPlan, subset: Any) -> BlendPlan:
-    """Energon's ``subset`` argument (its ``DatasetSubset``, or a dict with the same keys):
-    ``range`` (fractions) applies to what each dataset's own subset leaves, as an outer
-    metadataset subset does; ``absolute_range`` (sample indices) only to a single dataset."""
-    if subset is None:
-        return plan
-    get = subset.get if isinstance(subset, Mapping) else lambda key: getattr(subset, key, None)
-    fraction, absolute = get("range"), get("absolute_range")
-    expected = "DatasetSubset(range=(start, end)) with 0 <= start <= end <= 1, or absolute_range=(first, end or None) for a single dataset"
-    try:
-        if fraction is not None:
-            start, end = (float(v) for v in fraction)
-            if not 0 <= start <= end <= 1:
-                raise ValueError
-        if absolute is not None:
-            first, last = absolute
-            if not isinstance(first, int) or not (last is None or isinstance(last, int)) or first < 0 or (last is not None and last < first):
-                raise ValueError
-    except (TypeError, ValueError):
-        raise ConfigError(format_message("invalid subset", expected=expected, found=repr(subset)[:120])) from None
-    leaves = []
+def _refuse_aux(plan: BlendPlan) -> None:
     for leaf in plan.leaves:
-        if absolute is not None:
-            if plan.kind != "single" or leaf.absolute_range is not None or leaf.relative_range is not None:
-                raise ConfigError(
-                    format_message(
-                        "an absolute subset range applies to a single dataset only",
-                        where=leaf.where,
-                        expected=expected,
-                        found=repr(subset)[:120],
-                        fix="use a fractional range, or put the index range on the dataset entry of the metadataset",
-                    )
+        if leaf.aux:
+            raise ConfigError(
+                format_message(
+                    "aux sources are not supported yet",
+                    where=f"{leaf.where}.aux",
+                    found=", ".join(leaf.aux),
+                    fix="remove aux and read auxiliary files in your cooker for now (auxiliary data is the next planned feature)",
                 )
-            leaf = dataclasses.replace(leaf, absolute_range=(absolute[0], absolute[1]))
-        if fraction is not None:
-            inner = leaf.relative_range or (0.0, 1.0)
-            width = inner[1] - inner[0]
-            leaf = dataclasses.replace(leaf, relative_range=(inner[0] + start * width, inner[0] + end * width))
-        leaves.append(leaf)
-    return dataclasses.replace(plan, leaves=tuple(leaves))
+            )
 
 
 def _check_sample_type(plan: BlendPlan, sample_type: Any, *, dataset_config: str | None, trust_dataset_code: bool) -> None:
@@ -580,7 +569,8 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
         name, plan = _plan(path, split_part, training=training)
     else:
         name = str(path)
-    plan = _with_subset(_with_subflavors(plan, subflavors), subset)
+    plan = with_subset(with_subflavors(plan, subflavors), subset)
+    _refuse_aux(plan)
     if sample_type is not None:
         _check_sample_type(plan, sample_type, dataset_config=kwargs.get("dataset_config"), trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
     if blend_mode is not None and plan.blend_mode is not None and blend_mode != plan.blend_mode:
@@ -718,8 +708,10 @@ def get_val_dataset(
     return _dataset(spec)
 
 
-# Energon's loader arguments that tune its snapshot/replay machinery or features we do not have
-# (cache pools, watchdog): accepted so scripts run unchanged, and logged once.
+# Energon's loader arguments. Those that tune its snapshot/replay machinery or features we do
+# not have (cache pools) are accepted so scripts run unchanged, and logged once; the watchdog
+# ones (watchdog_timeout_seconds=60 by default, as in Energon) wrap the dataset in a
+# WatchdogDataset, which changes neither items nor states.
 _ENERGON_LOADER_ARGS = frozenset({
     "worker_config", "checkpoint_every_sec", "checkpoint_every_min_n_samples", "n_checkpoints",
     "gc_collect_every_n_steps", "cache_pool", "watchdog_timeout_seconds",
@@ -749,6 +741,13 @@ def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_a
                 )
             )
         warnings.warn("passing worker_config to get_loader / get_savable_loader is deprecated (as in Energon) and has no effect", FutureWarning, stacklevel=3)
+    watchdog_timeout = energon_args.pop("watchdog_timeout_seconds", 60)
+    watchdog_initial_timeout = energon_args.pop("watchdog_initial_timeout_seconds", None)
+    fail_on_timeout = energon_args.pop("fail_on_timeout", False)
+    if watchdog_timeout is not None and isinstance(dataset, SavableDataset):
+        from .wrappers.watchdog_dataset import WatchdogDataset
+
+        dataset = WatchdogDataset(dataset, worker_config, timeout_seconds=watchdog_timeout, initial_timeout_seconds=watchdog_initial_timeout, fail_on_timeout=fail_on_timeout)
     ignored = sorted(k for k, v in energon_args.items() if v is not None)
     if ignored:
         logger.info("ignoring Energon loader arguments %s: states travel with every batch here", ", ".join(ignored))
@@ -761,14 +760,19 @@ def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_a
 
 def get_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, **energon_args) -> SavableDataLoader:
     """A loader over ``dataset`` (the same class as the savable one: saving costs nothing here).
-    ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2."""
+    ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2.
+    As in Energon, ``watchdog_timeout_seconds`` (default 60, None: off),
+    ``watchdog_initial_timeout_seconds`` (first item; default the same) and ``fail_on_timeout``
+    watch each item's production: the stuck stack is logged, and with ``fail_on_timeout`` the
+    process (the dataloader worker) exits."""
     return _make_loader(dataset, prefetch_factor, energon_args)
 
 
 def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, **energon_args) -> SavableDataLoader:
     """Energon's savable loader.  Energon's checkpoint tuning arguments (``checkpoint_every_sec``,
     ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here.
-    ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2."""
+    ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2.
+    The watchdog arguments work as in :func:`get_loader`."""
     return _make_loader(dataset, prefetch_factor, energon_args)
 
 

@@ -157,7 +157,7 @@ class WorkerConfig:
         file = _DEBUG_FILES.get(path)
         if file is None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            file = _DEBUG_FILES[path] = open(path, "w")  # kept open for the life of the process
+            file = _DEBUG_FILES[path] = open(path, "w")  # noqa: SIM115 - kept open for the life of the process
         file.write(line)
         file.flush()
 

@@ -8,6 +8,7 @@ dataset split reached through two entries, and weights of zero.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -206,4 +207,4 @@ def _display(path: str, top: Path) -> str:
 def _overlap(rows: list[LeafRow]) -> bool:
     """Whether any two of the rows read a common sample (unknown ranges count as overlapping)."""
     ranges = sorted(row.sample_range or (0, float("inf")) for row in rows)
-    return any(later[0] < earlier[1] for earlier, later in zip(ranges, ranges[1:]))
+    return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(ranges))

@@ -20,7 +20,7 @@ from ..format.metadata import (
 from ..format.metadataset import is_metadataset_path
 from ..storage import AnyPath, list_files, local_view
 from .blend_tree import echo_trees, read_trees
-from .params import DATASET_PATH
+from .params import DATASET_PATH, Command
 
 
 def _size(num_bytes: float) -> str:
@@ -32,7 +32,7 @@ def _size(num_bytes: float) -> str:
     return f"{num_bytes:.1f} {units[unit]}"
 
 
-def _part_counts(root: AnyPath) -> dict[str, int] | None:
+def part_counts(root: AnyPath) -> dict[str, int] | None:
     path = local_view(meta_dir(root) / INDEX_SQLITE)  # a remote index is read from its cached copy
     if path is None:
         return None
@@ -57,7 +57,7 @@ def _describe_config(root: AnyPath, name: str | None) -> str:
     return f"{config.sample_type.__name__} ({config.kind}{': ' + mapping if mapping else ''})"
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("path", type=DATASET_PATH)
 @click.option("--split-config", default=None, help="Split file in .nv-meta/ (default split.yaml).")
 @click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")
@@ -93,7 +93,7 @@ def info(path: AnyPath, split_config: str | None, dataset_config: str | None) ->
         note = f", {excluded} samples excluded by key" if excluded else ""
         click.echo(f"  split {split + ':':<6} {len(resolved.shards)} shards, {resolved.total_samples} samples ({share:.1f}%){note}")
     click.echo(f"  sample type: {_describe_config(path, dataset_config)}")
-    parts = _part_counts(path)
+    parts = part_counts(path)
     if parts is not None:
         click.echo("  parts:       " + ", ".join(f"{name} ({count})" for name, count in parts.items()))
     media = media_counts(path)

@@ -23,7 +23,7 @@ from ..format.tar_index import index_name, read_tar_index
 from ..pipeline.load import SampleLoader
 from ..storage import AnyPath, list_files
 from .blend_tree import echo_trees, leaf_datasets, read_trees
-from .params import DATASET_PATH
+from .params import DATASET_PATH, Command
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def _lint_metadataset(path: AnyPath, splits: list[str] | None, *, parallel: int,
     click.echo(f"OK: {path}, no problems found")
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("path", type=DATASET_PATH)
 @click.option("--split-parts", default=None, help="Comma-separated splits to decode (default: all in split.yaml, or all of the metadataset's).")
 @click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")

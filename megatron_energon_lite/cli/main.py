@@ -39,16 +39,22 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 def _register() -> None:
+    from .analyze_debug import analyze_debug
+    from .checkpoint import checkpoint
     from .info import info
     from .lint import lint
     from .prepare import prepare
+    from .prepare_media import prepare_media
     from .preview import preview
 
-    for command in (prepare, info, lint, preview):
+    for command in (prepare, prepare_media, info, lint, preview, analyze_debug, checkpoint):
         cli.add_command(command)
 
 
 _register()
+
+#: Energon's name for the command object (``cli.main.prepare_media_command``).
+prepare_media_command = cli.commands["prepare-media"]
 
 
 def main() -> None:

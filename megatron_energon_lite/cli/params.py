@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import EnergonLiteError
 from ..storage import AnyPath, RemotePath, as_path
 
 
@@ -16,6 +17,17 @@ class ValueProblem(click.ClickException):
 
     def __init__(self, message: str, param_hint: str | None = None) -> None:
         super().__init__(f"Invalid value for {param_hint}: {message}" if param_hint else message)
+
+
+class Command(click.Command):
+    """A command that reports our errors as one message and exit status 1 (``Error: ...``), also
+    when it runs on its own, outside ``energon-lite`` (``megatron_energon_lite.tools.*.command``)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except EnergonLiteError as exc:
+            raise ValueProblem(str(exc)) from exc
 
 
 class DatasetPathType(click.ParamType):

@@ -35,9 +35,11 @@ from ..format.split_reader import SplitReader
 from ..samples import registered_sample_types, sample_type_by_name
 from ..storage import AnyPath, RemotePath, atomic_write_text
 from .fix_duplicates import fix_duplicates as fix_duplicate_keys
-from .params import DATASET_PATH, ValueProblem
+from .params import DATASET_PATH, Command, ValueProblem
 
 CRUDE = "CrudeWebdataset"
+#: With more part types than this, Energon asks for a sample_loader instead of a field map.
+_MAX_FIELD_MAP_PARTS = 10
 
 
 def _parse_ratio(text: str) -> tuple[float, ...]:
@@ -48,6 +50,14 @@ def _parse_ratio(text: str) -> tuple[float, ...]:
     if len(values) != 3:
         raise ValueProblem(f"{text!r} has {len(values)} values; give train,val,test, e.g. 8,1,1", param_hint="'--split-ratio'")
     return values
+
+
+def _prompted_ratio(text: str) -> tuple[float, ...]:
+    """A ratio typed at the prompt: a bad one is asked again."""
+    try:
+        return _parse_ratio(text)
+    except ValueProblem as exc:
+        raise click.UsageError(exc.message.removeprefix("Invalid value for '--split-ratio': ")) from None
 
 
 def _parse_split_parts(values: tuple[str, ...]) -> list[tuple[str, str]] | None:
@@ -123,16 +133,20 @@ def _sample_loader_template(sample_type: str, parts: list[str]) -> str:
     )
 
 
-def _write_sample_loader_template(path: AnyPath, sample_type: str, parts: list[str], dataset_yaml_name: str) -> None:
+def _write_sample_loader_template(path: AnyPath, sample_type: str, parts: list[str], dataset_yaml_name: str, *, interactive: bool) -> None:
+    """dataset.yaml pointing at ``sample_loader.py``; the template is written when there is none
+    (an existing one is replaced only when the user says so, interactively, as in Energon)."""
     meta = meta_dir(path)
-    atomic_write_text(meta / "sample_loader.py", _sample_loader_template(sample_type, parts))
+    loader_file = meta / "sample_loader.py"
+    if not loader_file.is_file() or (interactive and click.confirm("Do you want to override the existing sample loader?", default=False)):
+        atomic_write_text(loader_file, _sample_loader_template(sample_type, parts))
+        click.echo(f"Created {loader_file}. Please edit it to return the proper values.")
     data = {
         "sample_type": {"__module__": "megatron.energon", "__class__": sample_type},
         "sample_loader": "sample_loader.py:sample_loader",
         "part_filter": "sample_loader.py:part_filter",
     }
     atomic_write_text(meta / dataset_yaml_name, yaml.safe_dump(data, sort_keys=False))
-    click.echo(f"Created {meta / 'sample_loader.py'}. Please edit it to return the proper values.")
 
 
 @contextlib.contextmanager
@@ -175,29 +189,93 @@ def _prepare_metadataset(path: AnyPath) -> None:
     click.echo("Done")
 
 
-def _ask_dataset_yaml(sample_type: str | None, parts: list[str]) -> str | None:
-    if sample_type is None:
-        if not click.confirm("Do you want to create a dataset.yaml interactively?", default=True):
-            return None
-        choices = [*registered_sample_types(), CRUDE]
-        for i, name in enumerate(choices):
-            click.echo(f"  {i}: {name}")
-        index = click.prompt("Sample type number", type=click.IntRange(0, len(choices) - 1))
-        sample_type = choices[index]
-    if sample_type == CRUDE:
-        return render_dataset_yaml(CRUDE, None)
-    click.echo(f"Parts found in the first samples: {', '.join(parts)}")
+def _crude_label(name: str) -> str:
+    return "CrudeWebdataset (plain dicts for cooking)" if name == CRUDE else name
+
+
+def _ask_sample_type() -> str:
+    choices = [*registered_sample_types(), CRUDE]
+    click.echo("The following sample types are available:")
+    for i, name in enumerate(choices):
+        click.echo(f"{i}. {_crude_label(name)}")
+    index = click.prompt("Please enter a number to choose a class", type=click.IntRange(0, len(choices) - 1))
+    return choices[index]
+
+
+def _describe_fields(sample_type: str) -> str:
+    return ", ".join(f"{f.name}: {getattr(f.type, '__name__', f.type)}" for f in _sample_fields(sample_type))
+
+
+def _ask_field(field: dataclasses.Field, parts: list[str]) -> str:
+    """One field's part expression ('' to skip an optional field); re-asked until its parts exist."""
+    required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+    default = "" if required else f", default: {field.default if field.default is not dataclasses.MISSING else field.default_factory!r}"
+    type_name = getattr(field.type, "__name__", field.type)
+    while True:
+        answer = click.prompt(f"Please enter a webdataset field name for {field.name!r} ({type_name}{default})", default="", show_default=False).strip()
+        if not answer and not required:
+            return ""
+        unknown = [option for option in answer.split(",") if option.split("[", 1)[0].strip() not in parts]
+        if answer and not unknown:
+            return answer
+        click.echo(f"That type doesn't exist in the WebDataset ({', '.join(unknown) or 'empty'}). Please try again.")
+
+
+def _ask_field_map(sample_type: str, parts: list[str]) -> dict[str, str]:
+    click.echo("\nFor each field, please specify the corresponding name in the WebDataset.")
+    click.echo(f"Available types in WebDataset: {', '.join(parts)}")
+    click.echo("Leave empty for skipping optional field")
+    click.echo("You may also access json fields e.g. by setting the field to: json[field][field]")
+    click.echo("You may also specify alternative fields e.g. by setting to: jpg,png")
+    click.echo(f"Please enter the field_map for {sample_type}:")
     mapping = {}
-    for f in _sample_fields(sample_type):
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        answer = click.prompt(
-            f"Part expression for field {f.name!r}{'' if required else ' (optional, empty to skip)'}",
-            default="" if not required else None,
-            show_default=False,
-        )
-        if answer.strip():
-            mapping[f.name] = answer.strip()
-    return render_dataset_yaml(sample_type, mapping)
+    for field in _sample_fields(sample_type):
+        answer = _ask_field(field, parts)
+        if answer:
+            mapping[field.name] = answer
+    return mapping
+
+
+def _write_dataset_yaml(path: AnyPath, *, sample_type: str | None, parts: list[str], interactive: bool, dataset_yaml_name: str) -> None:
+    """After indexing: dataset.yaml (and maybe a sample_loader.py), asked as ``energon prepare`` asks.
+
+    Only reached when the yaml was not already written with the dataset (no --field-map given).
+    """
+    if sample_type is None:
+        if not interactive:
+            click.echo("Skipping dataset.yaml creation (use --sample-type to create it).")
+            click.echo("You will have to add a dataset.yaml manually.")
+            return
+        if not click.confirm("Do you want to create a dataset.yaml interactively?", default=True):
+            click.echo("You will have to add a dataset.yaml manually.")
+            return
+        sample_type = _ask_sample_type()
+    if sample_type == CRUDE:
+        click.echo("CrudeWebdataset does not need a field map. You will need to provide a `Cooker` for your dataset samples in your `TaskEncoder`.")
+        text = render_dataset_yaml(CRUDE, None)
+    else:
+        if interactive:
+            click.echo(f"The sample type you selected: {sample_type}({_describe_fields(sample_type)})")
+        field_map_possible = 0 < len(parts) <= _MAX_FIELD_MAP_PARTS
+        if interactive and not field_map_possible:
+            click.echo("You cannot set a field_map for this dataset. You will need a sample_loader.")
+        use_field_map = interactive and field_map_possible and click.confirm("Do you want to set a simple field_map[Y] (or write your own sample_loader [n])?", default=True)
+        if not use_field_map:
+            _write_sample_loader_template(path, sample_type, parts if field_map_possible else ["TODO"], dataset_yaml_name, interactive=interactive)
+            return
+        text = render_dataset_yaml(sample_type, _ask_field_map(sample_type, parts))
+    atomic_write_text(meta_dir(path) / dataset_yaml_name, text)
+    click.echo(f"Wrote {meta_dir(path) / dataset_yaml_name}")
+
+
+def _part_types(root: AnyPath, split: str | None) -> list[str]:
+    """Every part name of the dataset (from index.sqlite), else those of the first samples."""
+    from .info import part_counts
+
+    counts = part_counts(root)
+    if counts:
+        return list(counts)
+    return _first_parts(root, split) if split else []
 
 
 def _first_parts(root: AnyPath, split: str) -> list[str]:
@@ -213,7 +291,7 @@ def _first_parts(root: AnyPath, split: str) -> list[str]:
         reader.close()
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("path", type=DATASET_PATH)
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 @click.option("--split-parts", multiple=True, metavar="NAME:REGEX", help="Assign shards matching REGEX (re.match on the relative path) to split NAME. Repeatable; --split-ratio is then ignored.")
@@ -272,8 +350,10 @@ def prepare(
     if path.is_file():
         if path.suffix != ".jsonl":
             raise ConfigError(format_message("prepare takes a dataset folder, a .jsonl file or a metadataset .yaml", found=str(path)))
+        click.echo("Preparing jsonl dataset...")
         count = write_jsonl_index(path)
         click.echo(f"Indexed {count} records of {path} into {path.name}.idx")
+        click.echo(f"Done. Found {count} samples.")  # energon's line
         return
     interactive = not non_interactive
     mapping = _check_sample_type(sample_type, field_map, interactive)
@@ -282,21 +362,24 @@ def prepare(
     if patterns is not None and ratio is not None:
         click.echo("Note: --split-ratio is ignored because --split-parts is given (as energon prepare does).", err=True)
         ratio = None
-    if not tar_index_only and patterns is None and ratio is None:
-        if not interactive:
-            raise ValueProblem("--split-ratio is required in non-interactive mode (unless --split-parts or --tar-index-only is used).")
+    if not tar_index_only and patterns is None and ratio is None and not interactive:
+        raise ValueProblem("--split-ratio is required in non-interactive mode (unless --split-parts or --tar-index-only is used).")
     if not tar_index_only and is_prepared(path) and not force_overwrite:
         if not interactive:
             raise ConfigError(format_message("the dataset is already prepared", where=str(meta_dir(path)), fix="pass --force-overwrite (unchanged shards are not re-indexed) or --tar-index-only"))
-        if not click.confirm("The dataset is already prepared. Overwrite its metadata?", default=False):
-            raise click.Abort()
+        if not click.confirm("It seems the dataset had already been prepared. Do you want to continue?", default=False):
+            click.echo("Stopped; the dataset was not changed.")  # energon stops here with status 0 too
+            return
         force_overwrite = True
     shards = list(read_info(path).shard_counts) if tar_index_only and is_prepared(path) else discover_shards(path, exclude)
     if not shards and not tar_index_only:
         click.echo("Did not find any tar files. Exiting.")  # energon prepare stops here with status 0 too
         return
+    if not tar_index_only:
+        click.echo(f"Found {len(shards)} tar files in total. The first and last ones are:\n- {shards[0]}\n- {shards[-1]}")
+        click.echo("If you want to exclude some of them, cancel with ctrl+c and specify an exclude filter in the command line.")
     if not tar_index_only and patterns is None and ratio is None:
-        ratio = _parse_ratio(click.prompt("Train/val/test split ratio, e.g. 8,1,1"))
+        ratio = click.prompt('Please enter a desired train/val/test split like "0.5, 0.2, 0.3" or "8,1,1"', value_proc=_prompted_ratio)
     if fix_duplicates:
         click.echo(fix_duplicate_keys(path, shards))
 
@@ -327,16 +410,17 @@ def prepare(
         click.echo(f"Stored media metadata of {result.media_entries} entries (by {result.media_filter.strategy.value.lower()}){skipped}.")
     for split, split_shards in result.splits.items():
         click.echo(f"  split {split}: {len(split_shards)} shards, {sum(result.shard_counts[s] for s in split_shards)} samples")
+    if tar_index_only:
+        click.echo("Done")
+        return
     first_split = next((s for s, split_shards in result.splits.items() if split_shards), None)
-    parts = _first_parts(path, first_split) if first_split else []
+    parts = _part_types(path, first_split)
     if parts:
-        click.echo(f"Parts of the first samples: {', '.join(parts)}")
-    no_field_map = sample_type is not None and sample_type != CRUDE and mapping is None
-    if not skip_dataset_yaml and not tar_index_only and no_field_map and not interactive:
-        _write_sample_loader_template(path, sample_type, parts, dataset_yaml_name)
-    elif interactive and write_yaml_now is None and not skip_dataset_yaml and not tar_index_only:
-        text = _ask_dataset_yaml(sample_type, parts)
-        if text is not None:
-            atomic_write_text(meta_dir(path) / dataset_yaml_name, text)
-            click.echo(f"Wrote {meta_dir(path) / dataset_yaml_name}")
+        click.echo(f"Found the following part types in the dataset: {', '.join(parts[:_MAX_FIELD_MAP_PARTS])}{' and more..' if len(parts) > _MAX_FIELD_MAP_PARTS else ''}")
+    if write_yaml_now is not None:
+        click.echo(f"Wrote {meta_dir(path) / dataset_yaml_name}")
+    elif skip_dataset_yaml:
+        click.echo("You will have to add a dataset.yaml manually.")
+    else:
+        _write_dataset_yaml(path, sample_type=sample_type, parts=parts, interactive=interactive, dataset_yaml_name=dataset_yaml_name)
     click.echo("Done")

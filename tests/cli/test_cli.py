@@ -96,11 +96,12 @@ def test_second_prepare_needs_force_and_reuses_shards(caption_dataset: Path) -> 
 
 
 def test_interactive_prepare(caption_dataset: Path) -> None:
-    # ratio, "create dataset.yaml?", sample type number, one line per field of CaptioningSample
+    # As energon prepare asks: ratio, "create dataset.yaml?", sample type number, "field_map?",
+    # then one line per field of CaptioningSample
     from megatron_energon_lite.samples import registered_sample_types
 
     number = list(registered_sample_types()).index("CaptioningSample")
-    result = _run("prepare", str(caption_dataset), "--no-progress", input=f"1,0,0\ny\n{number}\njpg\ntxt\n")
+    result = _run("prepare", str(caption_dataset), "--no-progress", input=f"1,0,0\ny\n{number}\ny\njpg\ntxt\n")
     assert result.exit_code == 0, result.output
     written = yaml.safe_load((caption_dataset / ".nv-meta/dataset.yaml").read_text())
     assert written["field_map"] == {"image": "jpg", "caption": "txt"}

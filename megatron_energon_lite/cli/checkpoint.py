@@ -1,0 +1,142 @@
+"""``energon-lite checkpoint``: look at saved loader states (``info``); ``redist`` is not there yet.
+
+A checkpoint file holds what ``save_state_rank()`` returns (one rank) or what
+``save_state_global()`` returns (a list, one entry per rank), saved with ``torch.save`` (``.pt``,
+any other suffix) or as JSON (``.json``). Energon's own checkpoint files are not read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from ..errors import format_message
+from .params import Command, ValueProblem
+
+_FILES = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank's saved loader state, as read from a checkpoint file."""
+
+    file: Path
+    index: int  # position in a global checkpoint's list; 0 for a per-rank file
+    state: dict
+
+    @property
+    def rank(self) -> int | None:
+        return self.state.get("config", {}).get("worker_config.rank")
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.state["worker_states"])
+
+
+def _load(file: Path) -> object:
+    if file.suffix == ".json":
+        try:
+            return json.loads(file.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueProblem(format_message("not a JSON checkpoint", where=str(file), found=str(exc))) from None
+    import torch
+
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)  # our states are plain data
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same explanation
+        raise ValueProblem(
+            format_message(
+                "cannot read the checkpoint",
+                where=str(file),
+                expected="a loader state saved with torch.save (plain dicts and lists) or as .json",
+                found=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                fix="an Energon checkpoint is read with Energon's `energon checkpoint`, not here",
+            )
+        ) from None
+
+
+def _is_state(value: object) -> bool:
+    return isinstance(value, dict) and "worker_states" in value and isinstance(value["worker_states"], list)
+
+
+def read_rank_states(files: tuple[Path, ...]) -> tuple[bool, list[RankState]]:
+    """(whether it is one global checkpoint, every rank's state in rank order)."""
+    states: list[RankState] = []
+    is_global = False
+    for file in files:
+        data = _load(file)
+        if isinstance(data, list) and data and all(_is_state(s) for s in data):
+            is_global = True
+            states += [RankState(file, i, s) for i, s in enumerate(data)]
+        elif _is_state(data):
+            states.append(RankState(file, 0, data))
+        else:
+            raise ValueProblem(
+                format_message(
+                    "not an energon-lite loader state",
+                    where=str(file),
+                    expected="what save_state_rank() returns (a dict with worker_states) or save_state_global() (a list of them)",
+                    found=type(data).__name__ + (f" with keys {sorted(data)[:8]}" if isinstance(data, dict) else ""),
+                )
+            )
+    if is_global and len(files) > 1:
+        raise ValueProblem("pass either one global checkpoint (from save_state_global) or the per-rank files, not several global ones")
+    states.sort(key=lambda s: (s.rank if s.rank is not None else s.index))
+    return is_global, states
+
+
+@click.command(cls=Command, name="info")
+@click.argument("input_files", nargs=-1, required=True, type=_FILES)
+def info(input_files: tuple[Path, ...]) -> None:
+    """Show ranks, workers and position of the loader states in INPUT_FILES."""
+    is_global, states = read_rank_states(input_files)
+    click.echo(f"Checkpoint type: {'Global checkpoint' if is_global else 'Per-rank checkpoint files'}")
+    click.echo(f"Number of DP ranks: {len(states)}")
+    click.echo(f"Number of workers per DP rank: {states[0].num_workers}")
+    click.echo("\nDetailed information:")
+    for i, rank_state in enumerate(states):
+        state = rank_state.state
+        origin = "" if is_global else f" ({rank_state.file.name})"
+        click.echo(f"  Rank {rank_state.rank if rank_state.rank is not None else i}{origin}:")
+        click.echo(f"    Written by: {state.get('writer', 'unknown')}, state version {state.get('version', '?')}")
+        click.echo(f"    Dataset: {state.get('config', {}).get('path', 'unknown')} (split {state.get('config', {}).get('split_part', '?')})")
+        click.echo(f"    Next worker ID: {state.get('next_worker')}")
+        click.echo(f"    Number of worker states: {rank_state.num_workers}")
+
+
+@click.command(cls=Command, name="redist")
+@click.argument("input_files", nargs=-1, required=True, type=_FILES)
+@click.argument("output_path", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--new-world-size", type=click.IntRange(min=1), default=None, help="Number of ranks to redistribute to.")
+def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int | None) -> None:
+    """Redistribute a checkpoint for a new number of ranks (not supported yet: fails with 1).
+
+    Energon's ``energon checkpoint redist`` moves worker states between ranks; energon-lite will
+    resume elastically instead, which is not available yet.
+    """
+    _, states = read_rank_states(input_files)  # a file that is no checkpoint fails with its own message
+    world, workers = len(states), states[0].num_workers
+    target = f" to {new_world_size} ranks" if new_world_size is not None else ""
+    raise ValueProblem(
+        format_message(
+            f"redistributing a loader checkpoint{target} is not supported yet (elastic resume across rank counts is planned); nothing was written to {output_path}",
+            found=f"a checkpoint of {world} rank(s) x {workers} worker(s) per rank",
+            fix=f"resume with the topology it was saved with (world_size={world}, WorkerConfig(num_workers={workers})), "
+            "or, on a new topology, start the loader without restore_state_rank/restore_state_global (it begins a fresh pass)",
+        )
+    )
+
+
+@click.group(name="checkpoint", context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
+@click.pass_context
+def checkpoint(ctx: click.Context) -> None:
+    """Tools for saved loader states (checkpoints)."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+checkpoint.add_command(info)
+checkpoint.add_command(redist)
