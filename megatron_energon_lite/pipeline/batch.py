@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, ContextManager
 
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard
@@ -41,6 +42,7 @@ class BatchNode(Node[Any]):
         *,
         drop_last: bool = False,
         guard: SampleGuard | None = None,
+        member_context: Callable[[int], ContextManager[Any]] | None = None,
     ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(format_message("invalid batch_size", expected="an integer >= 1", found=repr(batch_size)))
@@ -49,14 +51,18 @@ class BatchNode(Node[Any]):
         self.batcher = batcher
         self.drop_last = drop_last
         self.guard = guard if guard is not None else SampleGuard(stage=f"Batch({getattr(batcher, '__qualname__', batcher)})")
+        #: ``member_context(batch index)`` is entered while the batch's members are pulled, so that
+        #: hooks below (``encode_sample``) see the index of the batch they will be part of.
+        self.member_context = member_context
         self._index = 0
 
     def next(self) -> Any:
         while True:
             items = []
             try:
-                while len(items) < self.batch_size:
-                    items.append(self.source.next())
+                with self.member_context(self._index) if self.member_context is not None else contextlib.nullcontext():
+                    while len(items) < self.batch_size:
+                        items.append(self.source.next())
             except StopIteration:
                 if not items or self.drop_last:
                     raise
@@ -78,7 +84,9 @@ class BatchNode(Node[Any]):
             self.guard.reset()
             return
         self.check_state(state, "index", "failures", "source")
-        self.source.reset(state["source"])
+        # A generator hook below resumes here; its pending outputs go into the next batch.
+        with self.member_context(state["index"]) if self.member_context is not None else contextlib.nullcontext():
+            self.source.reset(state["source"])
         self._index = state["index"]
         self.guard.reset(state["failures"])
 
@@ -92,5 +100,6 @@ class BatchNode(Node[Any]):
                     found=repr(key)[:200],
                 )
             )
-        items = [self.source.restore(member) for member in key[2:]]
+        with self.member_context(key[1]) if self.member_context is not None else contextlib.nullcontext():
+            items = [self.source.restore(member) for member in key[2:]]
         return set_restore_key(self.batcher(items, key[1]), key)

@@ -40,7 +40,7 @@ from .concat import ConcatNode
 from .epochize import EpochizeNode
 from .group import GroupBatchNode
 from .guard import SampleGuard
-from .hooks import hook_spec, stage_hook
+from .hooks import batch_member_context, hook_spec, stage_hook
 from .limit import LimitNode
 from .load import JoinLoader, SampleLoader
 from .map import MapNode
@@ -415,7 +415,14 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
             guard=guard(stage="batch", tolerance=hooks.tolerance("batch")),
         )
     elif spec.batch_size is not None:
-        node = BatchNode(node, spec.batch_size, batcher, drop_last=spec.batch_drop_last, guard=guard(stage="batch", tolerance=hooks.tolerance("batch")))
+        node = BatchNode(
+            node,
+            spec.batch_size,
+            batcher,
+            drop_last=spec.batch_drop_last,
+            guard=guard(stage="batch", tolerance=hooks.tolerance("batch")),
+            member_context=batch_member_context(local_worker_id=local_worker_id, workers=wc.workers_per_rank),
+        )
     if hooks.grouping or spec.batch_size is not None:
         if hooks.batch_encoder:
             node = MapNode(node, hook(te.encode_batch, batch=True), guard=guard(stage="encode_batch", tolerance=hooks.tolerance("encode_batch")), tag="EncodeBatch")

@@ -245,6 +245,16 @@ def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
     )
 
 
+def batch_member_context(*, local_worker_id: int, workers: int):
+    """``BatchNode(member_context=...)``: while a batch's members are pulled, hooks below it see
+    that batch's index (unique over this rank's workers) as ``current_batch_index``, as in Energon."""
+
+    def context(index: int):
+        return hook_context(batch_index=index * workers + local_worker_id)
+
+    return context
+
+
 def stage_hook(hook, *args, worker_seed: int, local_worker_id: int, workers: int, batch: bool = False):
     """Adapts a task-encoder hook to a stage's ``fn(item, index)``.
 

@@ -207,6 +207,8 @@ class PackNode(Node[Any]):
             if not self._open or self._groups_done >= len(self._groups):
                 self._open = False
                 self._read_buffer(self._index)
+                if not self._groups:  # the selection left the whole buffer out: read the next one
+                    continue
             group = self._groups[self._groups_done]
             index = self._index
             self._index += 1

@@ -212,7 +212,11 @@ class _HookRun:
         self.rng = rng
 
     def run(self, fn: Callable[[], T]) -> T:
-        token = HOOK_STATE.set(self.state)
+        # The batch a step's output joins is the caller's at that step (Energon: a generator's
+        # later outputs may land in the next batch); the sample index stays the call's.
+        caller = HOOK_STATE.get().batch_index
+        state = self.state if caller is None or caller == self.state.batch_index else dataclasses.replace(self.state, batch_index=caller)
+        token = HOOK_STATE.set(state)
         outer = None
         if self.rng is not None:
             outer = _GlobalRng()
@@ -229,7 +233,8 @@ class _HookRun:
 def _stepped(it: Generator[Any, Any, Any], run: _HookRun) -> Generator[Any, None, Any]:
     """Yields the outputs of a generator hook, each step (and the final close) inside ``run``.
 
-    Every step sees ``current_sample_index`` as at the call and, for ``restore_seeds`` hooks, the
+    Every step sees ``current_sample_index`` as at the call, ``current_batch_index`` as the caller
+    sets it for that step (the batch being formed), and, for ``restore_seeds`` hooks, the
     hook's RNG states continued from its previous step; the caller's are restored after each step.
     """
     try:

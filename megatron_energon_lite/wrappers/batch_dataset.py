@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, format_message
 from ..pipeline.batch import BatchNode
+from ..pipeline.hooks import batch_member_context
 from ..pipeline.node import Node
 from ..worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset, function_config
@@ -51,6 +52,7 @@ class BatchDataset(BaseWrapperDataset[Any]):
             self._stage_fn(self.batcher, local_worker_id, batch=True),
             drop_last=self.drop_last,
             guard=self._guard("batch", self.failure_tolerance),
+            member_context=batch_member_context(local_worker_id=local_worker_id, workers=self.worker_config.workers_per_rank),
         )
 
     def worker_length(self, local_worker_id: int) -> int:
