@@ -95,14 +95,20 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self._restore_states: list[dict | None] | None = None
         self._passes_continue = dataset.passes_continue
         self._rotation = 0
+        self._restart_exhausted = True
         from .debug_log import WorkerLog
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
 
-    def restore(self, states: list[dict | None], rotation: int) -> None:
-        """Build the pipelines anew from ``states`` (one per logical worker), ``rotation`` first."""
+    def restore(self, states: list[dict | None], rotation: int, *, pass_ended: bool = True) -> None:
+        """Build the pipelines anew from ``states`` (one per logical worker), ``rotation`` first.
+
+        ``pass_ended``: the state was saved after the loop over the loader had ended, so a worker
+        found at the end of its pass starts the next one; otherwise (saved right after the last
+        item) the restored pass has nothing left, as in Energon."""
         self._restore_states = states
         self._rotation = rotation
+        self._restart_exhausted = pass_ended
         self._pipelines.clear()
         self._ended.clear()
 
@@ -133,12 +139,13 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
                 item = pipeline.next()
             except StopIteration:
                 if logical in self._fresh_restore:
-                    # Saved right after the last item of a pass: that pass is over, and the
-                    # restored loader goes on with the next one, as the uninterrupted run would.
                     self._fresh_restore.discard(logical)
-                    if not self._passes_continue:
-                        pipeline.reset(None)
-                    continue
+                    if self._restart_exhausted:
+                        # Saved after the loop over the loader ended: that pass is over, and the
+                        # restored loader goes on with the next one, as the uninterrupted run would.
+                        if not self._passes_continue:
+                            pipeline.reset(None)
+                        continue
                 self._ended.add(logical)
                 return
             self._fresh_restore.discard(logical)
@@ -235,6 +242,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._next_worker = 0
         self._first_worker = 0  # the logical worker served by physical worker 0
         self._started = False
+        #: The loop over the loader ended (StopIteration) after the last item it yielded.
+        self._pass_ended = False
         from .debug_log import LoaderLog
 
         self.id = self.next_id()
@@ -258,6 +267,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 entry = next(stream)
             except StopIteration:
                 self._stream = None
+                self._pass_ended = True
                 self._next_worker = self._first_worker
                 if debug_log is not None:
                     debug_log.end_pass()
@@ -266,6 +276,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 raise DatasetError(entry.message)
             item, logical, state = entry
             self._worker_states[logical] = state
+            self._pass_ended = False
             self._next_worker = (logical + 1) % n
             if debug_log is not None:
                 debug_log.yielded(item, logical)
@@ -282,6 +293,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             # item arrives (and stages build a new state dict on every get_state()).
             "worker_states": list(self._worker_states),
             "next_worker": self._next_worker,
+            # Saved after the loop ended: a restored loader starts the next pass; saved right
+            # after the last item, it has nothing left of this one (Energon's behaviour).
+            "pass_ended": self._pass_ended,
         }
 
     def restore_state_rank(self, state: dict | None) -> None:
@@ -292,9 +306,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         _check_state(state, self.savable_dataset.config(), self.worker_config)
         states = list(state["worker_states"])
-        self.dataset.restore(states, state["next_worker"])
+        # States written before "pass_ended" existed restart an exhausted pass, as they did then.
+        self.dataset.restore(states, state["next_worker"], pass_ended=bool(state.get("pass_ended", True)))
         self._worker_states = states
         self._next_worker = self._first_worker = state["next_worker"]
+        self._pass_ended = bool(state.get("pass_ended", True))
 
     def save_state_global(self, global_dst_rank: int) -> list[dict] | None:
         """Gathers every rank's state on ``global_dst_rank`` (None on the other ranks)."""

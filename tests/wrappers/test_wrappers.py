@@ -190,6 +190,26 @@ def test_val_restored_from_the_end_of_a_pass_yields_the_next_pass(dataset: Path,
     assert [keys(b) for b in fresh] == full
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_restored_right_after_the_last_item_has_nothing_left_of_that_pass(dataset: Path, workers: int) -> None:
+    # As Energon: saved after the last item but before the loop ended, the restored pass is over
+    # (nothing left); the next loop over the restored loader is the next pass.
+    def make():
+        return get_savable_loader(get_val_dataset(dataset, split_part="val", batch_size=2, worker_config=wc(workers)))
+
+    full = [keys(b) for b in make()]
+    loader = make()
+    it = iter(loader)
+    for _ in range(len(full)):
+        next(it)
+    state = loader.save_state_rank()
+    assert state["pass_ended"] is False
+    fresh = make()
+    fresh.restore_state_rank(state)
+    assert [keys(b) for b in fresh] == []
+    assert [keys(b) for b in fresh] == full
+
+
 def test_a_wrapper_over_a_pipeline_dataset_counts_each_workers_share(dataset: Path) -> None:
     inner = val(dataset, workers=2)
     per_worker = [inner.worker_length(w) for w in range(2)]
