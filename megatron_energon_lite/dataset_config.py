@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError, format_message
 from .flavors.base_dataset import BaseCoreDatasetFactory
 from .flavors.crude import CrudeWebdataset
 from .flavors.jsonl import DefaultCrudeJsonlDatasetFactory
 from .flavors.webdataset.standard_webdataset import StandardWebdatasetFactory
-from .format.dataset_config import load_dataset_config
+from .format.dataset_config import dataset_sample_type, require_sample_type
 from .samples import CrudeSample
 from .worker import WorkerConfig
 
@@ -39,25 +38,11 @@ def get_dataset_from_config(
     ``parallel_shard_iters``, ``max_samples_per_sequence``, ``subset``, ``trust_dataset_code``.
     """
     common = dict(split_part=split_part or "train", training=training, worker_config=worker_config, subflavors=dict(subflavors or {}), split_config=split_config, **kwargs)
+    found = dataset_sample_type(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
+    if sample_type is not None:
+        require_sample_type(found, sample_type, where=str(path))
     if str(path).endswith(".jsonl"):
-        found: type = CrudeSample
-        factory: BaseCoreDatasetFactory = DefaultCrudeJsonlDatasetFactory(path, **common)
-    else:
-        config = load_dataset_config(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
-        if config.kind == "crude":
-            found = CrudeSample
-            factory = CrudeWebdataset(path, dataset_config=dataset_config, **common)
-        else:
-            found = config.sample_type
-            factory = StandardWebdatasetFactory(path, sample_type=found, dataset_config=dataset_config, **common)
-    if sample_type is not None and not (isinstance(sample_type, type) and issubclass(found, sample_type)):
-        raise ConfigError(
-            format_message(
-                f"the dataset yields {found.__name__}, not the sample_type {getattr(sample_type, '__name__', sample_type)}",
-                where=str(path),
-                expected=f"{getattr(sample_type, '__name__', sample_type)} or a subclass",
-                found=f"{found.__module__}.{found.__qualname__}",
-                fix="pass the dataset's sample type, or fix sample_type in its .nv-meta/dataset.yaml",
-            )
-        )
-    return factory
+        return DefaultCrudeJsonlDatasetFactory(path, **common)
+    if found is CrudeSample:
+        return CrudeWebdataset(path, dataset_config=dataset_config, **common)
+    return StandardWebdatasetFactory(path, sample_type=found, dataset_config=dataset_config, **common)

@@ -28,7 +28,13 @@ from .format.metadataset import (
     with_subflavors,
     with_subset,
 )
-from .pipeline.build import PipelineSpec, build_worker_pipeline, rank_length, validate, worker_lengths
+from .pipeline.build import (
+    PipelineSpec,
+    build_worker_pipeline,
+    rank_length,
+    validate,
+    worker_lengths,
+)
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
@@ -539,29 +545,15 @@ def _refuse_aux(plan: BlendPlan) -> None:
 
 def _check_sample_type(plan: BlendPlan, sample_type: Any, *, dataset_config: str | None, trust_dataset_code: bool) -> None:
     """Energon's ``sample_type`` argument: every dataset must yield that type (or a subclass)."""
-    from .format.dataset_config import load_dataset_config
-    from .samples import CrudeSample
+    from .format.dataset_config import dataset_sample_type, require_sample_type
 
     if not isinstance(sample_type, type):
         raise ConfigError(format_message("sample_type must be a class", found=repr(sample_type)[:80], fix="pass e.g. sample_type=CaptioningSample"))
     for leaf in plan.leaves:
         if leaf.join is not None:
             continue  # a join's sample type is its joiner's
-        if str(leaf.path).endswith(".jsonl"):
-            found: type = CrudeSample
-        else:
-            config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
-            found = CrudeSample if config.kind == "crude" else config.sample_type
-        if not issubclass(found, sample_type):
-            raise ConfigError(
-                format_message(
-                    f"the dataset yields {found.__name__}, not the sample_type {sample_type.__name__}",
-                    where=leaf.where,
-                    expected=f"{sample_type.__name__} or a subclass",
-                    found=f"{found.__module__}.{found.__qualname__}",
-                    fix="pass the dataset's sample type, or fix sample_type in its .nv-meta/dataset.yaml",
-                )
-            )
+        found = dataset_sample_type(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
+        require_sample_type(found, sample_type, where=leaf.where)
 
 
 def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:

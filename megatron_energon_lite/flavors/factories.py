@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..format.dataset_config import load_dataset_config
 from ..pipeline.build import PipelineSpec
 from .base_dataset import BaseCoreDatasetFactory
 from .crude import CrudeWebdataset
@@ -24,9 +25,9 @@ def plan_factory(spec: PipelineSpec, index: int, slices: list[list[tuple[int, in
         return factory
     if str(leaf.path).endswith(".jsonl"):
         return DefaultCrudeJsonlDatasetFactory.of_plan(spec, index, slices, size)
-    factory = StandardWebdatasetFactory.of_plan(spec, index, slices, size)
-    config = factory._sample_loader(spec, leaf).config
-    if config is None or config.kind == "crude":
-        return CrudeWebdataset.of_plan(spec, index, slices, size)
+    config = load_dataset_config(leaf.path, leaf.dataset_config or spec.dataset_config, trust_dataset_code=spec.trust_dataset_code)
+    if config.kind == "crude":
+        return CrudeWebdataset.of_plan(spec, index, slices, size, yaml_subflavors=config.subflavors)
+    factory = StandardWebdatasetFactory.of_plan(spec, index, slices, size, yaml_subflavors=config.subflavors)
     factory.__sample_type__ = config.sample_type
     return factory

@@ -373,6 +373,36 @@ def make_sample(
         ) from None
 
 
+def dataset_sample_type(root: str | Path, name: str | None = None, *, trust_dataset_code: bool = False) -> type:
+    """The type of the samples a dataset yields before cooking: :class:`CrudeSample` for a crude
+    dataset or a ``.jsonl`` file, else the ``sample_type`` its ``dataset.yaml`` names."""
+    if str(root).endswith(".jsonl"):
+        return CrudeSample
+    config = load_dataset_config(root, name, trust_dataset_code=trust_dataset_code)
+    return CrudeSample if config.kind == "crude" else config.sample_type
+
+
+def require_sample_type(found: type, wanted: type, *, where: str, reader: str | None = None) -> None:
+    """Refuses a dataset yielding ``found`` where ``wanted`` (or a subclass) is needed; ``reader``
+    names the factory class that needs it (default: the ``sample_type`` argument)."""
+    if not isinstance(wanted, type):
+        raise ConfigError(format_message("sample_type must be a class", where=where, found=repr(wanted)[:80], fix="pass e.g. sample_type=CaptioningSample"))
+    if isinstance(found, type) and issubclass(found, wanted):
+        return
+    name = getattr(found, "__name__", repr(found))
+    raise ConfigError(
+        format_message(
+            f"{reader} reads {wanted.__name__} samples, but the dataset yields {name}" if reader else f"the dataset yields {name}, not the sample_type {wanted.__name__}",
+            where=where,
+            expected=f"{wanted.__name__} or a subclass",
+            found=f"{getattr(found, '__module__', '?')}.{getattr(found, '__qualname__', name)}",
+            fix="use the factory class of the dataset's sample type (get_dataset_from_config picks it from dataset.yaml), or fix dataset.yaml"
+            if reader
+            else "pass the dataset's sample type, or fix sample_type in its .nv-meta/dataset.yaml",
+        )
+    )
+
+
 def render_dataset_yaml(sample_type: str, field_map: Mapping[str, str] | None) -> str:
     """The text of a ``dataset.yaml`` that both Energon and we load."""
     if sample_type in _CRUDE_CLASSES:

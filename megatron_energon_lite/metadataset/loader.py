@@ -22,7 +22,9 @@ def load_dataset(path: Any, **kwargs: Any) -> DatasetLoaderInterface:
     ``dataset_config``, ``split_config``, ``subflavors``) apply to every ``get_datasets`` call."""
     if not is_metadataset_path(path):
         return DatasetLoader(path, **kwargs)
-    raw = path if isinstance(path, Mapping) else load_structured(as_path(path)) if not isinstance(path, Blender) else {}
+    if isinstance(path, Blender):
+        return MetadatasetV2(path, **kwargs)
+    raw = path if isinstance(path, Mapping) else load_structured(as_path(path))
     cls_name = raw.get("__class__") if isinstance(raw, Mapping) else None
     if cls_name not in (None, "Metadataset", "MetadatasetV2"):
         raise ConfigError(format_message("unknown metadataset __class__", where=f"{path}: __class__", expected="MetadatasetV2 or Metadataset", found=repr(cls_name)))

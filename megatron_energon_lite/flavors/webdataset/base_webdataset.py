@@ -15,7 +15,6 @@ factory's decoder, not cooked, not repeated (Energon's ``WebdatasetSampleLoaderD
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -26,10 +25,8 @@ from ...pipeline.build import (
     PipelineSpec,
     dataset_sizes,
     dataset_slices,
-    is_crude,
     leaf_source,
 )
-from ...pipeline.load import SampleLoader
 from ...pipeline.node import Node
 from ...worker import WorkerConfig
 from ...wrappers.base import SavableDataset
@@ -122,9 +119,10 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         self._bound: tuple[PipelineSpec, int, list[list[tuple[int, int]]], int] | None = None
 
     @classmethod
-    def of_plan(cls, spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]], size: int) -> BaseWebdatasetFactory:
+    def of_plan(cls, spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]], size: int, *, yaml_subflavors: dict[str, Any] | None = None) -> BaseWebdatasetFactory:
         """The factory of dataset ``index`` of ``spec``'s plan (``slices``, ``size``: its
-        ``dataset_slices`` and ``dataset_sizes`` entries, computed once for the whole plan)."""
+        ``dataset_slices`` and ``dataset_sizes`` entries, computed once for the whole plan;
+        ``yaml_subflavors``: those of the dataset's ``dataset.yaml``, which the leaf's override)."""
         leaf = spec.plan.leaves[index]
         factory = cls.__new__(cls)
         factory.path = EPath(leaf.path)
@@ -139,27 +137,9 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         factory.split_config = leaf.split_config or spec.split_config
         factory.dataset_config = leaf.dataset_config or spec.dataset_config
         factory.trust_dataset_code = spec.trust_dataset_code
-        factory.subflavors = {**factory._yaml_subflavors(spec, leaf), **leaf.subflavors}
+        factory.subflavors = {**(yaml_subflavors or {}), **leaf.subflavors}
         factory._bound = (spec, index, slices, size)
         return factory
-
-    def _yaml_subflavors(self, spec: PipelineSpec, leaf: Any) -> dict[str, Any]:
-        """The subflavors of the dataset's own ``dataset.yaml`` (none for a join or a JSONL file)."""
-        if leaf.join is not None or str(leaf.path).endswith(".jsonl"):
-            return {}
-        config = self._sample_loader(spec, leaf).config
-        return dict(config.subflavors) if config is not None else {}
-
-    def _sample_loader(self, spec: PipelineSpec, leaf: Any) -> SampleLoader:
-        return SampleLoader(
-            leaf.path,
-            leaf.split_part,
-            dataset_config=leaf.dataset_config or spec.dataset_config,
-            split_config=leaf.split_config or spec.split_config,
-            decoder=None,
-            subflavors=leaf.subflavors,
-            trust_dataset_code=spec.trust_dataset_code,
-        )
 
     # --- the spec -------------------------------------------------------------------------------
     def _decoder(self) -> Any:
@@ -193,16 +173,6 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
             spec = self._own_spec()
             self._bound = (spec, 0, dataset_slices(spec)[0], dataset_sizes(spec)[0])
         return self._bound
-
-    @functools.cached_property
-    def _crude(self) -> bool:
-        spec, index, _, _ = self._binding()
-        leaf = spec.plan.leaves[index]
-        if leaf.join is not None:
-            return False
-        if str(leaf.path).endswith(".jsonl"):
-            return True
-        return is_crude(self._sample_loader(spec, leaf))
 
     # --- Energon's factory interface ------------------------------------------------------------
     def build(self, worker_rotation_offset: int = 0) -> DatasetSource:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ...errors import ConfigError, NotSupportedError, format_message
-from ...format.dataset_config import load_dataset_config
+from ...errors import NotSupportedError, format_message
+from ...format.dataset_config import dataset_sample_type, require_sample_type
 from ...pipeline.build import PipelineSpec
 from .base_webdataset import BaseWebdatasetFactory
 
@@ -38,25 +38,9 @@ class DefaultGenericWebdatasetFactory(BaseWebdatasetFactory[T_sample]):
 
     def _own_spec(self) -> PipelineSpec:
         spec = super()._own_spec()
-        self._check_sample_type()
-        return spec
-
-    def _check_sample_type(self) -> None:
-        """A class that names its sample type must read a dataset that yields it."""
+        # A class that names its sample type must read a dataset that yields it.
         wanted = getattr(self, "__sample_type__", None)
-        if wanted is None or str(self.path).endswith(".jsonl"):
-            return
-        config = load_dataset_config(self.path, self.dataset_config, trust_dataset_code=self.trust_dataset_code)
-        from ...samples import CrudeSample
-
-        found = CrudeSample if config.kind == "crude" else config.sample_type
-        if not (isinstance(found, type) and issubclass(found, wanted)):
-            raise ConfigError(
-                format_message(
-                    f"{type(self).__name__} reads {wanted.__name__} samples, but the dataset yields {getattr(found, '__name__', found)}",
-                    where=str(config.path),
-                    expected=f"a dataset.yaml for {wanted.__name__}",
-                    found=f"{getattr(found, '__module__', '?')}.{getattr(found, '__qualname__', found)}",
-                    fix="use the factory class of the dataset's sample type (get_dataset_from_config picks it from dataset.yaml), or fix dataset.yaml",
-                )
-            )
+        if wanted is not None:
+            found = dataset_sample_type(self.path, self.dataset_config, trust_dataset_code=self.trust_dataset_code)
+            require_sample_type(found, wanted, where=str(self.path), reader=type(self).__name__)
+        return spec
