@@ -5,11 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .epathlib import EPath
 from .flavors.base_dataset import BaseCoreDatasetFactory
 from .flavors.crude import CrudeWebdataset
 from .flavors.jsonl import DefaultCrudeJsonlDatasetFactory
 from .flavors.webdataset.standard_webdataset import StandardWebdatasetFactory
-from .format.dataset_config import dataset_sample_type, require_sample_type
+from .format.dataset_config import (
+    dataset_sample_type,
+    load_dataset_config,
+    require_sample_type,
+)
 from .samples import CrudeSample
 from .worker import WorkerConfig
 
@@ -30,7 +35,8 @@ def get_dataset_from_config(
 ) -> BaseCoreDatasetFactory:
     """The factory of split ``split_part`` of the prepared dataset (or ``.jsonl`` file) at ``path``.
 
-    Its class is the one ``dataset.yaml`` (or ``dataset_config``) implies: ``CrudeWebdataset`` for
+    Its class is the one ``dataset.yaml`` (or ``dataset_config``) implies: the user's class it
+    names (``__module__``/``__class__``, made with the file's other keys), ``CrudeWebdataset`` for
     a crude dataset, else ``StandardWebdatasetFactory`` of the named sample type; ``sample_type``,
     when given, must be that type or a base of it. ``len()`` is the split's sample count and
     ``.build()`` gives the dataset to wrap (``MapDataset``, ``BatchDataset`` ...) or to pass to
@@ -41,6 +47,13 @@ def get_dataset_from_config(
     found = dataset_sample_type(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
     if sample_type is not None:
         require_sample_type(found, sample_type, where=str(path))
+    if not str(path).endswith(".jsonl"):
+        config = load_dataset_config(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
+        if config.factory_class is not None:  # the user's class, made with the file's keys
+            arguments = {k: v for k, v in common.items() if k != "subflavors"}  # dataset.yaml's win
+            factory = config.make_factory(EPath(path), dataset_config=dataset_config, **arguments)
+            factory.subflavors.update(subflavors or {})
+            return factory
     if str(path).endswith(".jsonl"):
         return DefaultCrudeJsonlDatasetFactory(path, **common)
     if found is CrudeSample:

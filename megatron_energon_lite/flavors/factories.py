@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..epathlib import EPath
 from ..format.dataset_config import load_dataset_config
-from ..pipeline.build import PipelineSpec
+from ..pipeline.build import PipelineSpec, factory_arguments
 from .base_dataset import BaseCoreDatasetFactory
 from .crude import CrudeWebdataset
 from .jsonl import DefaultCrudeJsonlDatasetFactory
@@ -16,8 +17,9 @@ __all__ = ["plan_factory"]
 
 def plan_factory(spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]], size: int) -> BaseCoreDatasetFactory:
     """Dataset ``index`` of ``spec``'s plan as a factory: ``JoinedWebdatasetFactory`` for a join,
-    ``DefaultCrudeJsonlDatasetFactory`` for a ``.jsonl`` file, ``CrudeWebdataset`` for a crude
-    dataset, else ``StandardWebdatasetFactory`` of the sample type its ``dataset.yaml`` names."""
+    ``DefaultCrudeJsonlDatasetFactory`` for a ``.jsonl`` file, the user's class that its
+    ``dataset.yaml`` names, ``CrudeWebdataset`` for a crude dataset, else
+    ``StandardWebdatasetFactory`` of the sample type its ``dataset.yaml`` names."""
     leaf = spec.plan.leaves[index]
     if leaf.join is not None:
         factory: BaseWebdatasetFactory = JoinedWebdatasetFactory.of_plan(spec, index, slices, size)
@@ -25,7 +27,14 @@ def plan_factory(spec: PipelineSpec, index: int, slices: list[list[tuple[int, in
         return factory
     if str(leaf.path).endswith(".jsonl"):
         return DefaultCrudeJsonlDatasetFactory.of_plan(spec, index, slices, size)
-    config = load_dataset_config(leaf.path, leaf.dataset_config or spec.dataset_config, trust_dataset_code=spec.trust_dataset_code)
+    dataset_config = leaf.dataset_config or spec.dataset_config
+    config = load_dataset_config(leaf.path, dataset_config, trust_dataset_code=spec.trust_dataset_code)
+    if config.factory_class is not None:  # the user's own class, made as the loader's workers make it
+        split_config = leaf.split_config or spec.split_config or config.loader_options.get("split_config")
+        user = config.make_factory(EPath(leaf.path), split_part=leaf.split_part, split_config=split_config, dataset_config=dataset_config, decoder=spec.task_encoder.decoder, trust_dataset_code=spec.trust_dataset_code, **factory_arguments(spec, leaf))
+        user.subflavors.update(leaf.subflavors)
+        user.bind(spec, index, slices, size)
+        return user
     if config.kind == "crude":
         return CrudeWebdataset.of_plan(spec, index, slices, size, yaml_subflavors=config.subflavors)
     factory = StandardWebdatasetFactory.of_plan(spec, index, slices, size, yaml_subflavors=config.subflavors)

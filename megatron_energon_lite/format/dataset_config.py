@@ -13,12 +13,17 @@ Three forms, as in Energon 7.4 (research/energon.md 2.1-2.6):
 
 Class names under ``__module__: megatron.energon`` (or ``megatron_energon_lite``) are looked up
 in our sample registry; other modules must already be imported by the user's program (we never
-import a module because a data file names it).
+import a module because a data file names it, unless the caller trusts the dataset's code).
+
+A fourth form names the user's own factory class (``__module__: my.pkg``, ``__class__:
+MyWebdataset``, a subclass of one of Energon's ``*WebdatasetFactory`` classes): the other keys are
+its constructor's keyword arguments, and its ``load_sample`` builds each sample.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import logging
 import re
@@ -118,13 +123,34 @@ class DatasetConfig:
     """A parsed ``dataset.yaml``."""
 
     path: Path
-    kind: str  # "field_map" | "crude" | "sample_loader"
+    kind: str  # "field_map" | "crude" | "sample_loader" | "custom" (a user factory's own load_sample)
     sample_type: type | None = None
     field_map: dict[str, FieldAccess] = field(default_factory=dict)
     subflavors: dict[str, Any] = field(default_factory=dict)
     part_filter: frozenset[str] | Callable[[str], bool] | None = None
     sample_loader: Callable[[dict], dict] | None = None
     loader_options: dict[str, Any] = field(default_factory=dict)
+    #: The user's factory class named by ``__module__``/``__class__`` (None: one of ours), and
+    #: the other keys of the file: its constructor's keyword arguments.
+    factory_class: type | None = None
+    factory_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def make_factory(self, root: Any, **arguments: Any) -> Any:
+        """An instance of the user's factory class for the dataset at ``root``, as Energon makes it:
+        the loader's ``arguments`` (split_part, training, worker_config, decoder, ...) overridden
+        by the file's keys."""
+        try:
+            return self.factory_class(root, **{**arguments, **self.factory_kwargs})
+        except TypeError as exc:
+            raise ConfigError(
+                format_message(
+                    f"cannot construct the dataset factory {self.factory_class.__module__}.{self.factory_class.__qualname__}",
+                    where=str(self.path),
+                    expected=f"keys its __init__ accepts (besides the loader's {', '.join(sorted(arguments))})",
+                    found=str(exc),
+                    fix="fix the keys of dataset.yaml, or the factory's __init__ (accept **kwargs and pass them to super().__init__)",
+                )
+            ) from None
 
     @property
     def wanted_parts(self) -> frozenset[str] | None:
@@ -148,7 +174,7 @@ def resolve_class(spec: Any, *, file: str, key_path: str) -> tuple[str, str]:
 
 
 def sample_class(module: str, name: str, *, where: str) -> type:
-    if module in _OUR_MODULES or module.startswith(tuple(m + "." for m in _OUR_MODULES)):
+    if _is_ours(module):
         found = sample_type_by_name(name)
         if found is None:
             raise ConfigError(
@@ -198,6 +224,8 @@ def load_dataset_config(
             part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code),
             loader_options=_loader_options(raw),
         )
+    if factory is not None and not _is_ours(factory_module):
+        return _user_factory_config(raw, path, factory_module, str(factory), trust_dataset_code)
     if factory is not None and factory not in _STANDARD_FACTORIES and factory not in _LEGACY_FACTORIES:
         raise ConfigError(
             format_message(
@@ -215,7 +243,27 @@ def load_dataset_config(
         check_mapping(raw, file=file, key_path="", allowed=allowed, required=("sample_type",))
         module, name_ = resolve_class(raw["sample_type"], file=file, key_path="sample_type")
         sample_type = sample_class(module, name_, where=f"{file}: sample_type")
-    has_map, has_loader = "field_map" in raw, "sample_loader" in raw
+    return sample_fields_config(raw, sample_type, path, trust_dataset_code=trust_dataset_code)
+
+
+def sample_fields_config(
+    raw: Mapping[str, Any],
+    sample_type: type,
+    path: Path,
+    *,
+    trust_dataset_code: bool = False,
+    optional: bool = False,
+) -> DatasetConfig:
+    """How to fill ``sample_type`` from a sample's parts: exactly one of ``raw["field_map"]`` and
+    ``raw["sample_loader"]`` (a ``FILE.py:FUNCTION`` in ``.nv-meta/``, or a function given in code),
+    with ``part_filter`` and ``subflavors`` (the keys of a ``dataset.yaml``, or a factory's
+    arguments). ``optional``: neither is fine (kind ``custom``: the factory's ``load_sample``
+    builds the sample; parts: ``part_filter``, else all)."""
+    file = str(path)
+    has_map, has_loader = raw.get("field_map") is not None, raw.get("sample_loader") is not None
+    common = dict(path=path, sample_type=sample_type, subflavors=_subflavors(raw, file), loader_options=_loader_options(raw))
+    if optional and not has_map and not has_loader:
+        return DatasetConfig(kind="custom", part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code), **common)
     if has_map == has_loader:
         raise ConfigError(
             format_message(
@@ -225,12 +273,11 @@ def load_dataset_config(
                 fix="add a field_map such as {image: jpg, caption: txt}",
             )
         )
-    common = dict(path=path, sample_type=sample_type, subflavors=_subflavors(raw, file), loader_options=_loader_options(raw))
     if has_map:
         field_map = _field_map(raw["field_map"], sample_type, file)
         parts = frozenset(p for access in field_map.values() for p in access.parts)
         return DatasetConfig(kind="field_map", field_map=field_map, part_filter=parts, **common)
-    if "part_filter" not in raw:
+    if raw.get("part_filter") is None:
         raise ConfigError(
             format_message(
                 "a sample_loader needs a part_filter",
@@ -238,12 +285,56 @@ def load_dataset_config(
                 fix="add part_filter: [jpg, txt] or part_filter: sample_loader.py:part_filter",
             )
         )
+    loader = raw["sample_loader"]
     return DatasetConfig(
         kind="sample_loader",
-        sample_loader=_load_function(raw["sample_loader"], path, trust_dataset_code, "sample_loader"),
+        sample_loader=loader if callable(loader) else _load_function(loader, path, trust_dataset_code, "sample_loader"),
         part_filter=_part_filter(raw["part_filter"], path, trust_dataset_code),
         **common,
     )
+
+
+def _is_ours(module: str) -> bool:
+    return module in _OUR_MODULES or module.startswith(tuple(m + "." for m in _OUR_MODULES))
+
+
+def _user_factory_config(raw: Mapping[str, Any], path: Path, module: str, name: str, trust_dataset_code: bool) -> DatasetConfig:
+    """``__module__: my.pkg`` / ``__class__: MyWebdataset``: the user's factory class, taken from a
+    module the program imported (or imported here when the caller trusts the dataset's code)."""
+    # flavors build on this module: imported here
+    from ..flavors.base_dataset import BaseCoreDatasetFactory
+    from ..flavors.crude import CrudeWebdataset
+
+    file = str(path)
+    where = f"{file}: __class__"
+    if module not in sys.modules and dataset_code_trusted(trust_dataset_code, dataset=str(path.parent.parent)):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(format_message(f"cannot import module {module!r} named by dataset.yaml", where=f"{file}: __module__", found=str(exc), fix=f"install the package that provides {module}, or fix __module__")) from None
+    cls = getattr(sys.modules.get(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseCoreDatasetFactory)):
+        raise ConfigError(
+            format_message(
+                f"dataset factory {module}.{name} is not available",
+                where=where,
+                expected="a subclass of one of Energon's dataset factories (e.g. DefaultDecoderWebdatasetFactory) in a module your program has imported",
+                found="module not imported" if module not in sys.modules else f"{name} is {'missing' if cls is None else 'not a dataset factory'}",
+                fix=f"import {module} in your training script before loading the dataset (importing it because a data file names it runs code: "
+                f"trust_dataset_code=True or {TRUST_DATASET_CODE_ENV}=1 allows that)",
+            )
+        )
+    kwargs = {k: v for k, v in raw.items() if k not in ("__module__", "__class__")}
+    if issubclass(cls, CrudeWebdataset):
+        config = DatasetConfig(path=path, kind="crude", subflavors=_subflavors(raw, file), part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code), loader_options=_loader_options(raw))
+    else:
+        sample_type = getattr(cls, "__sample_type__", None)
+        if raw.get("field_map") is not None and not dataclasses.is_dataclass(sample_type):
+            raise ConfigError(format_message(f"{module}.{name} has a field_map but no sample type", where=f"{file}: field_map", expected="__sample_type__ = a Sample dataclass on the factory class", found=repr(sample_type)))
+        config = sample_fields_config(raw, sample_type, path, trust_dataset_code=trust_dataset_code, optional=True)
+    config.factory_class = cls
+    config.factory_kwargs = kwargs
+    return config
 
 
 def _subflavors(raw: Mapping, file: str) -> dict[str, Any]:
@@ -280,6 +371,8 @@ def _part_filter(value: Any, path: Path, trust: bool) -> frozenset[str] | Callab
         return frozenset(value)
     if isinstance(value, str):
         return _load_function(value, path, trust, "part_filter")
+    if callable(value):  # given in code (a factory's argument)
+        return value
     raise ConfigError(
         format_message(
             "invalid part_filter",

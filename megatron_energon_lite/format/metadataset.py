@@ -116,6 +116,9 @@ class LeafDataset:
     #: Energon's ``aux:`` sources, name -> resolved path (the loader refuses them until they are
     #: supported; ``traverse_metadataset`` reports them).
     aux: Mapping[str, str] = field(default_factory=dict, compare=False)
+    #: A dataset factory the user constructed whose ``load_sample`` builds this dataset's samples
+    #: (None: the loader builds them as ``dataset.yaml`` says).
+    sample_factory: Any = field(default=None, compare=False, repr=False)
 
     def sample_range(self, total: int) -> tuple[int, int]:
         """``[start, end)`` of the split's samples this leaf reads (Energon's subset arithmetic)."""

@@ -307,6 +307,8 @@ def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: in
             decoder=te.decoder,
             subflavors=leaf.subflavors,
             trust_dataset_code=spec.trust_dataset_code,
+            sample_factory=leaf.sample_factory,
+            factory_arguments=factory_arguments(spec, leaf),
         )
     multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
     order = partial(_slice_order, seed, multiplier) if spec.training else None
@@ -324,6 +326,18 @@ def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: in
         cooker = None if hooks.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
         node = MapNode(node, hook(te.cook_crude_sample, cooker), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample")), tag="Cook")
     return node
+
+
+def factory_arguments(spec: PipelineSpec, leaf: LeafDataset) -> dict[str, Any]:
+    """The loader's arguments to a user's dataset factory class named in ``dataset.yaml`` (those
+    Energon passes it, besides the path, split and decoder)."""
+    return {
+        "training": spec.training,
+        "worker_config": spec.worker_config,
+        "shuffle_over_epochs": leaf.shuffle_over_epochs_multiplier,
+        "max_samples_per_sequence": spec.max_samples_per_sequence,
+        "parallel_shard_iters": spec.parallel_shard_iters,
+    }
 
 
 def is_crude(loader) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..decode import SampleDecoder
 from ..errors import ConfigError, DatasetError, format_message
@@ -26,6 +26,7 @@ from ..format.metadataset import JoinSpec
 from ..format.split_reader import SplitReader
 from ..samples import CrudeSample, Sample, SourceInfo
 from ..storage import as_path
+from ..worker import WorkerConfig
 from .node import set_restore_key
 
 RESTORE_TAG = "Webdataset"  # Energon's tag for a raw sample's restore key
@@ -44,7 +45,13 @@ class SampleLoader:
         decoder: SampleDecoder | None = None,
         subflavors: dict[str, Any] | None = None,
         trust_dataset_code: bool = False,
+        sample_factory: Any = None,
+        factory_arguments: Mapping[str, Any] | None = None,
     ) -> None:
+        """``sample_factory``: a dataset factory whose ``load_sample`` builds the samples (one the
+        user constructed). Without it, a ``dataset.yaml`` that names the user's own factory class
+        gets an instance, made with ``factory_arguments`` (the loader's ``training``,
+        ``worker_config`` ...; default: not training, one process)."""
         self.path = as_path(path)
         self.split_part = split_part
         self.decoder = decoder
@@ -66,6 +73,13 @@ class SampleLoader:
         require_prepared(self.path)
         self.config = load_dataset_config(self.path, dataset_config, trust_dataset_code=trust_dataset_code)
         split_config = split_config or self.config.loader_options.get("split_config")
+        if sample_factory is None and self.config.factory_class is not None:
+            arguments = dict(factory_arguments or {"training": False, "worker_config": WorkerConfig(rank=0, world_size=1, num_workers=0)})
+            sample_factory = self.config.make_factory(self.path, split_part=split_part, split_config=split_config, dataset_config=dataset_config, decoder=decoder, trust_dataset_code=trust_dataset_code, **arguments)
+            sample_factory.subflavors.update(self.subflavors)  # the metadataset's win, as in Energon
+        self.sample_factory = sample_factory
+        if sample_factory is not None:
+            self.config = sample_factory.sample_config()  # which parts to read
         self._reader = SplitReader(self.path, split_part, split_config=split_config)
 
     def __len__(self) -> int:
@@ -88,13 +102,16 @@ class SampleLoader:
         if raw is None:
             return None
         parts = raw.parts if config.wanted_parts is not None else {p: v for p, v in raw.parts.items() if config.keep_part(p)}
-        decoded = self.decoder.decode(parts, key=raw.key, dataset=str(self.path)) if self.decoder is not None else dict(parts)
         source = SourceInfo(
             dataset_path=str(self.path),
             index=index,
             shard_name=raw.shard,
             file_names=tuple(f"{raw.key}.{p}" for p in parts),
         )
+        if self.sample_factory is not None:  # Energon's raw sample dict, parts undecoded
+            raw_sample = {"__key__": raw.key, "__shard__": raw.shard, "__restore_key__": (RESTORE_TAG, index), "__sources__": (source,), **parts}
+            return set_restore_key(self.sample_factory.load_sample(raw_sample), (RESTORE_TAG, index))
+        decoded = self.decoder.decode(parts, key=raw.key, dataset=str(self.path)) if self.decoder is not None else dict(parts)
         return make_sample(
             config,
             key=raw.key,

@@ -107,11 +107,9 @@ def test_typed_factory_refuses_a_dataset_of_another_type(captions: Path) -> None
         len(wrong)
 
 
-def test_factory_arguments_we_read_from_dataset_yaml_are_refused(captions: Path) -> None:
-    with pytest.raises(NotSupportedError, match="field_map"):
-        CaptioningWebdataset(captions, split_part="train", training=False, worker_config=NO_WORKERS, field_map={"caption": "txt"})
-    with pytest.raises(NotSupportedError, match="load_sample"):
-        CaptioningWebdataset(captions, split_part="train", training=False, worker_config=NO_WORKERS).load_sample({})
+def test_the_base_factory_has_no_load_sample(captions: Path) -> None:
+    with pytest.raises(NotSupportedError, match="does not implement load_sample"):
+        BaseWebdatasetFactory(captions, split_part="train", training=False, worker_config=NO_WORKERS).load_sample({})
 
 
 def test_subset_applies_to_the_factory(captions: Path) -> None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Sequence, TypeVar
 
+from ...decode import SampleDecoder
 from ...epathlib import EPath
 from ...errors import ConfigError, NotSupportedError, format_message
+from ...format.dataset_config import DatasetConfig, load_dataset_config
 from ...format.metadataset import single_dataset_plan, with_subset
 from ...pipeline.build import (
     PipelineSpec,
@@ -94,14 +96,6 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
     ) -> None:
         if not isinstance(worker_config, WorkerConfig):
             raise ConfigError(format_message(f"{type(self).__name__}(worker_config=...) must be a WorkerConfig", found=type(worker_config).__name__, fix="pass WorkerConfig.default_worker_config(num_workers)"))
-        if part_filter is not None:
-            raise NotSupportedError(
-                format_message(
-                    f"{type(self).__name__}(part_filter=...) is not supported",
-                    found=repr(part_filter)[:80],
-                    fix="name the parts in dataset.yaml (field_map, or part_filter for a crude dataset); parts no field needs are never read",
-                )
-            )
         self.path = EPath(path)
         self.paths = [self.path]
         self.split_part = split_part
@@ -114,6 +108,7 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         self.split_config = split_config
         self.dataset_config = dataset_config
         self.trust_dataset_code = trust_dataset_code
+        self.part_filter = part_filter
         if not hasattr(self, "subflavors"):
             self.subflavors = {}
         self._bound: tuple[PipelineSpec, int, list[list[tuple[int, int]]], int] | None = None
@@ -137,21 +132,46 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         factory.split_config = leaf.split_config or spec.split_config
         factory.dataset_config = leaf.dataset_config or spec.dataset_config
         factory.trust_dataset_code = spec.trust_dataset_code
+        factory.part_filter = None
         factory.subflavors = {**(yaml_subflavors or {}), **leaf.subflavors}
         factory._bound = (spec, index, slices, size)
         return factory
 
+    def bind(self, spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]], size: int) -> None:
+        """Makes this factory (constructed by its own ``__init__``) dataset ``index`` of ``spec``'s plan."""
+        self._bound = (spec, index, slices, size)
+
     # --- the spec -------------------------------------------------------------------------------
-    def _decoder(self) -> Any:
-        """The decoder the samples' parts go through (None: raw bytes)."""
+    def sample_config(self) -> DatasetConfig:
+        """How samples are built: which parts to read and how to fill the sample (the dataset's
+        ``dataset.yaml``, or ``dataset_config``)."""
+        return load_dataset_config(self.path, self.dataset_config, trust_dataset_code=self.trust_dataset_code)
+
+    def builds_own_samples(self) -> bool:
+        """Whether the loader must call this factory's ``load_sample`` for every sample: true for
+        a user's subclass, whose ``load_sample`` (or decoder) may differ from ours. Our own classes
+        read with the dataset's settings are read by the loader directly: the same samples."""
+        return not type(self).__module__.startswith("megatron_energon_lite.")
+
+    def _spec_decoder(self) -> SampleDecoder | None:
+        """The decoder the loader applies itself (when it does not call ``load_sample``)."""
         return None
 
     def _own_spec(self) -> PipelineSpec:
         from ...task_encoder.base import DefaultTaskEncoder
 
         task_encoder = DefaultTaskEncoder()
-        task_encoder.decoder = self._decoder()
-        plan = single_dataset_plan(self.path, self.split_part, subflavors=dict(self.subflavors), dataset_config=self.dataset_config, split_config=self.split_config, shuffle_over_epochs_multiplier=self.shuffle_over_epochs)
+        own = self.builds_own_samples()
+        task_encoder.decoder = None if own else self._spec_decoder()
+        plan = single_dataset_plan(
+            self.path,
+            self.split_part,
+            subflavors=dict(self.subflavors),
+            dataset_config=self.dataset_config,
+            split_config=self.split_config,
+            shuffle_over_epochs_multiplier=self.shuffle_over_epochs,
+            sample_factory=self if own else None,
+        )
         return PipelineSpec(
             path=str(self.path),
             split_part=self.split_part,
@@ -185,10 +205,13 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         return self._binding()[3]
 
     def load_sample(self, raw_data: dict[str, Any]) -> T_sample:
+        """Energon's hook: the sample built from a raw sample dict (``__key__``, ``__shard__``,
+        ``__restore_key__``, ``__sources__`` and the parts as bytes). A subclass of this base
+        must implement it; the ``Default*`` factories fill ``__sample_type__`` by field_map."""
         raise NotSupportedError(
             format_message(
-                f"{type(self).__name__}.load_sample: overriding how samples are built is not supported",
-                fix="describe the sample in dataset.yaml (field_map), or turn the raw sample into yours in a cooker or encode_sample",
+                f"{type(self).__name__} does not implement load_sample",
+                fix="implement load_sample(raw) in your factory, or derive it from DefaultDecoderWebdatasetFactory (field_map in dataset.yaml)",
             )
         )
 
