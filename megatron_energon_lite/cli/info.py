@@ -54,7 +54,8 @@ def _describe_config(root: AnyPath, name: str | None) -> str:
     if config.kind == "crude":
         return "crude (CrudeWebdataset: samples are dicts, cooked by the task encoder)"
     mapping = ", ".join(f"{k}: {v.expression}" for k, v in config.field_map.items())
-    return f"{config.sample_type.__name__} ({config.kind}{': ' + mapping if mapping else ''})"
+    factory = f", factory {config.factory_class.__module__}.{config.factory_class.__qualname__}" if config.factory_class is not None else ""
+    return f"{getattr(config.sample_type, '__name__', 'sample')} ({config.kind}{': ' + mapping if mapping else ''}{factory})"
 
 
 @click.command(cls=Command)
