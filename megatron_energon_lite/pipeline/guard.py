@@ -5,7 +5,9 @@ A stage runs its hook through :meth:`SampleGuard.call`:
 * :class:`~megatron_energon_lite.errors.SkipSample` drops the item on purpose.  It is not a failure:
   the consecutive-failure counter neither grows nor resets;
 * system exceptions (:data:`SYSTEM_EXCEPTIONS`: a broken program or interpreter, not a broken sample)
-  propagate unchanged, as do our own ``FatalSampleError``, ``StateError`` and ``ConfigError``;
+  propagate unchanged, as do our own ``FatalSampleError``, ``StateError`` and ``ConfigError``, and
+  ``DatasetError`` (a stale or damaged shard or index, an unusable cache or storage: a problem of
+  the dataset or the machine, which would fail every sample it touches, so it stops the run);
 * ``StopIteration`` leaking out of a hook would silently end the stream, so it stops the run with a
   ``FatalSampleError``;
 * any other exception is passed to ``handler(exc, item, sources)`` (Energon's
@@ -26,6 +28,7 @@ from typing import Any, Callable
 
 from ..errors import (
     ConfigError,
+    DatasetError,
     FatalSampleError,
     SkipSample,
     StateError,
@@ -48,6 +51,7 @@ SYSTEM_EXCEPTIONS: tuple[type[BaseException], ...] = (
     FatalSampleError,
     StateError,
     ConfigError,
+    DatasetError,
 )
 
 #: How many failing samples a ``FatalSampleError`` names.

@@ -8,13 +8,17 @@ WebDataset folders and for prepared ``.jsonl`` files.
 from __future__ import annotations
 
 import os
+import site
 import sys
+import sysconfig
 from typing import Any, Callable, Mapping
 
 from ..decode import SampleDecoder
 from ..errors import ConfigError, DatasetError, format_message
 from ..format.dataset_config import (
+    TRUST_DATASET_CODE_ENV,
     DatasetConfig,
+    dataset_code_trusted,
     load_dataset_config,
     make_sample,
     sample_class,
@@ -137,16 +141,29 @@ class SampleLoader:
             self._reader.close()
 
 
-def resolve_joiner(spec: JoinSpec, where: str) -> Callable[..., Any]:
+def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = False) -> Callable[..., Any]:
     """The join's ``joiner``: a Sample type (its ``from_joined``) or a function.
 
     As for sample types in dataset.yaml, a module other than ours must already be imported by
-    the program: a data file never makes us import code.
+    the program: a data file never makes us import code. A function must also come from the
+    program's own code, not from the standard library or an installed package (a YAML file could
+    otherwise call ``os.system`` with sample arguments), unless the caller trusts the dataset.
     """
     module, kind, name = spec.joiner
     if kind == "__class__":
         return sample_class(module, name, where=f"{where}.joiner").from_joined
     function = getattr(sys.modules.get(module), name, None)
+    if callable(function) and _library_module(module) and not dataset_code_trusted(trust_dataset_code, dataset=where):
+        raise ConfigError(
+            format_message(
+                f"joiner function {module}.{name} comes from {'the standard library' if _library_module(module) == 'stdlib' else 'an installed package'}",
+                where=f"{where}.joiner",
+                expected="a Sample class with from_joined, or a function of your program's own modules",
+                found=f"{module}.{name}",
+                fix=f"write a joiner function in your own code (or use __class__ of a Sample type); if you trust this metadataset, "
+                f"pass trust_dataset_code=True or set {TRUST_DATASET_CODE_ENV}=1",
+            )
+        )
     if not callable(function):
         raise ConfigError(
             format_message(
@@ -158,6 +175,20 @@ def resolve_joiner(spec: JoinSpec, where: str) -> Callable[..., Any]:
             )
         )
     return function
+
+
+def _library_module(module: str) -> str | None:
+    """"stdlib" or "package" when ``module`` is part of Python or of an installed distribution
+    (site-packages), else None (the program's own code)."""
+    top = module.partition(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return "stdlib"
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if file is None:
+        return None
+    resolved = os.path.realpath(file)
+    libraries = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")} | set(site.getsitepackages()) | {site.getusersitepackages()}
+    return "package" if any(resolved.startswith(os.path.realpath(lib) + os.sep) for lib in libraries) else None
 
 
 class JoinLoader:
@@ -178,7 +209,7 @@ class JoinLoader:
             if loader.config is None or loader.config.kind == "crude":
                 raise ConfigError(format_message("crude datasets cannot be joined", where=member.where, expected="datasets with a typed dataset.yaml (sample_type and field_map)", fix="join typed datasets, or combine the parts in your cooker"))
         self.config = self.loaders[0].config
-        self.joiner = resolve_joiner(spec, where)
+        self.joiner = resolve_joiner(spec, where, trust_dataset_code=trust_dataset_code)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -189,12 +220,31 @@ class JoinLoader:
             sample = loader.load(int(index)) if index >= 0 else None
             if sample is None and m == 0:
                 return None  # the primary sample is excluded by key
+            if sample is not None and m > 0:
+                self._check_key(m, sample, samples[0])
             samples.append(sample)
         if self.spec.names is not None:
             joined = self.joiner(**dict(zip(self.spec.names, samples)))
         else:
             joined = self.joiner(*samples)
         return set_restore_key(joined, (RESTORE_TAG, row))
+
+    def _check_key(self, m: int, sample: Any, primary: Any) -> None:
+        """The index pairs samples by key from ``index.sqlite``; the shard is read through its
+        ``.tar.idx``. Both go stale when a shard is rewritten: compare the keys actually read."""
+        expected, found = getattr(primary, "__key__", None), getattr(sample, "__key__", None)
+        if found != expected:
+            member = self.spec.members[m]
+            source = (getattr(sample, "__sources__", None) or (None,))[0]
+            raise DatasetError(
+                format_message(
+                    "a joined dataset's sample does not have the primary sample's key: its index no longer matches its shards",
+                    where=f"{member.where}: {member.path}" + (f" shard {source.shard_name}" if source is not None else ""),
+                    expected=f"key {expected!r}",
+                    found=f"key {found!r}",
+                    fix=f"run `energon-lite prepare {member.path}` again (a shard was rewritten after prepare)",
+                )
+            )
 
     def close(self) -> None:
         for loader in self.loaders:

@@ -1,0 +1,61 @@
+"""The loader's one policy: a problem with the dataset or the machine stops the run (raised in the
+main process, also from a worker); a problem with one sample skips that sample, with its key."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from megatron_energon_lite import (
+    DatasetError,
+    WorkerConfig,
+    get_loader,
+    get_val_dataset,
+)
+from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_captioning_dataset
+
+CAPTION_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
+
+
+@pytest.fixture
+def captions(tmp_path: Path) -> Path:
+    root = tmp_path / "captions"
+    generate_captioning_dataset(root, num_shards=2, samples_per_shard=6, image_size=(8, 6), seed=5)
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=CAPTION_YAML)
+    return root
+
+
+def val_keys(root: Path, workers: int) -> list[str]:
+    config = WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    return [s.__key__ for s in get_loader(get_val_dataset(root, split_part="train", worker_config=config, batch_size=None))]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_truncated_shard_stops_the_pass_instead_of_skipping_its_samples(captions: Path, workers: int) -> None:
+    shard = sorted(captions.rglob("*.tar"))[1]
+    os.truncate(shard, shard.stat().st_size // 2)
+    with pytest.raises(DatasetError) as failure:
+        val_keys(captions, workers)
+    assert shard.name in str(failure.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sample_that_does_not_decode_is_skipped_with_its_key(captions: Path, workers: int, caplog) -> None:
+    import tarfile
+
+    shard = sorted(captions.rglob("*.tar"))[0]
+    with tarfile.open(shard) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".jpg"))
+    with open(shard, "r+b") as f:  # same size: the index still fits, only the bytes are bad
+        f.seek(member.offset_data)
+        f.write(b"\0" * min(64, member.size))
+    bad_key = member.name.rsplit(".", 1)[0]
+    with caplog.at_level(logging.WARNING):
+        keys = val_keys(captions, workers)
+    assert len(keys) == 11 and bad_key not in keys
+    if workers == 0:  # worker processes log in their own process
+        assert bad_key in caplog.text
