@@ -36,6 +36,7 @@ from .pipeline.build import (
     worker_lengths,
 )
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
+from .pipeline.state_check import check_bool, check_index, check_list, invalid, nested
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
@@ -124,7 +125,8 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
             pipeline = self.recipe.build_worker(logical)
             states = self._restore_states
             if states is not None and states[logical] is not None:
-                pipeline.reset(copy.deepcopy(states[logical]))
+                with nested("worker_states", logical):  # names the field of a bad value (state_check)
+                    pipeline.reset(copy.deepcopy(states[logical]))
                 self._fresh_restore.add(logical)
             self._pipelines[logical] = pipeline
         elif logical in self._ended:
@@ -311,12 +313,12 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         _check_state(state, self.savable_dataset.config(), self.worker_config)
-        states = list(state["worker_states"])
+        states, next_worker, pass_ended = _check_rank_fields(state, self.worker_config.workers_per_rank)
         # States written before "pass_ended" existed restart an exhausted pass, as they did then.
-        self.dataset.restore(states, state["next_worker"], pass_ended=bool(state.get("pass_ended", True)))
+        self.dataset.restore(states, next_worker, pass_ended=pass_ended)
         self._worker_states = states
-        self._next_worker = self._first_worker = state["next_worker"]
-        self._pass_ended = bool(state.get("pass_ended", True))
+        self._next_worker = self._first_worker = next_worker
+        self._pass_ended = pass_ended
 
     def save_state_global(self, global_dst_rank: int) -> list[dict] | None:
         """Gathers every rank's state on ``global_dst_rank`` (None on the other ranks)."""
@@ -419,8 +421,22 @@ def _check_state(state: Any, current: dict, worker_config: WorkerConfig) -> None
     if differences:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in differences)
         raise StateError(format_message("the saved state belongs to a different loader configuration", found="\n" + lines, fix="build the loader with the saved values (elastic resume across world sizes is not available yet)"))
+    if not isinstance(state["worker_states"], list):
+        raise invalid(("worker_states",), "a list of worker states, one per worker", state["worker_states"])
     if len(state["worker_states"]) != worker_config.workers_per_rank:
         raise StateError(format_message("the saved state has a different number of workers", expected=str(worker_config.workers_per_rank), found=str(len(state["worker_states"]))))
+
+
+def _check_rank_fields(state: dict, workers: int) -> tuple[list[dict | None], int, bool]:
+    """The worker states, ``next_worker`` and ``pass_ended`` of a rank's state, checked (the stages
+    check their own values when a worker's pipeline is restored)."""
+    states = check_list(state["worker_states"], "worker_states", length=workers, of="worker states, one per worker")
+    for i, worker_state in enumerate(states):
+        if worker_state is not None and not isinstance(worker_state, dict):
+            raise invalid(("worker_states", i), "a pipeline state (a dict), or null for a worker that has not yielded yet", worker_state)
+    next_worker = check_index(state["next_worker"], workers, "next_worker", of="workers on this rank")
+    pass_ended = check_bool(state.get("pass_ended", True), "pass_ended")
+    return list(states), next_worker, pass_ended
 
 
 def _plan(path, split_part: str, *, training: bool) -> tuple[str, BlendPlan]:

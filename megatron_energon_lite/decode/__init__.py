@@ -2,8 +2,9 @@
 
 A part is decoded by the LAST dot-component of its name (``detail.json`` -> json), matched
 exactly as Energon does, except image extensions, which also match in upper case (``JPG``;
-a ``TXT`` part stays bytes, as in Energon); a trailing ``.gz`` is decompressed first and the rest of the name decides
-(``txt.gz`` -> text). Unknown extensions stay bytes. The built-in table:
+a ``TXT`` part stays bytes, as in Energon); a trailing ``.gz`` is decompressed first (up to
+``max_decompressed_bytes``) and the rest of the name decides (``txt.gz`` -> text). Unknown
+extensions stay bytes. The built-in table:
 
 * images (:data:`~megatron_energon_lite.decode.image.IMAGE_EXTENSIONS`: jpg jpeg png webp gif
   tif tiff bmp jp2 ppm pgm pbm pnm ...) -> Pillow, shaped by ``image_decode``;
@@ -16,6 +17,12 @@ a ``TXT`` part stays bytes, as in Energon); a trailing ``.gz`` is decompressed f
   once per dataset);
 * ``mp msg msgpack`` / ``cbor`` -> decoded when the library imports, else bytes.
 
+Decompression bombs are refused before they take memory, as
+:class:`~megatron_energon_lite.errors.DecompressionBombError` (a ``DecodeError``: the sample is
+skipped or not by the loader's error policy, like any broken part): images with more pixels than
+``max_image_pixels`` (default: Pillow's ``PIL.Image.MAX_IMAGE_PIXELS``), checked from the header
+on every decoding path, and ``.gz`` parts that expand past ``max_decompressed_bytes`` (default 1 GiB).
+
 More decoders (video and audio) plug in with :func:`register_decoder`. Optional libraries are
 imported on first use, and nothing writes temporary files.
 """
@@ -23,19 +30,25 @@ imported on first use, and nothing writes temporary files.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .. import energon_mode
-from ..errors import ConfigError, DecodeError, MissingDependencyError, format_message
+from ..errors import (
+    ConfigError,
+    DecodeError,
+    DecompressionBombError,
+    MissingDependencyError,
+    format_message,
+)
 from ..format.tar_reader import split_name
 from . import av, basic, image
-from .basic import TRUST_PICKLE_ENV, UntrustedDataError
+from .basic import DEFAULT_MAX_DECOMPRESSED_BYTES, TRUST_PICKLE_ENV, UntrustedDataError
 from .image import (
     IMAGE_DECODE_MODES,
     IMAGE_EXTENSIONS,
+    PILLOW_PIXEL_LIMIT,
     check_image_decode,
     decode_image_bytes,
 )
@@ -174,6 +187,19 @@ register_decoder(("cbor",), basic.decode_cbor, name="cbor")
 register_decoder(av.AV_EXTENSIONS, av.decode_av, name="video/audio (PyAV)", fix="check the file with ffprobe or re-encode it (ffmpeg -i in.mp4 -c:v libx264 out.mp4)", by_content=True)
 
 
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _located(exc: DecompressionBombError, key: str, part_name: str, dataset: str | None) -> DecompressionBombError:
+    """``exc`` again, its message naming the sample, the part and the dataset where known."""
+    details = getattr(exc, "details", None)
+    if details is None:  # raised by a decoder function of the user's: leave it as it is
+        return exc
+    where = f"sample {key!r}, part {part_name!r}" + (f" of dataset {dataset}" if dataset else "")
+    return basic.bomb_error(**{**details, "what": f"part {part_name!r} of sample {key!r}: {details['what']}"}, where=where)
+
+
 class SampleDecoder:
     """Decodes the parts of a sample, like Energon's ``SampleDecoder``.
 
@@ -194,6 +220,17 @@ class SampleDecoder:
             where their longest side stays at least this many pixels (Pillow's ``draft``), which
             is much faster for large photos but CHANGES the image size; other formats are
             decoded at full size.
+        max_image_pixels: images with more pixels than this (read from the header) are refused
+            with :class:`~megatron_energon_lite.errors.DecompressionBombError` before decoding.
+            ``"pillow"`` (the default) follows ``PIL.Image.MAX_IMAGE_PIXELS`` at decode time
+            (89,478,485 unless the program changed it); an int sets the limit; None removes it.
+            Unlike Pillow, which only warns up to twice its limit, anything above is refused.
+            Pillow's own check still applies inside Pillow (non-JPEG images and JPEGs that
+            simplejpeg does not decode): past twice ``PIL.Image.MAX_IMAGE_PIXELS``, raise that too.
+        max_decompressed_bytes: a ``.gz`` part that expands past this many bytes is refused
+            with :class:`~megatron_energon_lite.errors.DecompressionBombError`, having held at
+            most about this much output (decompression is incremental). Default 1 GiB
+            (:data:`~.basic.DEFAULT_MAX_DECOMPRESSED_BYTES`); None removes the limit.
     """
 
     def __init__(
@@ -207,6 +244,8 @@ class SampleDecoder:
         image_max_size: int | None = None,
         av_byte_budget: int = av.DEFAULT_BYTE_BUDGET,
         untrusted_pickle: str = "error",
+        max_image_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
+        max_decompressed_bytes: int | None = DEFAULT_MAX_DECOMPRESSED_BYTES,
     ) -> None:
         check_image_decode(image_decode)
         if av_decode not in AV_DECODE_MODES:
@@ -231,6 +270,24 @@ class SampleDecoder:
         for flag, value in (("video_decode_audio", video_decode_audio), ("guess_content", guess_content), ("allow_pickle", allow_pickle)):
             if not isinstance(value, bool):
                 raise ConfigError(format_message(f"{flag} must be True or False", found=repr(value)))
+        if max_image_pixels != PILLOW_PIXEL_LIMIT and max_image_pixels is not None and not _positive_int(max_image_pixels):
+            raise ConfigError(
+                format_message(
+                    "max_image_pixels must be a positive int, None or 'pillow'",
+                    found=repr(max_image_pixels),
+                    fix="pass the most pixels (width x height) an image may have, e.g. 200_000_000; None for no "
+                    "limit; 'pillow' (the default) for PIL.Image.MAX_IMAGE_PIXELS",
+                )
+            )
+        if max_decompressed_bytes is not None and not _positive_int(max_decompressed_bytes):
+            raise ConfigError(
+                format_message(
+                    "max_decompressed_bytes must be a positive int or None",
+                    found=repr(max_decompressed_bytes),
+                    fix=f"pass the most bytes a .gz part may expand to, e.g. {DEFAULT_MAX_DECOMPRESSED_BYTES} (the "
+                    "default, 1 GiB); None for no limit",
+                )
+            )
         if untrusted_pickle not in ("error", "bytes"):
             raise ConfigError(format_message("untrusted_pickle must be 'error' or 'bytes'", found=repr(untrusted_pickle)))
         if guess_content:
@@ -250,6 +307,8 @@ class SampleDecoder:
         self.allow_pickle = allow_pickle
         self.untrusted_pickle = untrusted_pickle
         self.image_max_size = image_max_size
+        self.max_image_pixels = max_image_pixels
+        self.max_decompressed_bytes = max_decompressed_bytes
         if isinstance(av_byte_budget, bool) or not isinstance(av_byte_budget, int) or av_byte_budget < 1:
             raise ConfigError(format_message("av_byte_budget must be a positive number of bytes", found=repr(av_byte_budget)))
         self.av_byte_budget = av_byte_budget
@@ -268,6 +327,12 @@ class SampleDecoder:
             "av_backend": av.backend(),
             # Only when set, so that saved fingerprints stay valid.
             **({"untrusted_pickle": self.untrusted_pickle} if self.untrusted_pickle != "error" else {}),
+            **({"max_image_pixels": self.max_image_pixels} if self.max_image_pixels != PILLOW_PIXEL_LIMIT else {}),
+            **(
+                {"max_decompressed_bytes": self.max_decompressed_bytes}
+                if self.max_decompressed_bytes != DEFAULT_MAX_DECOMPRESSED_BYTES
+                else {}
+            ),
         }
 
     def __repr__(self) -> str:
@@ -300,7 +365,9 @@ class SampleDecoder:
         name = part_name
         if name == "gz" or name.endswith(".gz"):
             try:
-                data = gzip.decompress(data)
+                data = basic.gunzip(data, self.max_decompressed_bytes)
+            except DecompressionBombError as exc:
+                raise _located(exc, key, part_name, dataset) from None
             except Exception as exc:
                 raise self._error(key, part_name, data, "gzip", exc, "check that the file is a complete gzip stream") from exc
             name = name[:-3]
@@ -317,6 +384,8 @@ class SampleDecoder:
             return value
         except (MissingDependencyError, UntrustedDataError):
             raise
+        except DecompressionBombError as exc:
+            raise _located(exc, key, part_name, dataset) from None
         except Exception as exc:
             settings = f" (image_decode={self.image_decode!r})" if entry.fn is image.decode_image else ""
             raise self._error(key, part_name, data, entry.name, exc, entry.fix, settings) from exc

@@ -14,6 +14,12 @@ which unpickles like Energon does. Otherwise:
 
 ``mp msg msgpack`` and ``cbor`` are decoded when ``msgpack`` (resp. ``cbor2`` or ``cbor``) can be
 imported; otherwise they stay bytes (a warning is logged once).
+
+``.gz`` parts are decompressed by :func:`gunzip`, incrementally and up to a byte limit
+(``SampleDecoder(max_decompressed_bytes=...)``, :data:`DEFAULT_MAX_DECOMPRESSED_BYTES` = 1 GiB by
+default): a small gzip stream can expand a thousandfold (2 MB of zeros -> 2 GiB), so a part that
+would grow past the limit is refused with :class:`~megatron_energon_lite.errors.DecompressionBombError`
+after at most the limit has been produced, instead of exhausting memory.
 """
 
 from __future__ import annotations
@@ -22,15 +28,17 @@ import io
 import json
 import logging
 import pickle
+import zlib
 from typing import TYPE_CHECKING, Any
 
 from .. import energon_mode
-from ..errors import ConfigError, DecodeError
+from ..errors import ConfigError, DecodeError, DecompressionBombError, format_message
 
 if TYPE_CHECKING:
     from . import SampleDecoder
 
 __all__ = [
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "TRUST_PICKLE_ENV",
     "UntrustedDataError",
     "decode_cbor",
@@ -42,11 +50,81 @@ __all__ = [
     "decode_pickle",
     "decode_pth",
     "decode_text",
+    "gunzip",
     "pickle_allowed",
 ]
 
 #: Set to 1 to unpickle pickle-based parts without editing the program (``allow_pickle=True``).
 TRUST_PICKLE_ENV = "ENERGON_LITE_TRUST_PICKLE"
+
+
+#: Default for ``SampleDecoder(max_decompressed_bytes=...)``: a ``.gz`` part may expand to 1 GiB.
+#: Energon (webdataset) has no limit; 1 GiB is far above any text, JSON or array part that a
+#: training sample holds, and low enough that a gzip bomb cannot take a worker's memory.
+DEFAULT_MAX_DECOMPRESSED_BYTES = 1 << 30
+
+# Output produced per zlib call: the limit bounds the total, this bounds one step's overshoot.
+_GUNZIP_STEP = 16 << 20
+# Input handed to zlib per call (zlib copies the part it has not used yet on every call).
+_GUNZIP_INPUT = 1 << 20
+
+
+def bomb_error(what: str, *, expected: str, found: str, fix: str, where: str | None = None) -> DecompressionBombError:
+    """A :class:`DecompressionBombError`; ``details`` keeps the pieces so that
+    :meth:`SampleDecoder.decode_part` can add where (sample, part, dataset) it happened."""
+    error = DecompressionBombError(format_message(what, where=where, expected=expected, found=found, fix=fix))
+    error.details = {"what": what, "expected": expected, "found": found, "fix": fix}  # type: ignore[attr-defined]
+    return error
+
+
+def gunzip(data: bytes, max_bytes: int | None = DEFAULT_MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The decompressed content of a gzip stream (several members are concatenated, NUL padding
+    between them is skipped, as :func:`gzip.decompress` does), produced incrementally.
+
+    Raises :class:`~megatron_energon_lite.errors.DecompressionBombError` as soon as the output
+    would exceed ``max_bytes`` (None: no limit), having held at most about ``max_bytes`` of output;
+    ``zlib.error`` / ``EOFError`` for a corrupt or truncated stream.
+    """
+    chunks: list[bytes] = []
+    total = 0
+    stream = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip header and trailer only
+    pos, tail = 0, b""
+
+    def produce(piece: bytes) -> bytes:
+        """Decompresses ``piece`` (b"": what zlib still holds) within the limit."""
+        nonlocal total
+        step = _GUNZIP_STEP if max_bytes is None else min(_GUNZIP_STEP, max_bytes - total + 1)
+        chunk = stream.decompress(piece, step)
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:
+            raise bomb_error(
+                f"gzip data expands past the limit of {max_bytes:,} bytes; refused (a decompression bomb guard)",
+                expected=f"at most {max_bytes:,} decompressed bytes (SampleDecoder max_decompressed_bytes)",
+                found=f"{len(data):,} compressed bytes that expand to more than {max_bytes:,} bytes",
+                fix="if the part is genuine, raise the limit: SampleDecoder(max_decompressed_bytes=<bytes>) as "
+                "the task encoder's decoder (None for no limit); otherwise the sample is skipped by the "
+                "loader's error policy",
+            )
+        chunks.append(chunk)
+        return chunk
+
+    while True:
+        if not tail:  # the input goes in in pieces, so that what zlib keeps of it stays small
+            if pos >= len(data):
+                break
+            tail = data[pos : pos + _GUNZIP_INPUT]
+            pos += len(tail)
+        if stream.eof:  # the next member, after optional NUL padding
+            tail = tail.lstrip(b"\x00")
+            if not tail:
+                continue
+            stream = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        produce(tail)
+        tail = stream.unused_data if stream.eof else stream.unconsumed_tail
+    while data and not stream.eof:  # the output zlib still holds, up to the end of the member
+        if not produce(b""):
+            raise EOFError("compressed data ended before the end-of-stream marker was reached")
+    return b"".join(chunks)
 
 
 class UntrustedDataError(DecodeError, ConfigError):

@@ -19,6 +19,23 @@ Note that ``pil`` converts to RGB exactly as Energon does; there is no "as store
 RGB outputs of baseline/progressive YCbCr or grayscale JPEGs are decoded by simplejpeg (the same
 libjpeg-turbo, without Pillow's Python-level parsing) when it is installed; the pixels are the
 same as Pillow's (tested).  Everything else goes through Pillow.
+
+Decompression bombs: an image's width and height are read from its header first, and an image
+with more pixels than the limit is refused with
+:class:`~megatron_energon_lite.errors.DecompressionBombError` before any pixel is decoded, on
+every path (simplejpeg, Pillow, Pillow with ``draft``). A 378-byte JPEG can claim 20000x20000
+pixels, which would otherwise allocate 1.2 GB. The limit is ``SampleDecoder(max_image_pixels=...)``:
+
+* ``"pillow"`` (the default): Pillow's ``PIL.Image.MAX_IMAGE_PIXELS`` (89,478,485 unless the
+  program changed it), read at every decode, so a program that sets it (or sets it to None for
+  no limit) works as it does with Energon;
+* an int: that many pixels; None: no limit from this package.
+
+The behaviour differs from Pillow's in one way, on purpose: Pillow only warns
+(``DecompressionBombWarning``) between its limit and twice its limit and raises above twice;
+here, an image above the limit is refused, on every path alike. Pillow's own check still runs
+inside Pillow for the images Pillow decodes, so to decode such images beyond twice
+``PIL.Image.MAX_IMAGE_PIXELS``, raise that setting as well (or set it to None).
 """
 
 from __future__ import annotations
@@ -27,6 +44,7 @@ import io
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ConfigError, format_message
+from .basic import bomb_error
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -36,7 +54,9 @@ if TYPE_CHECKING:
 __all__ = [
     "IMAGE_DECODE_MODES",
     "IMAGE_EXTENSIONS",
+    "PILLOW_PIXEL_LIMIT",
     "ImageSpec",
+    "check_image_pixels",
     "decode_image",
     "decode_image_bytes",
 ]
@@ -97,6 +117,42 @@ def check_image_decode(image_decode: str) -> ImageSpec:
     return spec
 
 
+#: ``max_image_pixels`` value meaning "Pillow's ``PIL.Image.MAX_IMAGE_PIXELS``, read at decode time".
+PILLOW_PIXEL_LIMIT = "pillow"
+
+_PIXEL_FIX = (
+    "if the image is genuine, raise the limit: SampleDecoder(max_image_pixels=<pixels>) as the task "
+    "encoder's decoder (None for no limit; the default follows PIL.Image.MAX_IMAGE_PIXELS, so setting "
+    "that works too); otherwise the sample is skipped by the loader's error policy"
+)
+
+
+def pixel_limit(max_pixels: int | str | None) -> int | None:
+    """The pixel limit ``max_pixels`` stands for (None: no limit)."""
+    if max_pixels == PILLOW_PIXEL_LIMIT:
+        from PIL import Image
+
+        return Image.MAX_IMAGE_PIXELS
+    return max_pixels  # type: ignore[return-value]
+
+
+def check_image_pixels(width: int, height: int, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, *, source: str = "image") -> None:
+    """Raises :class:`DecompressionBombError` if a ``width`` x ``height`` image is over the limit
+    (see the module docstring); call it with the header's size, before decoding."""
+    limit = pixel_limit(max_pixels)
+    pixels = width * height
+    if limit is None or pixels <= limit:
+        return
+    setting = "PIL.Image.MAX_IMAGE_PIXELS, the default max_image_pixels" if max_pixels == PILLOW_PIXEL_LIMIT else "max_image_pixels"
+    raise bomb_error(
+        f"{source} of {width}x{height} = {pixels:,} pixels is over the limit of {limit:,} pixels; refused "
+        "before decoding (a decompression bomb guard)",
+        expected=f"at most {limit:,} pixels ({setting})",
+        found=f"{width}x{height} = {pixels:,} pixels in the {source} header",
+        fix=_PIXEL_FIX,
+    )
+
+
 def _draft(img: Image.Image, max_size: int) -> None:
     """Lets libjpeg decode at 1/2, 1/4 or 1/8 scale while the longest side stays >= ``max_size``."""
     if img.format not in ("JPEG", "MPO"):
@@ -109,22 +165,45 @@ def _draft(img: Image.Image, max_size: int) -> None:
             return
 
 
-def decode_image_bytes(data: bytes, image_decode: str = "torchrgb", *, max_size: int | None = None) -> Any:
+def decode_image_bytes(
+    data: bytes,
+    image_decode: str = "torchrgb",
+    *,
+    max_size: int | None = None,
+    max_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
+) -> Any:
     """Decodes image bytes as ``image_decode`` says (see the module docstring).
 
     ``max_size``: for JPEGs only, decode at a reduced scale (1/2, 1/4 or 1/8) that keeps the
     longest side at least ``max_size``; this changes the output size. None decodes at full size.
+    ``max_pixels``: images with more pixels (by their header) are refused with
+    :class:`DecompressionBombError` before decoding; ``"pillow"`` follows
+    ``PIL.Image.MAX_IMAGE_PIXELS``, None is no limit.
     """
     spec = check_image_decode(image_decode)
-    array = _fast_jpeg_rgb(data) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
+    array = _fast_jpeg_rgb(data, max_pixels) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
     if array is not None:
         return _from_rgb_array(array, spec)
     from PIL import Image
 
-    img = Image.open(io.BytesIO(data))
-    if max_size is not None:
-        _draft(img, max_size)
-    img.load()
+    try:
+        img = Image.open(io.BytesIO(data))  # reads the header only
+        check_image_pixels(*img.size, max_pixels, source=f"{img.format} image")
+        if max_size is not None:
+            _draft(img, max_size)
+        img.load()
+    except Image.DecompressionBombError as exc:  # Pillow's own check (above twice its limit, frames, tiles)
+        pillow_limit = Image.MAX_IMAGE_PIXELS
+        raise bomb_error(
+            "Pillow refused the image as a possible decompression bomb (over twice PIL.Image.MAX_IMAGE_PIXELS)",
+            expected=f"at most {2 * pillow_limit:,} pixels (twice PIL.Image.MAX_IMAGE_PIXELS = {pillow_limit:,}: Pillow's own limit)"
+            if pillow_limit is not None
+            else "an image within Pillow's limits",
+            found=str(exc),
+            fix="if the image is genuine, raise PIL.Image.MAX_IMAGE_PIXELS (or set it to None) in the program, "
+            "and SampleDecoder(max_image_pixels=<pixels>) if you set that; otherwise the sample is skipped by "
+            "the loader's error policy",
+        ) from None
     if img.mode != spec.mode:
         img = img.convert(spec.mode)
     if spec.output == "pil":
@@ -165,10 +244,11 @@ _SIMPLEJPEG: Any = None  # the module once imported, False when it is not instal
 _SAME_AS_PILLOW = ("YCbCr", "Gray")
 
 
-def _fast_jpeg_rgb(data: bytes) -> Any:
+def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT) -> Any:
     """RGB pixels of a JPEG through simplejpeg (about 40% faster than Pillow's Python-level
     open + decode), or None to use Pillow: not a JPEG, simplejpeg missing, or a colour space
-    where the two would not agree bit for bit."""
+    where the two would not agree bit for bit. Raises :class:`DecompressionBombError` for a
+    JPEG whose header is over the pixel limit, before decoding."""
     global _SIMPLEJPEG
     if data[:2] != b"\xff\xd8":
         return None
@@ -181,13 +261,24 @@ def _fast_jpeg_rgb(data: bytes) -> Any:
     if _SIMPLEJPEG is False:
         return None
     try:
-        if _SIMPLEJPEG.decode_jpeg_header(data)[2] not in _SAME_AS_PILLOW:
-            return None
+        height, width, colorspace, _ = _SIMPLEJPEG.decode_jpeg_header(data)
+    except (ValueError, RuntimeError):
+        return None  # let Pillow decode it, or raise its own error for a broken file
+    if colorspace not in _SAME_AS_PILLOW:
+        return None
+    check_image_pixels(width, height, max_pixels, source="JPEG image")
+    try:
         return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGB")
     except (ValueError, RuntimeError):
         return None  # let Pillow decode it, or raise its own error for a broken file
 
 
 def decode_image(data: bytes, decoder: SampleDecoder) -> Any:
-    """The registered image decoder: uses the decoder's ``image_decode`` and ``image_max_size``."""
-    return decode_image_bytes(data, decoder.image_decode, max_size=decoder.image_max_size)
+    """The registered image decoder: uses the decoder's ``image_decode``, ``image_max_size`` and
+    ``max_image_pixels``."""
+    return decode_image_bytes(
+        data,
+        decoder.image_decode,
+        max_size=decoder.image_max_size,
+        max_pixels=getattr(decoder, "max_image_pixels", PILLOW_PIXEL_LIMIT),
+    )

@@ -8,6 +8,7 @@ from typing import Any, Callable, ContextManager
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard
 from .node import Node, State, as_key, get_restore_key, set_restore_key
+from .state_check import check_count, nested
 
 __all__ = ["BatchNode"]
 
@@ -84,11 +85,13 @@ class BatchNode(Node[Any]):
             self.guard.reset()
             return
         self.check_state(state, "index", "failures", "source")
+        index = check_count(state["index"], "index", stage=self.tag)
+        failures = check_count(state["failures"], "failures", stage=self.tag)
         # A generator hook below resumes here; its pending outputs go into the next batch.
-        with self.member_context(state["index"]) if self.member_context is not None else contextlib.nullcontext():
+        with self.member_context(index) if self.member_context is not None else contextlib.nullcontext(), nested("source"):
             self.source.reset(state["source"])
-        self._index = state["index"]
-        self.guard.reset(state["failures"])
+        self._index = index
+        self.guard.reset(failures)
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

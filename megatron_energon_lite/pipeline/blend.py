@@ -44,6 +44,14 @@ import numpy as np
 from ..errors import ConfigError, DatasetError, StateError, format_message
 from ..rng import UniformStream
 from .node import Node, State, as_key, get_restore_key, set_restore_key
+from .state_check import (
+    check_bool,
+    check_count,
+    check_list,
+    invalid,
+    nested,
+    state_path,
+)
 
 __all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "blended_costs", "consumed_counts", "integer_weights"]
 
@@ -88,7 +96,14 @@ class ExactSchedule:
         if state is None:
             self.position, self._counts = 0, [0] * len(self.weights)
             return
-        self.position, self._counts = int(state["position"]), [int(c) for c in state["counts"]]
+        if not isinstance(state, dict) or "position" not in state or "counts" not in state:
+            raise invalid((), "the exact schedule's cursor: {\"position\": int, \"counts\": [int, ...]}", state, stage="Blend schedule")
+        position = check_count(state["position"], "position", stage="Blend schedule")
+        counts = check_list(state["counts"], "counts", stage="Blend schedule", length=len(self.weights), of="counts, one per dataset")
+        counts = [check_count(c, "counts", i, stage="Blend schedule", high=position) for i, c in enumerate(counts)]
+        if sum(counts) != position:
+            raise invalid(("counts",), f"counts that add up to the position ({position})", counts, stage="Blend schedule")
+        self.position, self._counts = position, counts
 
     @property
     def counts(self) -> list[int]:
@@ -211,24 +226,34 @@ class BlendNode(Node[Any]):
             self._start(0)
             return
         self.check_state(state, "epoch", "emitted", "draws", "counts", "costs", "exhausted", "schedule", "sources")
-        if len(state["sources"]) != len(self.sources) or len(state["counts"]) != len(self.sources):
+        n = len(self.sources)
+        if not isinstance(state["sources"], list) or not isinstance(state["counts"], list) or len(state["sources"]) != n or len(state["counts"]) != n:
             raise StateError(
                 format_message(
                     "saved Blend state has a different number of datasets",
-                    expected=f"{len(self.sources)} datasets ({', '.join(self.names)})",
-                    found=f"{len(state['sources'])} source states",
+                    where=state_path(),
+                    expected=f"{n} datasets ({', '.join(self.names)})",
+                    found=f"{len(state['sources']) if isinstance(state['sources'], list) else repr(state['sources'])[:80]} source states",
                     fix="restore a state saved by a loader over the same blend",
                 )
             )
-        for source, source_state in zip(self.sources, state["sources"]):
-            source.reset(source_state)
-        self._start(state["epoch"])
-        self._emitted, self._draws = state["emitted"], state["draws"]
-        self._counts = [int(c) for c in state["counts"]]
-        self._costs = [int(c) for c in state["costs"]]
-        self._exhausted = [bool(e) for e in state["exhausted"]]
+        epoch = check_count(state["epoch"], "epoch", stage=self.tag)
+        emitted = check_count(state["emitted"], "emitted", stage=self.tag)
+        draws = check_count(state["draws"], "draws", stage=self.tag)
+        counts = [check_count(c, "counts", i, stage=self.tag) for i, c in enumerate(state["counts"])]
+        costs = [check_count(c, "costs", i, stage=self.tag) for i, c in enumerate(check_list(state["costs"], "costs", stage=self.tag, length=n, of="costs, one per dataset"))]
+        exhausted = [check_bool(e, "exhausted", i, stage=self.tag) for i, e in enumerate(check_list(state["exhausted"], "exhausted", stage=self.tag, length=n, of="flags, one per dataset"))]
+        if self.schedule is None and state["schedule"] is not None:
+            raise invalid(("schedule",), f"null (blend mode {self.mode!r} has no schedule)", state["schedule"], stage=self.tag)
+        for i, (source, source_state) in enumerate(zip(self.sources, state["sources"])):
+            with nested("sources", i):
+                source.reset(source_state)
+        self._start(epoch)
+        self._emitted, self._draws = emitted, draws
+        self._counts, self._costs, self._exhausted = counts, costs, exhausted
         if self.schedule is not None:
-            self.schedule.reset(state["schedule"])
+            with nested("schedule"):
+                self.schedule.reset(state["schedule"])
 
     def get_state(self) -> State:
         return {

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError, StateError, format_message
 from .node import Node, State, as_key, get_restore_key, set_restore_key
+from .state_check import check_count, nested
 
 __all__ = ["ConcatNode"]
 
@@ -59,9 +60,11 @@ class ConcatNode(Node[Any]):
                     fix="restore a state saved by a loader over the same datasets",
                 )
             )
-        for source, source_state in zip(self.sources, state["sources"]):
-            source.reset(source_state)
-        self._current = state["current"]
+        current = check_count(state["current"], "current", stage=self.tag, high=len(self.sources), high_reason=f"{len(self.sources)} sources; {len(self.sources)} once all are done")
+        for i, (source, source_state) in enumerate(zip(self.sources, state["sources"])):
+            with nested("sources", i):
+                source.reset(source_state)
+        self._current = current
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

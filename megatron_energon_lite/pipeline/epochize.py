@@ -6,6 +6,7 @@ from typing import Any
 
 from ..errors import ConfigError, format_message
 from .node import Node, State
+from .state_check import check_count, nested
 
 __all__ = ["EpochizeNode"]
 
@@ -57,8 +58,10 @@ class EpochizeNode(Node[Any]):
             self._offset = 0
             return
         self.check_state(state, "offset", "source")
-        self.source.reset(state["source"])
-        self._offset = state["offset"]
+        offset = check_count(state["offset"], "offset", stage=self.tag, high=self.length, high_reason="items per virtual epoch on this worker")
+        with nested("source"):
+            self.source.reset(state["source"])
+        self._offset = offset
 
     def restore(self, restore_key: tuple) -> Any:
         return self.source.restore(restore_key)

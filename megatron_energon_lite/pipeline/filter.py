@@ -7,6 +7,7 @@ from typing import Any, Callable
 from .guard import DROPPED, SampleGuard
 from .map import forward_start_epoch
 from .node import Node, State
+from .state_check import check_count, nested
 
 __all__ = ["FilterNode"]
 
@@ -62,9 +63,12 @@ class FilterNode(Node[Any]):
             self.guard.reset()
             return
         self.check_state(state, "index", "failures", "source")
-        self.source.reset(state["source"])
-        self._index = state["index"]
-        self.guard.reset(state["failures"])
+        index = check_count(state["index"], "index", stage=self.tag)
+        failures = check_count(state["failures"], "failures", stage=self.tag)
+        with nested("source"):
+            self.source.reset(state["source"])
+        self._index = index
+        self.guard.reset(failures)
 
     def restore(self, restore_key: tuple) -> Any:
         return self.source.restore(restore_key)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Hashable
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard, describe_item
 from .node import Node, State, as_key, get_restore_key, key_to_json, set_restore_key
+from .state_check import check_count, check_list, invalid, nested
 
 __all__ = ["GroupBatchNode"]
 
@@ -81,12 +82,32 @@ class GroupBatchNode(Node[Any]):
             self._index = self._inputs = 0
             return
         self.check_state(state, "buckets", "index", "inputs", "failures", "source")
-        self.source.reset(state["source"])
-        self.guard.reset(state["failures"])
-        self._index, self._inputs = state["index"], state["inputs"]
-        for key, size, members in state["buckets"]:
-            keys = [list(m) for m in members]
-            self._buckets[_group_key(key)] = [key, size, [_Pending(as_key(m)) for m in keys], keys]
+        index = check_count(state["index"], "index", stage=self.tag)
+        inputs = check_count(state["inputs"], "inputs", stage=self.tag)
+        failures = check_count(state["failures"], "failures", stage=self.tag)
+        buckets: dict[Hashable, list] = {}
+        for i, bucket in enumerate(check_list(state["buckets"], "buckets", stage=self.tag)):
+            key, size, members = check_list(bucket, "buckets", i, stage=self.tag, length=3, of="entries: [group key, batch size, member restore keys]")
+            try:
+                bucket_id = _group_key(key)
+                hash(bucket_id)
+            except TypeError:
+                raise invalid(("buckets", i, 0), "a group key: a string, number, boolean, null or a list of them", key, stage=self.tag) from None
+            if bucket_id in buckets:
+                raise invalid(("buckets", i, 0), "a group key that no other bucket has", key, stage=self.tag)
+            check_count(size, "buckets", i, 1, stage=self.tag)
+            if size < 1:
+                raise invalid(("buckets", i, 1), "a batch size >= 1", size, stage=self.tag)
+            members = check_list(members, "buckets", i, 2, stage=self.tag)
+            if len(members) >= size:  # a full bucket is emitted at once, never saved
+                raise invalid(("buckets", i, 2), f"fewer than {size} member keys (the bucket's batch size)", members, stage=self.tag)
+            keys = [list(check_list(m, "buckets", i, 2, j, stage=self.tag, of="restore key parts")) for j, m in enumerate(members)]
+            buckets[bucket_id] = [key, size, [_Pending(as_key(m)) for m in keys], keys]
+        with nested("source"):
+            self.source.reset(state["source"])
+        self.guard.reset(failures)
+        self._index, self._inputs = index, inputs
+        self._buckets = buckets
 
     def get_state(self) -> State:
         return {

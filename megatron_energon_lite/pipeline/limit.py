@@ -6,6 +6,7 @@ from typing import Any
 
 from ..errors import ConfigError, format_message
 from .node import Node, State
+from .state_check import check_count, nested
 
 __all__ = ["LimitNode"]
 
@@ -59,8 +60,10 @@ class LimitNode(Node[Any]):
             self._offset = 0
             return
         self.check_state(state, "offset", "source")
-        self.source.reset(state["source"])
-        self._offset = state["offset"]
+        offset = check_count(state["offset"], "offset", stage=self.tag, high=self.length, high_reason="the limit of items per pass on this worker")
+        with nested("source"):
+            self.source.reset(state["source"])
+        self._offset = offset
 
     def restore(self, restore_key: tuple) -> Any:
         return self.source.restore(restore_key)

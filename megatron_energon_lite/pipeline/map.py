@@ -8,6 +8,7 @@ from typing import Any, Callable
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard
 from .node import Node, State, as_key, get_restore_key, key_to_json, set_restore_key
+from .state_check import check_count, check_list, invalid, nested
 
 __all__ = ["MapNode", "forward_start_epoch"]
 
@@ -138,11 +139,22 @@ class MapNode(Node[Any]):
             self.guard.reset()
             return
         self.check_state(state, "index", "emitted", "input_key", "failures", "source")
-        self.source.reset(state["source"])
-        self._index = state["index"]
-        self.guard.reset(state["failures"])
-        if state["input_key"] is not None:
-            self._resume_generator(as_key(state["input_key"]), self._index - 1, state["emitted"])
+        index = check_count(state["index"], "index", stage=self.tag)
+        failures = check_count(state["failures"], "failures", stage=self.tag)
+        input_key, emitted = state["input_key"], state["emitted"]
+        if input_key is not None:  # between two outputs of a generator input: the last input's
+            check_list(input_key, "input_key", stage=self.tag, of="restore key parts")
+            if index < 1:
+                raise invalid(("index",), "an integer >= 1 (a generator input is being resumed)", index, stage=self.tag)
+            emitted = check_count(emitted, "emitted", stage=self.tag)
+        elif emitted is not None:
+            raise invalid(("emitted",), "null (no generator input is being resumed: input_key is null)", emitted, stage=self.tag)
+        with nested("source"):
+            self.source.reset(state["source"])
+        self._index = index
+        self.guard.reset(failures)
+        if input_key is not None:
+            self._resume_generator(as_key(input_key), self._index - 1, emitted)
 
     def _resume_generator(self, key: tuple, index: int, emitted: int) -> None:
         """Re-creates the generator of input ``index`` and skips its ``emitted`` outputs."""

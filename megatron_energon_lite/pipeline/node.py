@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Generic, Iterator, TypeVar
 
 from ..errors import StateError, format_message
+from .state_check import state_path
 
 T = TypeVar("T")
 
@@ -54,13 +55,17 @@ class Node(Generic[T]):
         raise NotImplementedError(f"{type(self).__name__} cannot rebuild items from restore keys")
 
     def check_state(self, state: State, *keys: str) -> State:
-        """Checks that ``state`` was written by this kind of stage and has ``keys``."""
+        """Checks that ``state`` was written by this kind of stage and has ``keys``.
+
+        The values are checked by each stage's ``reset`` with :mod:`.state_check`."""
         if not isinstance(state, dict) or state.get("stage") != self.tag or any(k not in state for k in keys):
+            missing = [k for k in keys if k not in state] if isinstance(state, dict) else []
             raise StateError(
                 format_message(
                     f"state does not belong to a {self.tag} stage",
+                    where=state_path(),
                     expected=f"a dict with stage={self.tag!r} and keys {', '.join(keys)}",
-                    found=repr(state)[:200],
+                    found=repr(state)[:200] + (f" (missing: {', '.join(missing)})" if missing else ""),
                     fix="restore a state saved by a loader built with the same pipeline settings",
                 )
             )

@@ -44,10 +44,13 @@ from typing import Any, Callable
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard, describe_item
 from .node import Node, State, as_key, get_restore_key, set_restore_key
+from .state_check import check_bool, check_count, invalid, nested
 
 __all__ = ["PackNode"]
 
 logger = logging.getLogger(__name__)
+
+_END: Any = object()
 
 
 class PackNode(Node[Any]):
@@ -88,24 +91,39 @@ class PackNode(Node[Any]):
             self._left_out = self._left_out_start = 0
             return
         self.check_state(state, "source", "open", "groups_done", "emitted", "index", "buffer_index", "failures")
-        self.source.reset(state["source"])
-        self.guard.reset(state["failures"])
+        index = check_count(state["index"], "index", stage=self.tag)
+        buffer_index = check_count(state["buffer_index"], "buffer_index", stage=self.tag, high=index, high_reason="a buffer starts at or before the next pack index")
+        is_open = check_bool(state["open"], "open", stage=self.tag)
+        groups_done = check_count(state["groups_done"], "groups_done", stage=self.tag)
+        emitted = check_count(state["emitted"], "emitted", stage=self.tag)
+        failures = check_count(state["failures"], "failures", stage=self.tag)
+        left_out = check_count(state.get("left_out", 0), "left_out", stage=self.tag)
+        if emitted and not (is_open and index >= 1):
+            raise invalid(("emitted",), "0 (no pack generator is being resumed: no buffer is open)", emitted, stage=self.tag)
+        with nested("source"):
+            self.source.reset(state["source"])
+        self.guard.reset(failures)
         self._start = state["source"]
-        self._open, self._index, self._buffer_index = False, state["index"], state["buffer_index"]
+        self._open, self._index, self._buffer_index = False, index, buffer_index
         self._groups_done, self._emitted = 0, 0
-        left_out = state.get("left_out", 0)
-        if not isinstance(left_out, int) or isinstance(left_out, bool) or left_out < 0:
-            raise StateError(format_message("invalid Pack state", expected="left_out: a count >= 0", found=repr(left_out)[:80]))
         self._left_out = self._left_out_start = left_out
-        if state["open"]:
+        if is_open:
             # Replay: read the same buffer again, select again, skip what was emitted.
-            self._read_buffer(state["buffer_index"], replay=True)
-            self._groups_done = state["groups_done"]
-            if state["emitted"]:
-                self._start_group(self._groups[self._groups_done], state["index"] - 1)
-                for _ in range(state["emitted"]):
-                    next(self._gen)
-                self._emitted = state["emitted"]
+            self._read_buffer(buffer_index, replay=True)
+            # A group being emitted (a generator's) is not done yet; otherwise all may be done.
+            most = len(self._groups) - 1 if emitted else len(self._groups)
+            self._groups_done = check_count(groups_done, "groups_done", stage=self.tag, high=most, high_reason=f"the replayed buffer has {len(self._groups)} groups")
+            if emitted:
+                self._start_group(self._groups[self._groups_done], index - 1)
+                for done in range(emitted):
+                    if self._gen is None or next(self._gen, _END) is _END:
+                        raise invalid(
+                            ("emitted",),
+                            f"at most {done} outputs: the pack generator of group {self._groups_done} yields no more on replay",
+                            emitted,
+                            stage=self.tag,
+                        )
+                self._emitted = emitted
 
     def get_state(self) -> State:
         return {

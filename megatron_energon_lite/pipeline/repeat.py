@@ -7,6 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError, format_message
 from .node import Node, State
+from .state_check import check_count, nested
 
 __all__ = ["Epochal", "RepeatNode", "starts_epochs"]
 
@@ -122,8 +123,19 @@ class RepeatNode(Node[Any]):
             self._epoch = self._repetition = self._taken = 0
             return
         self.check_state(state, "epoch", "repetition", "taken", "source")
-        self.source.reset(state["source"])
-        self._epoch, self._repetition, self._taken = state["epoch"], state["repetition"], state["taken"]
+        epoch = check_count(state["epoch"], "epoch", stage=self.tag)
+        if self.repeats is None:
+            repetition = check_count(state["repetition"], "repetition", stage=self.tag)
+        else:
+            repetition = check_count(state["repetition"], "repetition", stage=self.tag, high=self.passes, high_reason=f"epochs of one pass with repeats={self.repeats}")
+        in_partial = self.repeats is not None and self.full_epochs <= repetition < self.passes
+        if in_partial:  # the final, partial epoch yields at most partial_items
+            taken = check_count(state["taken"], "taken", stage=self.tag, high=self.partial_items, high_reason="items of the final, partial epoch")
+        else:
+            taken = check_count(state["taken"], "taken", stage=self.tag)
+        with nested("source"):
+            self.source.reset(state["source"])
+        self._epoch, self._repetition, self._taken = epoch, repetition, taken
 
     def restore(self, restore_key: tuple) -> Any:
         return self.source.restore(restore_key)

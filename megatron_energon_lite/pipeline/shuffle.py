@@ -14,6 +14,7 @@ from typing import Any
 
 from ..rng import UniformStream
 from .node import Node, State, as_key, get_restore_key, key_to_json
+from .state_check import check_count, check_list, invalid, nested
 
 
 class _Pending:
@@ -43,10 +44,16 @@ class ShuffleBufferNode(Node):
             self._draws = 0
         else:
             self.check_state(state, "buffer", "draws", "source")
-            self.source.reset(state["source"])
-            self._keys = [list(k) for k in state["buffer"]]
+            buffer = check_list(state["buffer"], "buffer", stage=self.tag)
+            if len(buffer) > self.size:
+                raise invalid(("buffer",), f"at most {self.size} restore keys (the shuffle buffer size)", buffer, stage=self.tag)
+            keys = [list(check_list(k, "buffer", i, stage=self.tag, of="restore key parts")) for i, k in enumerate(buffer)]
+            draws = check_count(state["draws"], "draws", stage=self.tag)
+            with nested("source"):
+                self.source.reset(state["source"])
+            self._keys = keys
             self._items = [_Pending(as_key(k)) for k in self._keys]
-            self._draws = state["draws"]
+            self._draws = draws
         self._source_done = False
 
     def get_state(self) -> State:

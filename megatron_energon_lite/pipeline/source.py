@@ -23,6 +23,7 @@ from ..rng import UniformStream
 from .guard import DROPPED, SampleGuard
 from .load import RESTORE_TAG, SampleLoader
 from .node import Node, State
+from .state_check import check_count, check_index, check_list, invalid
 
 
 def sequential_order(num_slices: int, epoch: int) -> list[int]:
@@ -73,13 +74,31 @@ class SliceSource(Node):
             self.start_epoch(0)
             return
         self.check_state(state, "epoch", "next_slice", "open", "draws", "failures")
-        self.guard.reset(state["failures"])
-        self._epoch = state["epoch"]
-        self._order = self.slice_order(len(self.slices), self._epoch)
-        self._next_slice = state["next_slice"]
-        self._open = [list(entry) for entry in state["open"]]
-        self._draws = state["draws"]
+        epoch = check_count(state["epoch"], "epoch", stage=self.tag)
+        order = self.slice_order(len(self.slices), epoch)
+        next_slice = check_count(state["next_slice"], "next_slice", stage=self.tag, high=len(order), high_reason="this worker's slices")
+        open_slices = self._check_open(state["open"])
+        draws = check_count(state["draws"], "draws", stage=self.tag)
+        self.guard.reset(check_count(state["failures"], "failures", stage=self.tag))
+        self._epoch, self._order, self._next_slice, self._open, self._draws = epoch, order, next_slice, open_slices, draws
         self._update_weights()
+
+    def _check_open(self, value: object) -> list[list[int]]:
+        """The saved ``open`` entries, each ``[slice id, samples taken]`` with the slice id one of
+        this worker's slices and taken before the slice's end (a used-up slice is never open).
+        (Slice ids may repeat: with ``shuffle_over_epochs_multiplier=-1`` slices are drawn with
+        replacement.)"""
+        entries = check_list(value, "open", stage=self.tag)
+        if len(entries) > self.parallel_slices:
+            raise invalid(("open",), f"at most {self.parallel_slices} open slices (parallel_slices)", value, stage=self.tag)
+        result: list[list[int]] = []
+        for i, entry in enumerate(entries):
+            check_list(entry, "open", i, stage=self.tag, length=2, of="numbers: [slice id, samples taken]")
+            slice_id = check_index(entry[0], len(self.slices), "open", i, 0, stage=self.tag, of="slices on this worker")
+            start, end = self.slices[slice_id]
+            taken = check_count(entry[1], "open", i, 1, stage=self.tag, high=max(end - start - 1, 0), high_reason=f"slice {slice_id} holds {end - start} samples")
+            result.append([slice_id, taken])
+        return result
 
     def get_state(self) -> State:
         return {
