@@ -125,10 +125,53 @@ class SkipSample(Exception):
     """
 
 
+#: Skip messages of the default handler waiting to be sent to the loader's main process (None:
+#: not collecting, the handler logs here). A worker's own log may not reach the training job's
+#: logging, so the loader's worker stream collects them and the main process logs and counts them.
+_skip_reports: list[str] | None = None
+_skip_overflow = 0
+_skips_logged = 0
+#: Messages kept between two items; more are only counted (bounded memory on a bad stretch).
+SKIP_REPORT_LIMIT = 1000
+
+
+def skips_logged() -> int:
+    """How many skips the default handler logged in this process so far."""
+    return _skips_logged
+
+
+def collect_skip_reports() -> None:
+    """From now on, the default handler collects its messages for :func:`take_skip_reports`
+    (called in a loader's worker processes, which do nothing else)."""
+    global _skip_reports
+    if _skip_reports is None:
+        _skip_reports = []
+
+
+def take_skip_reports() -> tuple[tuple[str, ...], int]:
+    """The collected skip messages and how many more were only counted; empties the collection."""
+    global _skip_overflow
+    if not _skip_reports and not _skip_overflow:
+        return (), 0
+    taken, overflow = tuple(_skip_reports or ()), _skip_overflow
+    _skip_reports.clear()
+    _skip_overflow = 0
+    return taken, overflow
+
+
 def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:
-    """The default error handler: logs the failure with the sample's key (the sample is skipped)."""
+    """The default error handler: logs the failure with the sample's key (the sample is skipped);
+    inside a loader's worker stream, the main process logs it."""
+    global _skip_overflow, _skips_logged
     key = getattr(sample, "__key__", None) or (sample.get("__key__") if isinstance(sample, dict) else None)
-    logger.warning("skipping sample %s (sources %s): %s: %s", key, sources, type(exc).__name__, exc)
+    message = f"skipping sample {key} (sources {sources}): {type(exc).__name__}: {exc}"
+    if _skip_reports is None:
+        _skips_logged += 1
+        logger.warning("%s", message)
+    elif len(_skip_reports) < SKIP_REPORT_LIMIT:
+        _skip_reports.append(message)
+    else:
+        _skip_overflow += 1
 
 
 def reraise_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:

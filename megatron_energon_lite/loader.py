@@ -18,7 +18,16 @@ import torch
 import torch.utils.data
 
 from ._version import __version__
-from .errors import ConfigError, DatasetError, StateError, format_message
+from .errors import (
+    SKIP_REPORT_LIMIT,
+    ConfigError,
+    DatasetError,
+    StateError,
+    collect_skip_reports,
+    format_message,
+    skips_logged,
+    take_skip_reports,
+)
 from .format.metadataset import (
     Blender,
     BlendPlan,
@@ -137,15 +146,20 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
                 pipeline.reset(None)
         return pipeline
 
-    def __iter__(self) -> Iterator[tuple[Any, int, dict]]:
+    def __iter__(self) -> Iterator[tuple[Any, int, dict | None, tuple]]:
         info = torch.utils.data.get_worker_info()
         physical = info.id if info is not None else 0
         logical = (physical + self._rotation) % self.worker_config.workers_per_rank
         pipeline = self._pipeline(logical)
+        if info is not None:  # a worker process: its skips are logged by the main process
+            collect_skip_reports()
         while True:
             try:
                 item = pipeline.next()
             except StopIteration:
+                skips = take_skip_reports()
+                if skips[0] or skips[1]:  # skipped after this worker's last item
+                    yield SKIPS_ONLY, logical, None, skips
                 if logical in self._fresh_restore:
                     self._fresh_restore.discard(logical)
                     if self._restart_exhausted:
@@ -160,7 +174,21 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
             item = set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
             if self._debug_log is not None:
                 self._debug_log.yielded(item, logical)
-            yield item, logical, pipeline.get_state()
+            yield item, logical, pipeline.get_state(), take_skip_reports()
+
+
+class _SkipsOnly:
+    """The item of an entry that only carries skip reports (a worker skipped after its last item)."""
+
+    def __reduce__(self):
+        return (_skips_only, ())
+
+
+def _skips_only() -> _SkipsOnly:
+    return SKIPS_ONLY
+
+
+SKIPS_ONLY = _SkipsOnly()
 
 
 class UnpicklableItem:
@@ -208,10 +236,10 @@ class _Carrier:
             return UnpicklableItem, (message,)
 
 
-def _convert_item(entry: tuple[Any, int, dict]) -> Any:
+def _convert_item(entry: tuple[Any, int, dict | None, tuple]) -> Any:
     """As Energon's DataLoader (batch_size=None): numpy arrays in items become tensors."""
-    item, logical, state = entry
-    converted = (torch.utils.data.default_convert(item), logical, state)
+    item, logical, state, skips = entry
+    converted = (item if item is SKIPS_ONLY else torch.utils.data.default_convert(item), logical, state, skips)
     return converted if torch.utils.data.get_worker_info() is None else _Carrier(converted)
 
 
@@ -252,6 +280,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._started = False
         #: The loop over the loader ended (StopIteration) after the last item it yielded.
         self._pass_ended = False
+        #: Samples the default error handler skipped so far (logged here with key and reason,
+        #: also when a worker process skipped them).
+        self.skipped_samples = 0
         from .debug_log import LoaderLog
 
         self.id = self.next_id()
@@ -270,10 +301,13 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         stream = self._stream
         debug_log = self._debug_log
         n = self.worker_config.workers_per_rank
+        in_process = self.worker_config.num_workers == 0
         while True:
+            logged_before = skips_logged()
             try:
                 entry = next(stream)
             except StopIteration:
+                self.skipped_samples += skips_logged() - logged_before if in_process else 0
                 self._stream = None
                 self._pass_ended = True
                 self._next_worker = self._first_worker
@@ -282,13 +316,27 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 return
             if isinstance(entry, UnpicklableItem):
                 raise DatasetError(entry.message)
-            item, logical, state = entry
+            if in_process:  # logged already, by this process
+                self.skipped_samples += skips_logged() - logged_before
+            item, logical, state, skips = entry
+            if skips[0] or skips[1]:
+                self._report_skips(logical, *skips)
+            if item is SKIPS_ONLY:
+                continue
             self._worker_states[logical] = state
             self._pass_ended = False
             self._next_worker = (logical + 1) % n
             if debug_log is not None:
                 debug_log.yielded(item, logical)
             yield item
+
+    def _report_skips(self, logical: int, messages: tuple[str, ...], more: int) -> None:
+        """Logs, in this (the main) process, the samples a worker skipped, and counts them."""
+        for message in messages:
+            logger.warning("worker %d: %s", logical, message)
+        if more:
+            logger.warning("worker %d: skipped %d more samples (messages not kept: more than %d in a row)", logical, more, SKIP_REPORT_LIMIT)
+        self.skipped_samples += len(messages) + more
 
     # --- state ---------------------------------------------------------------------------------
     def save_state_rank(self) -> dict:

@@ -29,9 +29,13 @@ def captions(tmp_path: Path) -> Path:
     return root
 
 
-def val_keys(root: Path, workers: int) -> list[str]:
+def val_loader(root: Path, workers: int):
     config = WorkerConfig(rank=0, world_size=1, num_workers=workers)
-    return [s.__key__ for s in get_loader(get_val_dataset(root, split_part="train", worker_config=config, batch_size=None))]
+    return get_loader(get_val_dataset(root, split_part="train", worker_config=config, batch_size=None))
+
+
+def val_keys(root: Path, workers: int) -> list[str]:
+    return [s.__key__ for s in val_loader(root, workers)]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -54,8 +58,27 @@ def test_a_sample_that_does_not_decode_is_skipped_with_its_key(captions: Path, w
         f.seek(member.offset_data)
         f.write(b"\0" * min(64, member.size))
     bad_key = member.name.rsplit(".", 1)[0]
+    loader = val_loader(captions, workers)
     with caplog.at_level(logging.WARNING):
-        keys = val_keys(captions, workers)
+        keys = [s.__key__ for s in loader]
     assert len(keys) == 11 and bad_key not in keys
-    if workers == 0:  # worker processes log in their own process
-        assert bad_key in caplog.text
+    # Logged by the main process (caplog sees only this process), also when a worker skipped it.
+    [record] = [r for r in caplog.records if bad_key in r.getMessage()]
+    assert "skipping sample" in record.getMessage() and "DecodeError" in record.getMessage()
+    assert loader.skipped_samples == 1
+
+
+def test_skips_after_a_workers_last_item_still_reach_the_main_process(captions: Path, caplog) -> None:
+    import tarfile
+
+    shard = sorted(captions.rglob("*.tar"))[-1]
+    with tarfile.open(shard) as tar:
+        member = [m for m in tar.getmembers() if m.name.endswith(".jpg")][-1]  # the last sample of the split
+    with open(shard, "r+b") as f:
+        f.seek(member.offset_data)
+        f.write(b"\0" * min(64, member.size))
+    loader = val_loader(captions, 2)
+    with caplog.at_level(logging.WARNING):
+        keys = [s.__key__ for s in loader]
+    assert len(keys) == 11 and loader.skipped_samples == 1
+    assert member.name.rsplit(".", 1)[0] in caplog.text
