@@ -10,7 +10,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Mapping
 
 import yaml
@@ -41,6 +41,16 @@ def load_structured(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(format_message("file not found", where=str(path))) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            format_message(
+                "file is not valid UTF-8 text",
+                where=f"{path}, byte {exc.start}",
+                expected="a UTF-8 encoded YAML or JSON file",
+                found=f"byte {exc.object[exc.start : exc.start + 1]!r} ({exc.reason})",
+                fix="re-save the file as UTF-8, or re-create it (for .nv-meta files: run `energon-lite prepare` again)",
+            )
+        ) from None
     try:
         if path.suffix == ".json":
             return json.loads(text)
@@ -123,6 +133,46 @@ def require_prepared(root: str | os.PathLike) -> None:
         )
 
 
+def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False) -> str:
+    """Returns ``name`` if it is a shard path relative to the dataset folder and inside it.
+
+    ``.info.json`` and ``split.yaml`` come with the data: a name that is absolute, climbs out
+    with ``..`` or is a URL would make the loader read files outside the dataset, so it is
+    refused unless the caller opts in with ``allow_outside_root``.
+    """
+    if not isinstance(name, str):
+        raise ConfigError(
+            format_message(
+                "shard path is not a string",
+                where=where,
+                expected="a path relative to the dataset folder, e.g. shards/000000.tar",
+                found=f"{type(name).__name__} {name!r:.80}",
+                fix="quote the shard path, or run `energon-lite prepare` again",
+            )
+        )
+    if allow_outside_root:
+        return name
+    outside = (
+        not name
+        or "\0" in name
+        or name.startswith("/")
+        or "://" in name
+        or ".." in PurePosixPath(name).parts
+    )
+    if outside:
+        raise ConfigError(
+            format_message(
+                "shard path points outside the dataset folder",
+                where=where,
+                expected="a path relative to the dataset folder, without '..', e.g. shards/000000.tar",
+                found=repr(name),
+                fix="list shards by their path inside the dataset folder (re-run `energon-lite "
+                "prepare` to rewrite the file); to blend data from elsewhere, use a metadataset",
+            )
+        )
+    return name
+
+
 @dataclass
 class DatasetInfo:
     """``.info.json``: per-shard sample counts, in shard order (the order defines shard ids)."""
@@ -135,7 +185,9 @@ class DatasetInfo:
         return sum(self.shard_counts.values())
 
 
-def read_info(root: str | os.PathLike) -> DatasetInfo:
+def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False) -> DatasetInfo:
+    """Reads ``.info.json``; shard paths outside the dataset folder are refused (see
+    :func:`check_shard_name`)."""
     require_prepared(root)
     meta = meta_dir(root)
     path = meta / INFO_JSON if (meta / INFO_JSON).is_file() else meta / INFO_YAML
@@ -149,6 +201,7 @@ def read_info(root: str | os.PathLike) -> DatasetInfo:
     counts = raw["shard_counts"]
     check_mapping(counts, file=path, key_path="shard_counts", allowed=list(counts))
     for shard, count in counts.items():
+        check_shard_name(shard, where=f"{path}: shard_counts", allow_outside_root=allow_outside_root)
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ConfigError(
                 format_message(
@@ -177,7 +230,12 @@ class SplitConfig:
     exclude: list[str] = field(default_factory=list)
     path: Path | None = None
 
-    def expanded_split(self, split_part: str) -> list[str]:
+    def expanded_split(self, split_part: str, known: Mapping[str, int] | None = None) -> list[str]:
+        """The shards of ``split_part`` in order, brace patterns expanded.
+
+        A shard named twice is an error; so is one not in ``known`` (the shard counts of
+        ``.info.json``), checked while expanding so that a huge brace range fails at once.
+        """
         if split_part not in self.split_parts:
             raise ConfigError(
                 format_message(
@@ -188,10 +246,52 @@ class SplitConfig:
                     fix="pass another split_part, or re-run prepare with --split-parts",
                 )
             )
-        return [s for pattern in self.split_parts[split_part] for s in braceexpand(pattern)]
+        key_path = f"split_parts.{split_part}"
+        patterns = self.split_parts[split_part]
+        names: dict[str, int] = {}  # shard -> the entry that named it first
+        for entry, pattern in enumerate(patterns):
+            for name in _expand(pattern, self.path, f"{key_path}[{entry}]"):
+                if name in names:
+                    first = names[name]
+                    again = "the same entry" if first == entry else f"[{entry}] {pattern!r}"
+                    raise ConfigError(
+                        format_message(
+                            f"split {split_part!r} names shard {name!r} twice",
+                            where=f"{self.path}: {key_path}",
+                            expected="each shard at most once per split (its samples would be read twice)",
+                            found=f"{name!r} from [{first}] {patterns[first]!r} and again from {again}",
+                            fix="remove the repeated entry or narrow the brace pattern",
+                        )
+                    )
+                names[name] = entry
+                if known is not None and name not in known:
+                    raise DatasetError(
+                        format_message(
+                            f"split {split_part!r} names a shard that is not in the index",
+                            where=f"{self.path}: {key_path}",
+                            expected=f"one of the {len(known)} shards listed in {META_DIR}/{INFO_JSON}",
+                            found=name,
+                            fix="fix split.yaml, or run `energon-lite prepare` again to index the shard",
+                        )
+                    )
+        return list(names)
 
     def expanded_excludes(self) -> list[str]:
-        return [s for pattern in self.exclude for s in braceexpand(pattern)]
+        return [s for pattern in self.exclude for s in _expand(pattern, self.path, "exclude")]
+
+
+def _expand(pattern: str, path: Path | None, key_path: str) -> Iterable[str]:
+    try:
+        yield from braceexpand(pattern)
+    except ValueError as exc:  # unbalanced braces
+        raise ConfigError(
+            format_message(
+                "invalid brace pattern",
+                where=f"{path}: {key_path}",
+                expected="balanced braces, e.g. shards/{000..009}.tar",
+                found=f"{pattern!r} ({exc})",
+            )
+        ) from None
 
 
 def resolve_split_config_path(root: str | os.PathLike, name: str | None = None) -> AnyPath:
@@ -272,17 +372,21 @@ def resolve_split(
     split_config: str | None = None,
     info: DatasetInfo | None = None,
     allow_empty: bool = False,
+    allow_outside_root: bool = False,
 ) -> ResolvedSplit:
     """Lists the shards of ``split_part`` in order, with shard excludes applied.
 
     Sample excludes (``shard/key``) do not change counts: the sample is skipped when read, as in
-    Energon, so sharding is the same with and without them.
+    Energon, so sharding is the same with and without them.  A shard named twice, or one outside
+    the dataset folder (unless ``allow_outside_root``), is an error.
     """
     root = as_path(root)
-    info = info or read_info(root)
+    info = info or read_info(root, allow_outside_root=allow_outside_root)
     config = read_split_config(root, split_config)
-    shard_names = config.expanded_split(split_part)
     known = info.shard_counts
+    for name in known:  # an info passed in by the caller is checked too
+        check_shard_name(name, where=f"{meta_dir(root) / INFO_JSON}: shard_counts", allow_outside_root=allow_outside_root)
+    shard_names = config.expanded_split(split_part, known)
     excluded_shards: set[str] = set()
     excluded_keys: dict[str, set[str]] = {}
     for entry in config.expanded_excludes():
@@ -300,16 +404,6 @@ def resolve_split(
         excluded_keys.setdefault(shard, set()).add(entry[len(shard) + 1 :])
     shards = []
     for name in shard_names:
-        if name not in known:
-            raise DatasetError(
-                format_message(
-                    f"split {split_part!r} names a shard that is not in the index",
-                    where=f"{config.path}: split_parts.{split_part}",
-                    expected=f"one of the {len(known)} shards listed in {META_DIR}/{INFO_JSON}",
-                    found=name,
-                    fix="fix split.yaml, or run `energon-lite prepare` again to index the shard",
-                )
-            )
         if name not in excluded_shards:
             shards.append(ShardSpec(name, known[name]))
     # Shards and their indexes in one listing per folder remotely (the reader reuses the stats).

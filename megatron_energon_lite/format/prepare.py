@@ -10,7 +10,10 @@ Differences from Energon, on purpose:
   shard: Energon's float rounding can leave a shard in no split (7,2,1 over 10 shards gives
   7/2/0; we give 7/2/1, and the same splits as Energon wherever it loses nothing).
 * Nothing is written when a duplicate key, an empty shard or a corrupt tar is found: every
-  metadata file is written through a temporary file and a rename, ``.info.json`` last.
+  metadata file is written through a temporary file and a rename, ``.info.json`` last.  A
+  previous ``index.sqlite`` that cannot be read is not an error: every shard is scanned again.
+* Memory does not grow with the dataset: each shard's rows go to SQLite as soon as its scan
+  arrives, and the mapped pages of a tar are released behind the parser.
 * Media metadata (``media_filter``) is extracted in the same pass over each tar.  A re-prepare
   without a filter keeps the one the index was built with (Energon keeps the old tables, stale
   or not); a different filter re-scans every shard.
@@ -25,12 +28,14 @@ import multiprocessing
 import os
 import random
 import re
+import sqlite3
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 from braceexpand import braceexpand
 from tqdm import tqdm
 
@@ -67,9 +72,14 @@ from .metadata import (
     write_info,
     write_split_config,
 )
-from .sqlite_index import DuplicateKey, DuplicateSampleKeyError, SqliteIndexWriter
-from .tar_index import index_name, write_tar_index
-from .tar_reader import SampleEntry, group_samples, iter_members
+from .sqlite_index import (
+    DuplicateKey,
+    DuplicateSampleKeyError,
+    IndexMismatchError,
+    SqliteIndexWriter,
+)
+from .tar_index import INDEX_DTYPE, index_name, write_tar_index
+from .tar_reader import SampleEntry, TarMember, group_samples, iter_members
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +93,7 @@ class ShardScan:
     """What scanning one tar found."""
 
     name: str
-    offsets: list[int]  # N+1 entries, Energon's .tar.idx content
+    offsets: np.ndarray  # N+1 uint64 entries, Energon's .tar.idx content
     samples: list[SampleEntry]
     media: MediaScan | None = None
 
@@ -134,6 +144,41 @@ def _compile(regex: str, option: str) -> re.Pattern:
         ) from None
 
 
+# While scanning, mapped pages behind the parser are handed back to the kernel every few MiB,
+# so that a big tar does not count towards the process's resident memory as a whole.
+_RELEASE_STEP = 8 << 20
+
+
+def _release_pages(mapped: mmap.mmap, start: int, upto: int) -> int:
+    """Drops the mapping's pages in ``[start, upto)`` (page-aligned) from this process; returns
+    the new start.  The data stays in the page cache; a later read maps it again."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > start and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED, start, upto - start)
+        return upto
+    return start
+
+
+def _stream_members(mapped: mmap.mmap, where: str, found: dict[str, int]) -> Iterator[TarMember]:
+    """``iter_members`` over the whole tar, without keeping the members: ``found`` gets the
+    member count and the end-of-archive offset (``"end"``) once the tar is read."""
+    members = iter_members(mapped, where=where, verify_checksums=True)
+    released = 0
+    try:
+        while True:
+            try:
+                member = next(members)
+            except StopIteration as stop:
+                found["end"] = stop.value
+                return
+            found["members"] += 1
+            if member.header_offset - released >= _RELEASE_STEP:
+                released = _release_pages(mapped, released, member.header_offset)
+            yield member
+    finally:
+        members.close()
+
+
 def scan_shard(root: AnyPath, name: str, media_filter: MediaFilter | None = None) -> ShardScan:
     """Reads every header of one tar once and groups members into samples.
 
@@ -141,6 +186,7 @@ def scan_shard(root: AnyPath, name: str, media_filter: MediaFilter | None = None
     remote tar is streamed once into a temporary local file and mapped from there.
     """
     path = root / name
+    found = {"members": 0, "end": 0}
     with local_file(path) as local, open(local, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             raise EmptyDatasetError(
@@ -149,16 +195,7 @@ def scan_shard(root: AnyPath, name: str, media_filter: MediaFilter | None = None
                 )
             )
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            members = iter_members(mapped, where=str(path), verify_checksums=True)
-            collected = []
-            while True:
-                try:
-                    collected.append(next(members))
-                except StopIteration as stop:
-                    end = stop.value
-                    break
-            del members
-            samples = list(group_samples(collected))
+            samples = list(group_samples(_stream_members(mapped, str(path), found)))
             media = None
             if media_filter is not None and samples:
                 media = scan_media(media_filter, mapped, samples, where=str(path))
@@ -168,11 +205,12 @@ def scan_shard(root: AnyPath, name: str, media_filter: MediaFilter | None = None
                 "shard holds no samples",
                 where=str(path),
                 expected="members named KEY.PART (e.g. 000001.jpg)",
-                found=f"{len(collected)} regular files, none named like a sample part",
+                found=f"{found['members']} regular files, none named like a sample part",
                 fix="remove the shard or exclude it with --exclude",
             )
         )
-    offsets = [s.offset for s in samples] + [end]
+    offsets = np.fromiter((s.offset for s in samples), dtype=INDEX_DTYPE, count=len(samples))
+    offsets = np.append(offsets, np.asarray([found["end"]], dtype=INDEX_DTYPE))
     return ShardScan(name, offsets, samples, media)
 
 
@@ -375,11 +413,6 @@ def prepare_dataset(
         if media_filter is not None:
             logger.info("keeping the media metadata of %s (%s)", meta / INDEX_SQLITE, media_filter.to_json())
     unchanged = _unchanged_shards(root, names, media_filter)
-    to_scan = [n for n in names if n not in unchanged]
-    scans = _scan_all(root, to_scan, num_workers=num_workers, progress=progress, media_filter=media_filter)
-    failures = [f for n in to_scan if scans[n].media is not None for f in scans[n].media.failures]
-    for failure in failures:
-        logger.warning("%s", failure)
 
     # SQLite needs local files: the new index is built next to the old one locally (so the final
     # rename is atomic), in a temporary folder for a remote dataset (then uploaded).
@@ -387,13 +420,21 @@ def prepare_dataset(
     try:
         tmp_index = scratch / f".{INDEX_SQLITE}.tmp-{os.getpid()}"
         previous_index = local_view(meta / INDEX_SQLITE) if unchanged or media_filter is not None else None
-        counts = _write_index(tmp_index, previous_index, names, scans, unchanged)
-        media_entries = _write_media(tmp_index, previous_index, media_filter, names, scans, unchanged)
-        for name in to_scan:
-            write_tar_index(root / name, scans[name].offsets)
+        build = dict(num_workers=num_workers, progress=progress, media_filter=media_filter)
+        try:
+            built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
+        except _UnusablePreviousIndex as exc:
+            logger.warning("%s", exc)
+            unchanged = {}
+            built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
+        for name, offsets in built.offsets.items():
+            write_tar_index(root / name, offsets)
         replace_with(meta / INDEX_SQLITE, tmp_index)
     finally:
         remove_scratch(scratch, owned)
+    counts = built.counts
+    to_scan = [n for n in names if n not in unchanged]
+    failures = built.media_failures
     atomic_write_text(meta / INDEX_UUID, str(uuid.uuid4()))
     if splits:
         write_split_config(root, SplitConfig(split_parts=splits, exclude=_kept_excludes(root)))
@@ -408,40 +449,105 @@ def prepare_dataset(
         reused=list(unchanged),
         splits=splits,
         media_filter=media_filter,
-        media_entries=media_entries,
+        media_entries=built.media_entries,
         media_skipped=len(failures),
     )
+
+
+class _UnusablePreviousIndex(DatasetError):
+    """The previous ``index.sqlite`` cannot be read: its shards are scanned again instead."""
+
+
+def _previous_index_error(path: Path | None, exc: Exception) -> _UnusablePreviousIndex:
+    return _UnusablePreviousIndex(
+        format_message(
+            "the previous index cannot be read; every shard is scanned again",
+            where=str(path),
+            expected="a readable SQLite index written by prepare",
+            found=f"{type(exc).__name__}: " + " ".join(str(exc).split()),
+        )
+    )
+
+
+@dataclass
+class _Built:
+    """What building the new index produced besides the file itself."""
+
+    counts: dict[str, int]  # samples per shard, in shard order
+    offsets: dict[str, np.ndarray]  # .tar.idx content of each scanned shard
+    media_entries: int = 0
+    media_failures: list[str] = field(default_factory=list)
+
+
+def _build_index(
+    tmp_index: Path,
+    previous_index: Path | None,
+    root: AnyPath,
+    names: list[str],
+    unchanged: dict[str, tuple[int, int]],
+    *,
+    num_workers: int | None,
+    progress: bool,
+    media_filter: MediaFilter | None,
+) -> _Built:
+    """Scans the changed shards and writes the new index, one shard at a time.
+
+    Each scan's rows go to SQLite as soon as it arrives and only its offsets (8 bytes per
+    sample) and media rows are kept, so memory does not grow with the dataset's sample count.
+    """
+    to_scan = [n for n in names if n not in unchanged]
+    scans = _scan_all(root, to_scan, num_workers=num_workers, progress=progress, media_filter=media_filter)
+    try:
+        built, media = _write_index(tmp_index, previous_index, names, scans, unchanged)
+    finally:
+        scans.close()
+    built.media_failures = [f for scan in media.values() for f in scan.failures]
+    for failure in built.media_failures:
+        logger.warning("%s", failure)
+    built.media_entries = _write_media(tmp_index, previous_index, media_filter, names, media, unchanged)
+    return built
 
 
 def _write_index(
     tmp_index: Path,
     previous_index: Path | None,
     names: list[str],
-    scans: dict[str, ShardScan],
+    scans: Iterator[ShardScan],
     unchanged: dict[str, tuple[int, int]],
-) -> dict[str, int]:
-    """Writes the samples table of the new index; returns the sample count of each shard."""
+) -> tuple[_Built, dict[str, MediaScan]]:
+    """Writes the samples table of the new index from ``scans`` (the changed shards, in order)."""
     writer = SqliteIndexWriter(tmp_index, scratch=True)
     duplicates: list[DuplicateKey] = []
-    counts: dict[str, int] = {}
+    built = _Built(counts={}, offsets={})
+    media: dict[str, MediaScan] = {}
     try:
         if unchanged:
-            writer.attach_previous(previous_index)
+            try:
+                writer.attach_previous(previous_index)
+            except sqlite3.Error as exc:
+                raise _previous_index_error(previous_index, exc) from None
         for shard_id, name in enumerate(names):
             if name in unchanged:
-                old_id, counts[name] = unchanged[name]
-                duplicates += writer.copy_shard(old_id, shard_id)
+                old_id, built.counts[name] = unchanged[name]
+                try:
+                    duplicates += writer.copy_shard(old_id, shard_id, expected_rows=built.counts[name])
+                except (sqlite3.DatabaseError, IndexMismatchError) as exc:
+                    raise _previous_index_error(previous_index, exc) from None
             else:
-                scan = scans[name]
+                scan = next(scans)
                 duplicates += writer.add_shard(shard_id, scan.samples, scan.offsets)
-                counts[name] = len(scan.samples)
+                built.counts[name] = len(scan.samples)
+                built.offsets[name] = scan.offsets
+                if scan.media is not None:
+                    media[name] = scan.media
+                del scan  # the samples of one shard at a time
         if duplicates:
             raise _duplicate_error(duplicates, names)
         writer.finish()
     except BaseException:
         writer.abort()
         raise
-    return counts
+    return built, media
 
 
 def _write_media(
@@ -449,7 +555,7 @@ def _write_media(
     previous: Path | None,
     media_filter: MediaFilter | None,
     names: list[str],
-    scans: dict[str, ShardScan],
+    media: dict[str, MediaScan],
     unchanged: dict[str, tuple[int, int]],
 ) -> int:
     """Adds the media tables to the new index: fresh rows, and copies for unchanged shards."""
@@ -458,10 +564,13 @@ def _write_media(
     writer = MediaIndexWriter(index)
     try:
         if previous is not None:
-            writer.copy_shards(previous, [unchanged[n][0] for n in names if n in unchanged])
+            try:
+                writer.copy_shards(previous, [unchanged[n][0] for n in names if n in unchanged])
+            except sqlite3.DatabaseError as exc:
+                raise _previous_index_error(previous, exc) from None
         for name in names:
-            if name not in unchanged:
-                writer.add(scans[name].media.rows)
+            if name in media:
+                writer.add(media[name].rows)
     except BaseException:
         writer.abort()
         raise
@@ -483,25 +592,27 @@ def _scan_all(
     num_workers: int | None,
     progress: bool,
     media_filter: MediaFilter | None = None,
-) -> dict[str, ShardScan]:
+) -> Iterator[ShardScan]:
+    """Scans ``names`` (in parallel processes) and yields the scans in the order of ``names``."""
     workers = min(num_workers or os.cpu_count() or 1, max(1, len(names)))
     bar = tqdm(total=len(names), desc="Indexing shards", unit="shard", disable=not progress)
-    scans: dict[str, ShardScan] = {}
     try:
         if workers <= 1:
             for name in names:
-                scans[name] = scan_shard(root, name, media_filter)
+                yield scan_shard(root, name, media_filter)
                 bar.update()
         else:
             context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            pool = ProcessPoolExecutor(workers, mp_context=context)
+            try:
                 chunk = max(1, min(16, len(names) // (workers * 4)))
                 for scan in pool.map(_scan_task, ((root, n, media_filter) for n in names), chunksize=chunk):
-                    scans[scan.name] = scan
+                    yield scan
                     bar.update()
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
     finally:
         bar.close()
-    return scans
 
 
 def _write_prepare_state(

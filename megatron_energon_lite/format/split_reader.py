@@ -33,7 +33,11 @@ class RawSample:
 
 
 class SplitReader:
-    """Reads samples of ``split_part`` of the dataset at ``root`` by split index."""
+    """Reads samples of ``split_part`` of the dataset at ``root`` by split index.
+
+    Shard paths that point outside ``root`` (absolute, ``..``, URLs) are refused unless
+    ``allow_outside_root``; a shard's index is checked against its tar when first used.
+    """
 
     def __init__(
         self,
@@ -44,11 +48,13 @@ class SplitReader:
         info: DatasetInfo | None = None,
         allow_empty: bool = False,
         pool: LocalFilePool | RemoteFilePool | None = None,
+        allow_outside_root: bool = False,
     ) -> None:
         self.root = as_path(root)
         self.split: ResolvedSplit = resolve_split(
-            self.root, split_part, split_config=split_config, info=info or read_info(self.root),
-            allow_empty=allow_empty,
+            self.root, split_part, split_config=split_config,
+            info=info or read_info(self.root, allow_outside_root=allow_outside_root),
+            allow_empty=allow_empty, allow_outside_root=allow_outside_root,
         )
         self._starts = [0, *accumulate(s.count for s in self.split.shards)]
         self._indexes: list[np.ndarray | None] = [None] * len(self.split.shards)
@@ -76,7 +82,14 @@ class SplitReader:
         if offsets is None:
             spec = self.split.shards[shard]
             stat = self.split.stats.get(spec.name)
-            offsets = read_tar_index(self._paths[shard], expected_samples=spec.count, tar_size=None if stat is None else stat.size, index_stat=self.split.stats.get(index_name(spec.name)))
+            path = self._paths[shard]
+            offsets = read_tar_index(
+                path,
+                expected_samples=spec.count,
+                tar_size=None if stat is None else stat.size,
+                index_stat=self.split.stats.get(index_name(spec.name)),
+                read=lambda offset, size: self._pool.read(path, offset, size),
+            )
             self._indexes[shard] = offsets
         return offsets
 
@@ -105,7 +118,7 @@ class SplitReader:
             last = min(read_until, self._starts[shard + 1]) - self._starts[shard]
             readahead_end = int(self._index(shard)[last])
         data = self._pool.read(self._paths[shard], start, end - start, readahead_end)
-        key, parts = parse_sample(data, where=where, wanted=wanted)
+        key, parts = parse_sample(data, where=where, wanted=wanted, base_offset=start)
         if self.is_excluded(shard, key):
             return None
         return RawSample(key=key, shard=name, index=index, parts=parts)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ __all__ = [
     "DuplicateSampleKeyError",
     "IndexAggregatable",
     "IndexMediaMetadata",
+    "IndexMismatchError",
     "IndexSample",
     "IndexSamplePart",
     "SqliteIndexWriter",
@@ -186,6 +187,10 @@ class DuplicateSampleKeyError(DatasetError, RuntimeError):
     def __reduce__(self) -> tuple[Any, ...]:
         # Keep the attributes across pickling (errors travel from prepare's worker processes).
         return (_rebuild_duplicate_error, (type(self), str(self), self.sample_key, self.duplicates))
+
+
+class IndexMismatchError(DatasetError):
+    """An existing ``index.sqlite`` does not hold what prepare's record says it holds."""
 
 
 def _rebuild_duplicate_error(
@@ -363,15 +368,17 @@ class SqliteIndexWriter:
     ) -> list[DuplicateKey]:
         """Inserts one shard's rows; returns the keys that were already present."""
         db = self._open_db()
-        rows = [
-            (tar_file_id, s.key, i, int(offsets[i]), int(offsets[i + 1]) - int(offsets[i]))
-            for i, s in enumerate(samples)
-        ]
+
+        def rows() -> Iterator[tuple]:  # generated, not listed: prepare's memory is per shard
+            for i, s in enumerate(samples):
+                start = int(offsets[i])
+                yield tar_file_id, s.key, i, start, int(offsets[i + 1]) - start
+
         before = db.total_changes
-        db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows)
+        db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows())
         duplicates: list[DuplicateKey] = []
-        if db.total_changes - before != len(rows):
-            duplicates = self._find_duplicates(rows)
+        if db.total_changes - before != len(samples):
+            duplicates = self._find_duplicates(list(rows()))
         db.executemany(
             _INSERT_PART,
             (
@@ -398,8 +405,12 @@ class SqliteIndexWriter:
         uri = f"{Path(old_index).absolute().as_uri()}?mode=ro"
         self._open_db().execute("ATTACH DATABASE ? AS prev", (uri,))
 
-    def copy_shard(self, old_id: int, new_id: int) -> list[DuplicateKey]:
-        """Copies an unchanged shard's rows from the attached previous index, renumbering it."""
+    def copy_shard(self, old_id: int, new_id: int, *, expected_rows: int | None = None) -> list[DuplicateKey]:
+        """Copies an unchanged shard's rows from the attached previous index, renumbering it.
+
+        With ``expected_rows`` (the sample count recorded for the shard), a previous index that
+        holds another number of rows for it raises :class:`IndexMismatchError`.
+        """
         db = self._open_db()
         rows = [
             (new_id, *row)
@@ -409,6 +420,16 @@ class SqliteIndexWriter:
                 (old_id,),
             )
         ]
+        if expected_rows is not None and len(rows) != expected_rows:
+            raise IndexMismatchError(
+                format_message(
+                    "the previous index does not hold the rows recorded for a shard",
+                    where=f"{self.path} (previous index attached as prev), tar_file_id {old_id}",
+                    expected=f"{expected_rows} samples",
+                    found=f"{len(rows)} rows",
+                    fix="run prepare again; it re-scans the shard",
+                )
+            )
         before = db.total_changes
         db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows)
         duplicates = [] if db.total_changes - before == len(rows) else self._find_duplicates(rows)

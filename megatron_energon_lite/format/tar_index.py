@@ -1,16 +1,20 @@
 """``<shard>.tar.idx``: N+1 little-endian uint64 offsets, no header (Energon's layout).
 
-Remote indexes are fetched once into the local cache (keyed by URL, ETag and size) and mapped
-from there.  Entry ``i`` is the offset of the first header of sample ``i``; the last entry is the end of the
+Entry ``i`` is the offset of the first header of sample ``i``; the last entry is the end of the
 last member (the start of the end-of-archive blocks), *not* the file size.  Sample ``i`` spans
 ``[idx[i], idx[i+1])``; sample 0 is read from offset 0 so leading non-sample members are
 tolerated, as Energon does.
+
+Remote indexes are fetched once into the local cache (keyed by URL, ETag and size) and mapped
+from there.  Reading one checks that its offsets increase and that it still describes its tar:
+no shorter, not much longer, and nothing but zero blocks where it says the archive ends.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import PurePosixPath
+from typing import Callable
 
 import numpy as np
 
@@ -22,6 +26,7 @@ from ..storage import (
     as_path,
     atomic_write_bytes,
     cached_copy,
+    file_pool,
     file_stat,
 )
 
@@ -31,6 +36,10 @@ INDEX_DTYPE = np.dtype("<u8")
 # After the last member a tar holds two zero blocks, padded to a 20-block record (GNU tar and
 # Python's tarfile): a tar longer than this past the index's end was changed after prepare.
 _TAR_TRAILER_MAX = 2 * 512 + 20 * 512
+_BLOCK = 512
+
+#: Reads ``size`` bytes at ``offset`` of the tar (a file pool's read, bound to one path).
+TailReader = Callable[[int, int], bytes]
 
 
 def index_name(tar_name: str) -> str:
@@ -49,13 +58,22 @@ def write_tar_index(tar_path: str | os.PathLike, offsets: np.ndarray | list[int]
     atomic_write_bytes(index_path(tar_path), data)
 
 
-def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None = None, tar_size: int | None = None, index_stat: FileStat | None = None) -> np.ndarray:
+def read_tar_index(
+    tar_path: str | os.PathLike,
+    *,
+    expected_samples: int | None = None,
+    tar_size: int | None = None,
+    index_stat: FileStat | None = None,
+    read: TailReader | None = None,
+) -> np.ndarray:
     """Maps the index of ``tar_path`` read-only.
 
-    Checks its length against ``expected_samples`` and, given the tar's size, that the index
-    still describes that tar (a tar that is shorter than the index, or much longer, was
-    rewritten after prepare).  ``index_stat`` is the index's stat when a listing already gave it
-    (remotely it saves a request per shard).
+    Checks its length against ``expected_samples``, that its offsets increase and, given the
+    tar's size, that the index still describes that tar: a tar that is shorter than the index,
+    much longer, or that holds a header where the index says the archive ends (a member appended
+    after prepare) was changed after prepare.  That last check reads one block of the tar, with
+    ``read(offset, size)`` when given (the caller's file pool) or a one-off read.  ``index_stat``
+    is the index's stat when a listing already gave it (remotely it saves a request per shard).
     """
     path = index_path(tar_path)
     stat = index_stat or file_stat(path)
@@ -90,21 +108,66 @@ def read_tar_index(tar_path: str | os.PathLike, *, expected_samples: int | None 
                 fix="the shard changed after prepare; run `energon-lite prepare` again",
             )
         )
+    _check_increasing(offsets, str(path))
     if tar_size is not None:
-        _check_fresh(offsets, tar_size, str(as_path(tar_path)))
+        _check_fresh(offsets, tar_size, tar_path, read)
     return offsets
 
 
-def _check_fresh(offsets: np.ndarray, tar_size: int, where: str) -> None:
-    end = int(offsets[-1])
-    if end <= tar_size <= end + _TAR_TRAILER_MAX:
+def _check_increasing(offsets: np.ndarray, where: str) -> None:
+    """Each sample starts after the previous one: anything else is a corrupt or foreign index."""
+    not_after = np.flatnonzero(offsets[1:] <= offsets[:-1])
+    if len(not_after) == 0:
         return
+    i = int(not_after[0])
     raise DatasetError(
         format_message(
-            ".tar.idx is stale: the tar changed after it was indexed",
-            where=where,
-            expected=f"a tar of {end}..{end + _TAR_TRAILER_MAX} bytes (the index ends at byte {end})",
-            found=f"{tar_size} bytes",
-            fix="run `energon-lite prepare` on the dataset again",
+            "corrupt .tar.idx index file: offsets are not increasing",
+            where=f"{where}, entries {i} and {i + 1}",
+            expected="strictly increasing byte offsets (one per sample, then the end of the last sample)",
+            found=f"{int(offsets[i])} then {int(offsets[i + 1])}",
+            fix="run `energon-lite prepare --tar-index-only` on the dataset",
         )
     )
+
+
+def _check_fresh(offsets: np.ndarray, tar_size: int, tar_path: str | os.PathLike, read: TailReader | None) -> None:
+    where = str(as_path(tar_path))
+    end = int(offsets[-1])
+    if not end <= tar_size <= end + _TAR_TRAILER_MAX:
+        raise DatasetError(
+            format_message(
+                ".tar.idx is stale: the tar changed after it was indexed",
+                where=where,
+                expected=f"a tar of {end}..{end + _TAR_TRAILER_MAX} bytes (the index ends at byte {end})",
+                found=f"{tar_size} bytes",
+                fix="run `energon-lite prepare` on the dataset again",
+            )
+        )
+    if tar_size == end:
+        return  # no end-of-archive blocks: nothing can hide there
+    # Where the index says the archive ends, a tar reader (and prepare) stops at a zero block;
+    # a member appended after prepare puts its header exactly there.
+    tail = _read(tar_path, end, min(_BLOCK, tar_size - end), read)
+    if tail.count(0) != len(tail):
+        raise DatasetError(
+            format_message(
+                ".tar.idx is stale: the tar holds data where its index says the archive ends "
+                "(members were added after prepare)",
+                where=f"{where} at byte {end}",
+                expected="zero blocks (end of archive) after the last indexed sample",
+                found=f"non-zero bytes {bytes(tail[:24])!r}",
+                fix="run `energon-lite prepare` on the dataset again",
+            )
+        )
+
+
+def _read(tar_path: str | os.PathLike, offset: int, size: int, read: TailReader | None) -> bytes:
+    if read is not None:
+        return read(offset, size)
+    path = as_path(tar_path)
+    pool = file_pool(path)
+    try:
+        return pool.read(path, offset, size)
+    finally:
+        pool.close()

@@ -58,15 +58,29 @@ class TarFormatError(DatasetError):
 
 
 def _parse_number(field: bytes) -> int:
-    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 for large values
+    """A numeric header field: octal digits padded with spaces/NULs, or GNU base-256.
+
+    Raises ValueError for anything else (a sign, letters, ...); a GNU base-256 field with the
+    negative marker (first byte 0xFF) gives a negative number, which callers must refuse.
+    """
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 for large values, two's complement
         value = int.from_bytes(field[1:], "big")
-        return -value if field[:1] == b"\xff" else value
-    digits = field.split(b"\0", 1)[0].strip(b" ")
-    return int(digits, 8) if digits else 0
+        return value - (1 << (8 * (len(field) - 1))) if field[:1] == b"\xff" else value
+    digits = field.split(b"\0", 1)[0].strip()
+    if not digits:
+        return 0
+    sign = -1 if digits[:1] == b"-" else 1  # not valid tar, but say "negative" in the error
+    digits = digits[1:] if sign < 0 else digits
+    if not digits or digits.strip(b"01234567"):
+        raise ValueError(f"not an octal number: {field!r}")
+    return sign * int(digits, 8)
 
 
 def _checksum_ok(header: bytes) -> bool:
-    stored = _parse_number(header[148:156])
+    try:
+        stored = _parse_number(header[148:156])
+    except ValueError:
+        return False
     unsigned = sum(header[:148]) + 256 + sum(header[156:])  # checksum field counts as spaces
     if stored == unsigned:
         return True
@@ -74,16 +88,72 @@ def _checksum_ok(header: bytes) -> bool:
     return stored == unsigned - 256 * high_bytes  # some writers sum signed chars
 
 
-def _pax_records(data: bytes) -> dict[str, str]:
+_PAX_RECORD_START = re.compile(rb"\n[0-9]+ [^=\n]+=")
+_PAX_FORMAT = "records 'LENGTH KEY=VALUE\\n' where LENGTH (decimal) counts the whole record"
+
+
+def _pax_records(data: bytes, where: str) -> dict[str, str]:
+    """Parses PAX records strictly: every record must end where its length says, with a newline.
+
+    A length that is zero, too short, too long or not a number would make a lenient parser loop,
+    read the next record's bytes into a value or rename the member, so it is an error.  NUL
+    padding after the last record is tolerated.
+    """
     records: dict[str, str] = {}
     pos = 0
     while pos < len(data):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        if data.count(0, pos) == len(data) - pos:
+            break  # NUL padding after the last record
+        space = data.find(b" ", pos, pos + 21)
+        digits = data[pos:space] if space > pos else b""
+        length = int(digits) if digits.isdigit() else -1  # ASCII digits only: no sign, no spaces
+        record_end = pos + length
+        equals = data.find(b"=", space + 2, record_end - 1) if length > 0 else -1
+        value = data[equals + 1 : record_end - 1]
+        if (
+            length <= 0
+            or record_end > len(data)
+            or data[record_end - 1 : record_end] != b"\n"
+            or equals == -1
+            or (b"\n" in value and _PAX_RECORD_START.search(value))
+        ):
+            if length <= 0:
+                problem = "a record length that is missing or zero"
+            elif record_end > len(data):
+                problem = f"a record of {length} bytes in {len(data) - pos} remaining bytes"
+            elif data[record_end - 1 : record_end] != b"\n":
+                problem = f"a record length of {length} that does not end at a newline"
+            elif equals == -1:
+                problem = "a record without KEY="
+            else:  # the length runs over the next record, which then ends up in this value
+                problem = f"a record length of {length} that swallows the next record"
+            raise TarFormatError(
+                format_message(
+                    "invalid PAX extended header (corrupt or hostile tar)",
+                    where=f"{where}, record at byte {pos} of the PAX data",
+                    expected=_PAX_FORMAT,
+                    found=f"{problem}: {data[pos : pos + 48]!r}",
+                    fix="re-create the shard with a standard tar writer (GNU tar, Python's "
+                    "tarfile), then run `energon-lite prepare` again",
+                )
+            )
+        key = data[space + 1 : equals]
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
+        pos = record_end
     return records
+
+
+def _header_error(what: str, where: str, found: str) -> TarFormatError:
+    return TarFormatError(
+        format_message(
+            what,
+            where=where,
+            expected="a tar header block with a valid, non-negative size",
+            found=found,
+            fix="check that the file is an uncompressed tar and that the .tar.idx belongs to it; "
+            "re-create the shard or run `energon-lite prepare` again",
+        )
+    )
 
 
 def iter_members(
@@ -133,22 +203,25 @@ def _iter_view(view: memoryview, base_offset: int, where: str, verify_checksums:
                 format_message(
                     "tar header checksum mismatch (corrupt or not a tar file)",
                     where=f"{where} at byte {base_offset + pos}",
+                    expected="a tar header block whose checksum field matches its bytes",
+                    found=f"checksum field {header[148:156]!r}, header starting {header[:24]!r}",
                     fix="re-create the shard; if it was copied, check the copy is complete",
                 )
             )
         try:
             size = _parse_number(header[124:136])
         except ValueError:
-            raise TarFormatError(
-                format_message(
-                    "invalid tar header (size field is not a number)",
-                    where=f"{where} at byte {base_offset + pos}",
-                    expected="a tar header block",
-                    found=repr(header[:32]),
-                    fix="check that the file is an uncompressed tar and that the .tar.idx "
-                    "belongs to it (re-run prepare)",
-                )
+            raise _header_error(
+                "invalid tar header (size field is not a number)",
+                f"{where} at byte {base_offset + pos}",
+                f"size field {header[124:136]!r}",
             ) from None
+        if size < 0:  # would move the parser backwards: an endless loop
+            raise _header_error(
+                "invalid tar header (negative member size)",
+                f"{where} at byte {base_offset + pos}",
+                f"size field {header[124:136]!r} = {size}",
+            )
         typeflag = header[156:157]
         data_start = pos + BLOCK
         data_end = data_start + size
@@ -156,18 +229,34 @@ def _iter_view(view: memoryview, base_offset: int, where: str, verify_checksums:
             first_header = pos
         if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_HEADER, _PAX_GLOBAL):
             if data_end > end:
-                break  # truncated: reported below
+                raise TarFormatError(
+                    format_message(
+                        "extended tar header runs past the end of the data (truncated or corrupt tar, "
+                        "or stale index)",
+                        where=f"{where} at byte {base_offset + pos}",
+                        expected=f"{size} bytes of header data",
+                        found=f"{end - data_start} bytes",
+                        fix="re-create or re-download the shard, then run `energon-lite prepare` again",
+                    )
+                )
             data = bytes(view[data_start:data_end])
             if typeflag == _GNU_LONGNAME:
                 long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             elif typeflag == _PAX_HEADER:
-                pax = _pax_records(data)
+                pax = _pax_records(data, f"{where}, PAX header at byte {base_offset + pos}")
             elif first_header == pos:
                 first_header = None  # like tarfile: a global header is not part of the next member
             pos = data_start + -(-size // BLOCK) * BLOCK
             continue
         if "size" in pax:
-            size = int(pax["size"])
+            text = pax["size"]
+            if not (text.isascii() and text.isdigit()):
+                raise _header_error(
+                    "invalid PAX size record",
+                    f"{where}, member at byte {base_offset + first_header}",
+                    f"size={text[:40]!r}",
+                )
+            size = int(text)
             data_end = data_start + size
         if long_name is not None:
             name = long_name
@@ -197,8 +286,10 @@ def _iter_view(view: memoryview, base_offset: int, where: str, verify_checksums:
     if pos < end or first_header is not None:
         raise TarFormatError(
             format_message(
-                "tar data ends in the middle of a header or member (truncated tar)",
+                "tar data ends in the middle of a header or member (truncated tar or stale index)",
                 where=f"{where} at byte {base_offset + pos}",
+                expected="whole 512-byte header blocks, each followed by its member's data",
+                found=f"{end - pos} byte(s) left" if pos < end else "extended headers with no member after them",
                 fix="re-create or re-download the shard, then run `energon-lite prepare` again",
             )
         )
@@ -218,11 +309,13 @@ def split_name(name: str) -> tuple[str, str] | None:
 def group_samples(members: Iterable[TarMember]) -> Iterator[SampleEntry]:
     """Joins runs of consecutive members with the same key into samples."""
     current: SampleEntry | None = None
+    part_names: dict[str, str] = {}  # one string per distinct part name, not one per member
     for member in members:
         split = split_name(member.name)
         if split is None:
             continue
         key, part = split
+        part = part_names.setdefault(part, part)
         if current is None or current.key != key:
             if current is not None:
                 yield current
@@ -237,16 +330,18 @@ def parse_sample(
     *,
     where: str,
     wanted: frozenset[str] | None = None,
+    base_offset: int = 0,
 ) -> tuple[str, dict[str, bytes]]:
     """Parses the bytes of exactly one sample into ``(key, {part: bytes})``.
 
     ``wanted`` limits which parts are copied out (parts no field needs are never decoded).
+    ``base_offset`` is the file offset of ``buf[0]``, so that errors name file offsets.
     A range holding members of more than one key means the ``.tar.idx`` does not fit the tar.
     """
     key: str | None = None
     parts: dict[str, bytes] = {}
     view = memoryview(buf)
-    for member in iter_members(view, where=where):
+    for member in iter_members(view, base_offset=base_offset, where=where):
         split = split_name(member.name)
         if split is None:
             continue
@@ -265,7 +360,8 @@ def parse_sample(
                 )
             )
         if wanted is None or part in wanted:
-            parts[part] = bytes(view[member.data_offset : member.data_offset + member.size])
+            start = member.data_offset - base_offset
+            parts[part] = bytes(view[start : start + member.size])
     if key is None:
         raise TarFormatError(
             format_message(

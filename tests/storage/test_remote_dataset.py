@@ -10,12 +10,27 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
+from megatron_energon_lite import (
+    WorkerConfig,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+)
 from megatron_energon_lite.cli.main import cli
-from megatron_energon_lite.errors import DatasetError, MissingDependencyError, StorageError
+from megatron_energon_lite.errors import (
+    DatasetError,
+    MissingDependencyError,
+    StorageError,
+)
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.split_reader import SplitReader
-from megatron_energon_lite.storage import RemotePath, RemoteSettings, as_path, configure_storage, read_counters
+from megatron_energon_lite.storage import (
+    RemotePath,
+    RemoteSettings,
+    as_path,
+    configure_storage,
+    read_counters,
+)
 from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
@@ -164,7 +179,7 @@ def test_a_changed_index_is_fetched_again(remote, s3_server) -> None:
     # A new index of the same size (its end entry moved by one block): the cache must not serve
     # the old copy, whose key has the old ETag.
     offsets = np.frombuffer((local / "shards/data-0000.tar.idx").read_bytes(), dtype="<u8").copy()
-    offsets[-1] -= 512
+    offsets[-1] += 512
     s3_server.put_bytes(f"{url}/shards/data-0000.tar.idx", offsets.tobytes())
     cached = list((Path(RemoteSettings.from_env().resolved_cache_dir())).rglob("*data-0000.tar.idx"))
     assert len(cached) == 1

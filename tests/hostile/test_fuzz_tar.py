@@ -1,0 +1,317 @@
+"""Fuzzing the tar and index layer with corrupt inputs (issue 13).
+
+A few hundred generated corruptions of small valid tars (byte flips, truncations, header-field
+mutations, hand-made PAX records), of ``.tar.idx`` files, of ``.nv-meta`` files and of
+``index.sqlite``.  Whatever the damage, reading must finish and either succeed or raise one of
+our own errors (an :class:`EnergonLiteError`) whose message names the file; never hang, never
+raise a bare ``ValueError``/``MemoryError``/``sqlite3`` error, never take the machine's memory.
+
+The examples run in a child process whose address space is capped (``RLIMIT_AS``) a little above
+what it holds after its imports, and each example under an alarm, so that a missing bound or an
+endless loop fails this test instead of the machine or the suite.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+EXTRA_MEMORY = 1 << 30  # what the child may allocate beyond its imports
+EXAMPLE_ALARM_S = 20  # a hang detector, not a timing assertion: a healthy example takes milliseconds
+OK_MARKER = "fuzz: all targets passed"
+
+
+@pytest.mark.timeout(300)
+def test_corrupt_inputs_raise_our_errors_under_a_memory_limit(tmp_path: Path) -> None:
+    child = subprocess.run(
+        [sys.executable, __file__, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=tmp_path,
+    )
+    output = (child.stdout[-6000:] + "\n" + child.stderr[-6000:]).strip()
+    assert child.returncode == 0 and OK_MARKER in child.stdout, output
+
+
+# --- the child process ------------------------------------------------------------------------
+
+
+class Hang(Exception):
+    """An example ran past the alarm: the reader loops (or is pathologically slow)."""
+
+
+def _alarm(signum, frame):
+    raise Hang(f"example still running after {EXAMPLE_ALARM_S} s")
+
+
+def _cap_memory() -> str:
+    import resource
+
+    try:
+        with open("/proc/self/status") as f:
+            size_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration):
+        return "no memory cap (no /proc/self/status)"
+    limit = size_kib * 1024 + EXTRA_MEMORY
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return f"address space capped at {limit >> 20} MiB"
+
+
+def _tar(members: list[tuple[str, bytes]], fmt: int, **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt, **kwargs) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _base_tars() -> dict[str, bytes]:
+    plain = [(f"k{i}.{part}", f"{part} {i}".encode() * (1 + 60 * i)) for i in range(3) for part in ("txt", "json")]
+    long = [("dir/" * 30 + f"k{i}.txt", b"x" * 700) for i in range(2)] + [("ü_key.txt", b"y")]
+    return {
+        "ustar": _tar(plain, tarfile.USTAR_FORMAT),
+        "gnu": _tar(long, tarfile.GNU_FORMAT),
+        "pax": _tar(long + plain[:2], tarfile.PAX_FORMAT, pax_headers={"comment": "fuzz"}),
+    }
+
+
+def _header_offsets(data: bytes) -> list[int]:
+    """Every header block of a valid tar: extended headers and the members' own headers."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        found = {0}
+        for member in tar.getmembers():
+            found |= {member.offset, member.offset_data - 512}
+    return sorted(found)
+
+
+_FIELDS = {"name": (0, 100), "size": (124, 12), "checksum": (148, 8), "type": (156, 1), "magic": (257, 6), "prefix": (345, 155)}
+_SPECIAL_SIZES = [
+    b"-0000001000\0", b"\xff" * 12, b"\x80" + b"\xff" * 11, b"\x80" + b"\0" * 10 + b"\x01", b"77777777777\0",
+    b"00000000000\0", b"\0" * 12, b" " * 12, b"0x10\0", b"1_000\0", b"+0000001000\0",
+]
+
+
+def _fix_checksum(data: bytearray, offset: int) -> None:
+    header = data[offset : offset + 512]
+    if len(header) == 512:
+        header[148:156] = b" " * 8
+        data[offset + 148 : offset + 156] = b"%06o\0 " % sum(header)
+
+
+def _check_error(exc: BaseException, names: tuple[str, ...]) -> None:
+    from megatron_energon_lite.errors import EnergonLiteError
+
+    if isinstance(exc, Hang) or not isinstance(exc, EnergonLiteError):
+        raise exc
+    message = str(exc)
+    if not any(name in message for name in names):
+        raise AssertionError(f"error names none of {names}:\n{message}") from exc
+
+
+def _run_targets(workdir: Path) -> None:
+    import numpy as np
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    from megatron_energon_lite.cli.lint import check_indexes
+    from megatron_energon_lite.format.prepare import prepare_dataset
+    from megatron_energon_lite.format.split_reader import SplitReader
+    from megatron_energon_lite.format.tar_reader import (
+        group_samples,
+        iter_members,
+        parse_sample,
+    )
+    from megatron_energon_lite.synthetic import write_tar
+
+    def fuzz_settings(examples: int):
+        return settings(
+            max_examples=examples,
+            deadline=None,  # hangs are caught by the alarm; the machine is shared and slow
+            database=None,
+            derandomize=True,  # the same examples on every run
+            phases=[Phase.explicit, Phase.generate],  # no shrinking: a hang would be retried for long
+            suppress_health_check=list(HealthCheck),
+        )
+
+    bases = _base_tars()
+    headers = {kind: _header_offsets(data) for kind, data in bases.items()}
+
+    def guarded(fn, names):
+        signal.alarm(EXAMPLE_ALARM_S)
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - classified by _check_error
+            _check_error(exc, names)
+        finally:
+            signal.alarm(0)
+
+    # --- 1. tar bytes -> members, samples --------------------------------------------------------
+    @fuzz_settings(300)
+    @given(data=st.data())
+    def fuzz_tar_bytes(data) -> None:
+        kind = data.draw(st.sampled_from(sorted(bases)), label="base")
+        buf = bytearray(bases[kind])
+        mutation = data.draw(st.sampled_from(["field", "field", "field", "flips", "truncate", "field+truncate"]), label="mutation")
+        if "field" in mutation:
+            offset = data.draw(st.sampled_from(headers[kind]), label="header")
+            field = data.draw(st.sampled_from(["size", "size", "size", *sorted(_FIELDS)]), label="field")
+            start, length = _FIELDS[field]
+            special = _SPECIAL_SIZES if field == "size" else [b"\0" * length, b"\xff" * length, b"x", b"g", b"L", b"K", b"5"]
+            value = data.draw(st.sampled_from(special) | st.binary(min_size=1, max_size=length), label="value")[:length]
+            buf[offset + start : offset + start + len(value)] = value
+            if data.draw(st.booleans(), label="fix checksum"):
+                _fix_checksum(buf, offset)
+        if mutation == "flips":
+            for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(buf) - 1), st.integers(1, 255)), min_size=1, max_size=6), label="flips"):
+                buf[position] ^= xor
+        if "truncate" in mutation:
+            del buf[data.draw(st.integers(0, len(buf)), label="cut at") :]
+        checksums = data.draw(st.booleans(), label="verify checksums")
+
+        def read() -> None:
+            list(group_samples(iter_members(bytes(buf), where="fuzz.tar", verify_checksums=checksums)))
+            parse_sample(bytes(buf), where="fuzz.tar")
+
+        guarded(read, ("fuzz.tar",))
+
+    # --- 2. PAX records --------------------------------------------------------------------------
+    record = st.tuples(
+        st.integers(-12, 12) | st.sampled_from([-10**6, 10**6]),  # error in the length field
+        st.sampled_from(["path", "size", "linkpath", "mtime", "x", ""]),
+        st.binary(max_size=30),
+        st.booleans(),  # write the length as digits, or as junk
+    )
+
+    @fuzz_settings(200)
+    @given(records=st.lists(record, min_size=1, max_size=4), pad=st.integers(0, 20))
+    def fuzz_pax(records, pad) -> None:
+        raw = b""
+        for delta, key, value, digits in records:
+            body = b" " + key.encode() + b"=" + value + b"\n"
+            length = len(body) + len(str(len(body) + 3))
+            raw += (str(length + delta).encode() if digits else b"x" + value[:3]) + body
+        raw += b"\0" * pad
+        pax = tarfile.TarInfo("././@PaxHeader")
+        pax.type, pax.size = tarfile.XHDTYPE, len(raw)
+        buf = pax.tobuf(tarfile.USTAR_FORMAT) + raw + b"\0" * (-len(raw) % 512) + bases["ustar"]
+        guarded(lambda: list(iter_members(buf, where="fuzz.tar", verify_checksums=True)), ("fuzz.tar",))
+
+    # --- 3. a prepared dataset: .tar.idx, tars, .nv-meta files --------------------------------------
+    root = workdir / "ds"
+    for shard, fmt in enumerate(["ustar", "pax"]):
+        write_tar(root / f"shards/{shard}.tar", [(f"s{shard}_{i}", {"txt": b"t" * (100 * i), "json": b"{}"}) for i in range(5)], tar_format=fmt)
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1)
+    pristine = {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    mtimes = {p: p.stat().st_mtime_ns for p in pristine}
+
+    def restore(path: Path | None = None, content: bytes | None = None) -> None:
+        """Puts the prepared files back (or ``content`` into ``path``) with their old mtimes, so
+        that prepare's record of them still matches."""
+        for each in [path] if path is not None else list(pristine):
+            each.write_bytes(pristine[each] if content is None else content)
+            os.utime(each, ns=(mtimes[each], mtimes[each]))
+        for extra in root.rglob("*"):
+            if path is None and extra.is_file() and extra not in pristine:
+                extra.unlink()
+
+    def read_dataset() -> None:
+        check_indexes(root)
+        reader = SplitReader(root, "train")
+        try:
+            for index in range(len(reader)):
+                reader.read(index)
+        finally:
+            reader.close()
+
+    idx = root / "shards/0.tar.idx"
+    offsets = np.frombuffer(pristine[idx], dtype="<u8")
+
+    @fuzz_settings(150)
+    @given(data=st.data())
+    def fuzz_index_and_tar(data) -> None:
+        restore()
+        new = offsets.copy()
+        for position, value in data.draw(st.lists(st.tuples(st.integers(0, len(new) - 1), st.integers(0, 2**64 - 1) | st.integers(0, 8192)), max_size=3), label="offsets"):
+            new[position] = value
+        raw = new.tobytes()
+        if data.draw(st.booleans(), label="cut index"):
+            raw = raw[: data.draw(st.integers(0, len(raw)), label="index length")]
+        idx.write_bytes(raw)
+        tar = root / "shards/0.tar"
+        content = bytearray(pristine[tar])
+        for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(content) - 1), st.integers(1, 255)), max_size=3), label="tar flips"):
+            content[position] ^= xor
+        tail = data.draw(st.sampled_from(["keep", "cut", "grow"]), label="tar length")
+        if tail == "cut":
+            del content[data.draw(st.integers(0, len(content)), label="tar length") :]
+        elif tail == "grow":
+            content += data.draw(st.binary(min_size=1, max_size=3000), label="appended")
+        tar.write_bytes(bytes(content))
+        guarded(read_dataset, ("shards/0.tar",))
+
+    info, split = root / ".nv-meta/.info.json", root / ".nv-meta/split.yaml"
+
+    @fuzz_settings(100)
+    @given(data=st.data())
+    def fuzz_meta_files(data) -> None:
+        restore()
+        target = data.draw(st.sampled_from([info, split]), label="file")
+        content = bytearray(pristine[target])
+        for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(content) - 1), st.integers(1, 255)), min_size=1, max_size=4), label="flips"):
+            content[position] ^= xor
+        target.write_bytes(bytes(content))
+        guarded(read_dataset, (str(root),))
+
+    sqlite_path = root / ".nv-meta/index.sqlite"
+
+    @fuzz_settings(40)
+    @given(data=st.data())
+    def fuzz_sqlite(data) -> None:
+        restore()
+        content = bytearray(pristine[sqlite_path])
+        for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(content) - 1), st.integers(1, 255)), min_size=1, max_size=50), label="flips"):
+            content[position] ^= xor
+        restore(sqlite_path, bytes(content))  # same size and mtime: prepare reuses it, or must notice
+
+        def reprepare() -> None:
+            prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, force_overwrite=True, num_workers=1)
+            read_dataset()
+
+        guarded(reprepare, (str(root),))
+
+    for target in (fuzz_tar_bytes, fuzz_pax, fuzz_index_and_tar, fuzz_meta_files, fuzz_sqlite):
+        started = time.monotonic()
+        target()
+        print(f"{target.__name__}: ok in {time.monotonic() - started:.1f} s", flush=True)
+
+
+def main(workdir: Path) -> None:
+    import logging
+
+    logging.disable(logging.WARNING)  # prepare logs each fallback; the output would drown the report
+    # Everything is imported before the cap: torch alone maps a lot of address space.
+    import hypothesis  # noqa: F401
+
+    import megatron_energon_lite.cli.lint  # noqa: F401
+    import megatron_energon_lite.format.prepare  # noqa: F401
+
+    print(_cap_memory(), flush=True)
+    signal.signal(signal.SIGALRM, _alarm)
+    _run_targets(workdir)
+    print(OK_MARKER, flush=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
