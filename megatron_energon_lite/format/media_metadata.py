@@ -550,8 +550,10 @@ def read_media_metadata(root: str | os.PathLike, entry_key: str) -> dict[str, An
         row = db.execute(
             "SELECT metadata_json FROM media_metadata WHERE entry_key = ?", (entry_key,)
         ).fetchone()
-    except sqlite3.OperationalError:  # no media table: prepared without media metadata
-        return None
+    except sqlite3.DatabaseError as exc:
+        if _no_media_table(exc):  # prepared without media metadata
+            return None
+        raise _corrupt_index(root, exc) from None
     finally:
         db.close()
     return None if row is None else json.loads(row[0])
@@ -567,8 +569,25 @@ def media_counts(root: str | os.PathLike) -> dict[str, int] | None:
             "SELECT metadata_type, COUNT(*) FROM media_metadata GROUP BY metadata_type "
             "ORDER BY metadata_type"
         ).fetchall()
-    except sqlite3.OperationalError:
-        return None
+    except sqlite3.DatabaseError as exc:
+        if _no_media_table(exc):
+            return None
+        raise _corrupt_index(root, exc) from None
     finally:
         db.close()
     return dict(rows)
+
+
+def _no_media_table(exc: sqlite3.DatabaseError) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc)
+
+
+def _corrupt_index(root: str | os.PathLike, exc: sqlite3.DatabaseError) -> DatasetError:
+    return DatasetError(
+        format_message(
+            "cannot read the dataset's sample index",
+            where=str(meta_dir(root) / INDEX_SQLITE),
+            found=f"{type(exc).__name__}: {exc}",
+            fix=f"run `energon-lite prepare {root}` again (it rewrites index.sqlite)",
+        )
+    )
