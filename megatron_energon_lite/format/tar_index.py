@@ -134,6 +134,10 @@ def _check_increasing(offsets: np.ndarray, where: str) -> None:
 def _check_fresh(offsets: np.ndarray, tar_size: int, tar_path: str | os.PathLike, read: TailReader | None) -> None:
     where = str(as_path(tar_path))
     end = int(offsets[-1])
+    # A tar cut short ends in the middle of data; an intact one ends with zero blocks, and then
+    # it is the index that is wrong (stale or corrupt): the general message below applies.
+    if tar_size < end and (tar_size < 2 * _BLOCK or _read(tar_path, tar_size - 2 * _BLOCK, 2 * _BLOCK, read).count(0) != 2 * _BLOCK):
+        raise _truncated(offsets, tar_size, tar_path)
     if not end <= tar_size <= end + _TAR_TRAILER_MAX:
         raise DatasetError(
             format_message(
@@ -160,6 +164,54 @@ def _check_fresh(offsets: np.ndarray, tar_size: int, tar_path: str | os.PathLike
                 fix="run `energon-lite prepare` on the dataset again",
             )
         )
+
+
+def _truncated(offsets: np.ndarray, tar_size: int, tar_path: str | os.PathLike) -> DatasetError:
+    """The tar ends before its index does: the shard is damaged (cut short by a failed copy or a
+    full disk), and the samples whose bytes lie past its end are lost. Re-running prepare would
+    only hide that; the error names them, from the index."""
+    samples = len(offsets) - 1
+    first_lost = int(np.searchsorted(offsets[1:], tar_size, side="right"))
+    keys = _sample_keys(tar_path, first_lost, limit=10)
+    named = f": keys {', '.join(map(repr, keys))}{', ...' if samples - first_lost > len(keys) else ''}" if keys else ""
+    return DatasetError(
+        format_message(
+            f"the shard is truncated (damaged): {samples - first_lost} of its {samples} samples lie past its end and are lost",
+            where=f"{as_path(tar_path)} (samples {first_lost}..{samples - 1} of the shard{named})",
+            expected=f"{int(offsets[-1])} bytes or more (where its index ends)",
+            found=f"{tar_size} bytes",
+            fix="restore the shard from its source (copy it again); if the lost samples are acceptable, "
+            "exclude the shard in split.yaml or re-run prepare to index what is left",
+        )
+    )
+
+
+def _sample_keys(tar_path: str | os.PathLike, first: int, *, limit: int) -> list[str]:
+    """Keys of the shard's samples from position ``first`` on, from the dataset's index.sqlite
+    (an empty list when there is none to read)."""
+    import sqlite3
+
+    from .metadata import INDEX_SQLITE, meta_dir, read_info
+
+    path = as_path(tar_path)
+    for root in list(path.parents)[:6]:
+        database = meta_dir(root) / INDEX_SQLITE
+        try:
+            if not isinstance(database, os.PathLike) or not os.path.isfile(database):
+                continue
+            names = list(read_info(root).shard_counts)
+            name = str(PurePosixPath(*path.parts[len(root.parts):]))
+            if name not in names:
+                return []
+            with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+                rows = db.execute(
+                    "SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index >= ? ORDER BY sample_index LIMIT ?",
+                    (names.index(name), first, limit),
+                ).fetchall()
+            return [row[0] for row in rows]
+        except (sqlite3.Error, OSError, DatasetError, ValueError):
+            return []
+    return []
 
 
 def _read(tar_path: str | os.PathLike, offset: int, size: int, read: TailReader | None) -> bytes:

@@ -61,7 +61,7 @@ def test_truncated_shard_after_prepare(text_dataset: Path) -> None:
     shard.write_bytes(shard.read_bytes()[:2048])
     reader = SplitReader(text_dataset, "train")
     # The tar's size no longer fits its index: caught before any sample is read.
-    with pytest.raises(DatasetError, match="stale.*\n.*shard_000.tar(.|\n)*found: 2048 bytes(.|\n)*prepare"):
+    with pytest.raises(DatasetError, match="truncated \\(damaged\\)(.|\n)*shard_000.tar(.|\n)*'s0_000001'(.|\n)*found: 2048 bytes(.|\n)*restore the shard"):
         reader.read(0)
 
 

@@ -44,7 +44,10 @@ def test_a_truncated_shard_stops_the_pass_instead_of_skipping_its_samples(captio
     os.truncate(shard, shard.stat().st_size // 2)
     with pytest.raises(DatasetError) as failure:
         val_keys(captions, workers)
-    assert shard.name in str(failure.value)
+    message = str(failure.value)
+    # Damaged, not stale: it names the lost samples (from the index) instead of asking for prepare.
+    assert shard.name in message and "truncated (damaged): 3 of its 6 samples lie past its end" in message
+    assert "'0001_000003', '0001_000004', '0001_000005'" in message and "restore the shard" in message
 
 
 @pytest.mark.parametrize("workers", [0, 2])
