@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from resume import (
+    ListSource,  # tests/pipeline's list source (tests/hostile/conftest.py)
+)
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.errors import StateError
@@ -166,37 +169,7 @@ def test_valid_saved_state_still_resumes_exactly(dataset: Path, saved: dict) -> 
     assert [list(batch.__key__) for _, batch in zip(range(6), it)] == expected
 
 
-# --- each stage on its own -------------------------------------------------------------------------
-
-
-class Items(Node[dict]):
-    """A tiny list source (state: ``position``), enough to drive the stages above it."""
-
-    tag = "List"
-
-    def __init__(self, values: list[Any]) -> None:
-        self.values, self.epoch, self.position = list(values), 0, 0
-
-    def next(self) -> dict:
-        if self.position >= len(self.values):
-            raise StopIteration
-        self.position += 1
-        return self.restore(("List", self.position - 1))
-
-    def start_epoch(self, epoch: int) -> None:
-        self.epoch, self.position = epoch, 0
-
-    def get_state(self) -> dict:
-        return {"stage": self.tag, "epoch": self.epoch, "position": self.position}
-
-    def reset(self, state: dict | None = None) -> None:
-        state = state or {"stage": self.tag, "epoch": 0, "position": 0}
-        self.check_state(state, "epoch", "position")
-        self.epoch, self.position = state["epoch"], state["position"]
-
-    def restore(self, restore_key: tuple) -> dict:
-        index = restore_key[1]
-        return {"__key__": f"k{index}", "__restore_key__": ("List", index), "value": self.values[index]}
+# --- each stage on its own (over tests/pipeline's ListSource) ------------------------------------
 
 
 WORDS = ["a", "bb", "ccc", "dddd", "e", "ff", "ggggg", "h", "iii", "jj", "k"]
@@ -221,20 +194,20 @@ def _twice(item: dict, index: int):
 
 
 STAGES: dict[str, Callable[[], Node]] = {
-    "limit": lambda: LimitNode(Items(WORDS), 5),
-    "epochize": lambda: EpochizeNode(Items(WORDS), 4),
-    "concat": lambda: ConcatNode([Items(WORDS[:3]), Items(WORDS[3:])]),
-    "map": lambda: MapNode(Items(WORDS), _twice),
-    "plainmap": lambda: MapNode(Items(WORDS), lambda item, index: item),
-    "filter": lambda: FilterNode(Items(WORDS), lambda item, index: len(item["value"]) > 1),
-    "batch": lambda: BatchNode(Items(WORDS), 3, lambda items, index: [i["value"] for i in items]),
-    "shuffle": lambda: ShuffleBufferNode(Items(WORDS), 4, seed=1),
-    "repeat": lambda: RepeatNode(Items(WORDS), 1.5, worker_samples=len(WORDS)),
-    "blend": lambda: BlendNode([LimitNode(Items(WORDS), 5), LimitNode(Items(WORDS), 5)], [1, 1], seed=3),
-    "exact": lambda: BlendNode([Items(WORDS), Items(WORDS)], [2, 1], seed=3, mode="exact"),
-    "pack": lambda: PackNode(Items(WORDS), 4, _pairs, _join),
-    "genpack": lambda: PackNode(Items(WORDS), 4, _pairs, _explode),
-    "group": lambda: GroupBatchNode(Items(WORDS), lambda item, index: (len(item["value"]), 3), lambda items, index: items, batch_size=None),
+    "limit": lambda: LimitNode(ListSource(WORDS), 5),
+    "epochize": lambda: EpochizeNode(ListSource(WORDS), 4),
+    "concat": lambda: ConcatNode([ListSource(WORDS[:3]), ListSource(WORDS[3:])]),
+    "map": lambda: MapNode(ListSource(WORDS), _twice),
+    "plainmap": lambda: MapNode(ListSource(WORDS), lambda item, index: item),
+    "filter": lambda: FilterNode(ListSource(WORDS), lambda item, index: len(item["value"]) > 1),
+    "batch": lambda: BatchNode(ListSource(WORDS), 3, lambda items, index: [i["value"] for i in items]),
+    "shuffle": lambda: ShuffleBufferNode(ListSource(WORDS), 4, seed=1),
+    "repeat": lambda: RepeatNode(ListSource(WORDS), 1.5, worker_samples=len(WORDS)),
+    "blend": lambda: BlendNode([LimitNode(ListSource(WORDS), 5), LimitNode(ListSource(WORDS), 5)], [1, 1], seed=3),
+    "exact": lambda: BlendNode([ListSource(WORDS), ListSource(WORDS)], [2, 1], seed=3, mode="exact"),
+    "pack": lambda: PackNode(ListSource(WORDS), 4, _pairs, _join),
+    "genpack": lambda: PackNode(ListSource(WORDS), 4, _pairs, _explode),
+    "group": lambda: GroupBatchNode(ListSource(WORDS), lambda item, index: (len(item["value"]), 3), lambda items, index: items, batch_size=None),
 }
 
 
