@@ -10,11 +10,7 @@ from .flavors.base_dataset import BaseCoreDatasetFactory
 from .flavors.crude import CrudeWebdataset
 from .flavors.jsonl import DefaultCrudeJsonlDatasetFactory
 from .flavors.webdataset.standard_webdataset import StandardWebdatasetFactory
-from .format.dataset_config import (
-    dataset_sample_type,
-    load_dataset_config,
-    require_sample_type,
-)
+from .format.dataset_config import load_dataset_config, require_sample_type
 from .samples import CrudeSample
 from .worker import WorkerConfig
 
@@ -43,18 +39,16 @@ def get_dataset_from_config(
     ``get_loader``. Other keyword arguments go to the factory: ``decoder``, ``shuffle_over_epochs``,
     ``parallel_shard_iters``, ``max_samples_per_sequence``, ``subset``, ``trust_dataset_code``.
     """
-    common = dict(split_part=split_part or "train", training=training, worker_config=worker_config, subflavors=dict(subflavors or {}), split_config=split_config, **kwargs)
-    found = dataset_sample_type(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
+    common = dict(split_part=split_part or "train", training=training, worker_config=worker_config, split_config=split_config, **kwargs)
+    jsonl = str(path).endswith(".jsonl")
+    config = None if jsonl else load_dataset_config(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
+    found = CrudeSample if config is None else config.yields
     if sample_type is not None:
         require_sample_type(found, sample_type, where=str(path))
-    if not str(path).endswith(".jsonl"):
-        config = load_dataset_config(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
-        if config.factory_class is not None:  # the user's class, made with the file's keys
-            arguments = {k: v for k, v in common.items() if k != "subflavors"}  # dataset.yaml's win
-            factory = config.make_factory(EPath(path), dataset_config=dataset_config, **arguments)
-            factory.subflavors.update(subflavors or {})
-            return factory
-    if str(path).endswith(".jsonl"):
+    if config is not None and config.factory_class is not None:  # the user's class, made with the file's keys
+        return config.make_factory(EPath(path), subflavors=subflavors, dataset_config=dataset_config, **common)
+    common["subflavors"] = dict(subflavors or {})
+    if jsonl:
         return DefaultCrudeJsonlDatasetFactory(path, **common)
     if found is CrudeSample:
         return CrudeWebdataset(path, dataset_config=dataset_config, **common)

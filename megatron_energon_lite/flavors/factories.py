@@ -30,9 +30,8 @@ def plan_factory(spec: PipelineSpec, index: int, slices: list[list[tuple[int, in
     dataset_config = leaf.dataset_config or spec.dataset_config
     config = load_dataset_config(leaf.path, dataset_config, trust_dataset_code=spec.trust_dataset_code)
     if config.factory_class is not None:  # the user's own class, made as the loader's workers make it
-        split_config = leaf.split_config or spec.split_config or config.loader_options.get("split_config")
-        user = config.make_factory(EPath(leaf.path), split_part=leaf.split_part, split_config=split_config, dataset_config=dataset_config, decoder=spec.task_encoder.decoder, trust_dataset_code=spec.trust_dataset_code, **factory_arguments(spec, leaf))
-        user.subflavors.update(leaf.subflavors)
+        # dataset.yaml's own split_config (a factory key) wins over the loader's, as in Energon
+        user = config.make_factory(EPath(leaf.path), subflavors=leaf.subflavors, split_part=leaf.split_part, split_config=leaf.split_config or spec.split_config, dataset_config=dataset_config, decoder=spec.task_encoder.decoder, trust_dataset_code=spec.trust_dataset_code, **factory_arguments(spec, leaf))
         user.bind(spec, index, slices, size)
         return user
     if config.kind == "crude":

@@ -135,12 +135,18 @@ class DatasetConfig:
     factory_class: type | None = None
     factory_kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def make_factory(self, root: Any, **arguments: Any) -> Any:
+    @property
+    def yields(self) -> type | None:
+        """The type of the samples, before cooking: :class:`CrudeSample` for a crude dataset."""
+        return CrudeSample if self.kind == "crude" else self.sample_type
+
+    def make_factory(self, root: Any, *, subflavors: Mapping[str, Any] | None = None, **arguments: Any) -> Any:
         """An instance of the user's factory class for the dataset at ``root``, as Energon makes it:
         the loader's ``arguments`` (split_part, training, worker_config, decoder, ...) overridden
-        by the file's keys."""
+        by the file's keys; then the caller's ``subflavors`` (a metadataset's) merged over the
+        file's."""
         try:
-            return self.factory_class(root, **{**arguments, **self.factory_kwargs})
+            factory = self.factory_class(root, **{**arguments, **self.factory_kwargs})
         except TypeError as exc:
             raise ConfigError(
                 format_message(
@@ -151,6 +157,8 @@ class DatasetConfig:
                     fix="fix the keys of dataset.yaml, or the factory's __init__ (accept **kwargs and pass them to super().__init__)",
                 )
             ) from None
+        factory.subflavors.update(subflavors or {})
+        return factory
 
     @property
     def wanted_parts(self) -> frozenset[str] | None:
@@ -471,8 +479,7 @@ def dataset_sample_type(root: str | Path, name: str | None = None, *, trust_data
     dataset or a ``.jsonl`` file, else the ``sample_type`` its ``dataset.yaml`` names."""
     if str(root).endswith(".jsonl"):
         return CrudeSample
-    config = load_dataset_config(root, name, trust_dataset_code=trust_dataset_code)
-    return CrudeSample if config.kind == "crude" else config.sample_type
+    return load_dataset_config(root, name, trust_dataset_code=trust_dataset_code).yields
 
 
 def require_sample_type(found: type, wanted: type, *, where: str, reader: str | None = None) -> None:

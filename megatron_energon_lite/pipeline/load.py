@@ -77,13 +77,12 @@ class SampleLoader:
         require_prepared(self.path)
         self.config = load_dataset_config(self.path, dataset_config, trust_dataset_code=trust_dataset_code)
         split_config = split_config or self.config.loader_options.get("split_config")
-        if sample_factory is None and self.config.factory_class is not None:
-            arguments = dict(factory_arguments or {"training": False, "worker_config": WorkerConfig(rank=0, world_size=1, num_workers=0)})
-            sample_factory = self.config.make_factory(self.path, split_part=split_part, split_config=split_config, dataset_config=dataset_config, decoder=decoder, trust_dataset_code=trust_dataset_code, **arguments)
-            sample_factory.subflavors.update(self.subflavors)  # the metadataset's win, as in Energon
-        self.sample_factory = sample_factory
         if sample_factory is not None:
-            self.config = sample_factory.sample_config()  # which parts to read
+            self.config = sample_factory.sample_config()  # its arguments may name other parts
+        elif self.config.factory_class is not None:
+            arguments = dict(factory_arguments or {"training": False, "worker_config": WorkerConfig(rank=0, world_size=1, num_workers=0)})
+            sample_factory = self.config.make_factory(self.path, subflavors=self.subflavors, split_part=split_part, split_config=split_config, dataset_config=dataset_config, decoder=decoder, trust_dataset_code=trust_dataset_code, **arguments)
+        self.sample_factory = sample_factory
         self._reader = SplitReader(self.path, split_part, split_config=split_config)
 
     def __len__(self) -> int:
@@ -153,10 +152,11 @@ def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = Fal
     if kind == "__class__":
         return sample_class(module, name, where=f"{where}.joiner").from_joined
     function = getattr(sys.modules.get(module), name, None)
-    if callable(function) and _library_module(module) and not dataset_code_trusted(trust_dataset_code, dataset=where):
+    library = _library_module(module) if callable(function) else None
+    if library is not None and not dataset_code_trusted(trust_dataset_code, dataset=where):
         raise ConfigError(
             format_message(
-                f"joiner function {module}.{name} comes from {'the standard library' if _library_module(module) == 'stdlib' else 'an installed package'}",
+                f"joiner function {module}.{name} comes from {'the standard library' if library == 'stdlib' else 'an installed package'}",
                 where=f"{where}.joiner",
                 expected="a Sample class with from_joined, or a function of your program's own modules",
                 found=f"{module}.{name}",
