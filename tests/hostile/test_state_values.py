@@ -8,13 +8,11 @@ The states are real ones (saved by a loader or a stage) with one value changed.
 from __future__ import annotations
 
 import copy
+import importlib.util
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from resume import (
-    ListSource,  # tests/pipeline's list source (tests/hostile/conftest.py)
-)
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.errors import StateError
@@ -32,6 +30,19 @@ from megatron_energon_lite.pipeline.pack import PackNode
 from megatron_energon_lite.pipeline.repeat import RepeatNode
 from megatron_energon_lite.pipeline.shuffle import ShuffleBufferNode
 from megatron_energon_lite.synthetic import generate_captioning_dataset
+
+
+def _pipeline_test_helpers():
+    """tests/pipeline/resume.py, loaded under its own name (not through sys.path, where its
+    folder's conftest would shadow the root one)."""
+    path = Path(__file__).resolve().parent.parent / "pipeline" / "resume.py"
+    spec = importlib.util.spec_from_file_location("pipeline_resume_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ListSource = _pipeline_test_helpers().ListSource
 
 SHARDS, PER_SHARD = 4, 6
 
