@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import re
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -23,6 +24,7 @@ from .errors import (
     ConfigError,
     DatasetError,
     StateError,
+    WatchdogTimeoutError,
     collect_skip_reports,
     format_message,
     skips_logged,
@@ -46,6 +48,7 @@ from .pipeline.build import (
 )
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
 from .pipeline.state_check import check_bool, check_index, check_list, invalid, nested
+from .pipeline.watchdog import StuckReports
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
@@ -112,6 +115,8 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self._passes_continue = dataset.passes_continue
         self._rotation = 0
         self._restart_exhausted = True
+        #: Set by the loader when it runs worker processes: their watchdog reports reach it.
+        self.stuck_reports: StuckReports | None = None
         from .debug_log import WorkerLog
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
@@ -151,8 +156,10 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         physical = info.id if info is not None else 0
         logical = (physical + self._rotation) % self.worker_config.workers_per_rank
         pipeline = self._pipeline(logical)
-        if info is not None:  # a worker process: its skips are logged by the main process
+        if info is not None:  # a worker process: its skips and stalls are logged by the main process
             collect_skip_reports()
+            if self.stuck_reports is not None:
+                self.stuck_reports.attach()
         while True:
             try:
                 item = pipeline.next()
@@ -273,6 +280,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             pin_memory=torch.cuda.is_available(),
             **extra,
         )
+        self._stuck_reports = StuckReports() if num_workers > 0 else None
+        self.dataset.stuck_reports = self._stuck_reports
         self._stream: Iterator | None = None
         self._worker_states: list[dict | None] = [None] * self.worker_config.workers_per_rank
         self._next_worker = 0
@@ -294,6 +303,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
     def __iter__(self):
         self._started = True
         if self._stream is None:
+            if self._stuck_reports is not None:
+                self._stuck_reports.start()
             self._stream = super().__iter__()
             iter_id = self.next_id()
             if self._debug_log is not None:
@@ -306,6 +317,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             logged_before = skips_logged()
             try:
                 entry = next(stream)
+            except RuntimeError as exc:
+                self._raise_if_stuck(exc)
+                raise
             except StopIteration:
                 self.skipped_samples += skips_logged() - logged_before if in_process else 0
                 self._stream = None
@@ -329,6 +343,22 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             if debug_log is not None:
                 debug_log.yielded(item, logical)
             yield item
+
+    def _raise_if_stuck(self, exc: RuntimeError) -> None:
+        """A worker that exited after its watchdog report (``fail_on_timeout``): raise with its stack."""
+        if self._stuck_reports is None or "DataLoader worker" not in str(exc):
+            return
+        pids = [int(pid) for pid in re.findall(r"\d+", str(exc).split(")")[0])]
+        report = self._stuck_reports.report_of(pids)
+        if report is not None:
+            raise WatchdogTimeoutError(
+                format_message(
+                    "a dataloader worker was stopped by the watchdog (fail_on_timeout=True)",
+                    found=report,
+                    fix="find the stuck call in the stack above; raise watchdog_timeout_seconds "
+                    "(or watchdog_initial_timeout_seconds for the first item) if the work is just slow",
+                )
+            ) from exc
 
     def _report_skips(self, logical: int, messages: tuple[str, ...], more: int) -> None:
         """Logs, in this (the main) process, the samples a worker skipped, and counts them."""

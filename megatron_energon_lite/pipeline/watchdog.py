@@ -2,20 +2,27 @@
 
 The stage behind :class:`~megatron_energon_lite.wrappers.watchdog_dataset.WatchdogDataset` (and
 every loader's default watchdog): a daemon thread per worker checks how long the running call has
-taken and, when it is overdue, logs the stuck thread's stack and calls the trigger.
+taken and, when it is overdue, reports the stuck thread's stack and calls the trigger.
+
+In a dataloader worker the report goes to the main process through the loader's
+:class:`StuckReports` channel: the main process logs it (the worker's own log may go nowhere a
+person reads) and, when the worker then exits (``fail_on_timeout``), raises
+:class:`~megatron_energon_lite.errors.WatchdogTimeoutError` carrying that stack instead of
+torch's bare "worker exited unexpectedly".
 """
 
 from __future__ import annotations
 
 import linecache
 import logging
+import multiprocessing
 import os
 import sys
 import threading
 import time
 import weakref
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..fork_hook import ForkMixin
 from .node import Node, State
@@ -23,7 +30,7 @@ from .node import Node, State
 if TYPE_CHECKING:
     from ..wrappers.watchdog_dataset import WatchdogDataset
 
-__all__ = ["WatchdogNode", "describe_stack", "short_repr"]
+__all__ = ["StuckReports", "WatchdogNode", "describe_stack", "short_repr"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +47,8 @@ _REPR_LIMIT = 200
 _LOCALS_PER_FRAME = 20
 #: Frames whose locals a stack dump shows when the watched stage is not on the stack.
 _LOCALS_FRAMES = 10
+#: Where this process sends its stuck-item reports (set in dataloader workers); None: log here.
+_report_sink: Callable[[str], None] | None = None
 
 
 class WatchdogNode(ForkMixin, Node[T]):
@@ -158,16 +167,13 @@ class WatchdogNode(ForkMixin, Node[T]):
             stack = "    (the thread has ended)"
         else:
             stack = describe_stack(frame, locals_below=WatchdogNode.next.__code__)
-        logger.warning(
-            "watchdog: item %d of %s is not done after %s s; stack of the stuck thread "
-            "(pid %d, most recent call last):\n%s",
-            calls,
-            self.where,
-            limit,
-            os.getpid(),
-            stack,
-        )
         del frame
+        report = (
+            f"watchdog: item {calls} of {self.where} is not done after {limit} s; stack of the "
+            f"stuck thread (pid {os.getpid()}, most recent call last):\n{stack}"
+        )
+        if not _send_report(report):
+            logger.warning("%s", report)
         try:
             self.owner._watchdog_trigger()
         except Exception:
@@ -176,6 +182,92 @@ class WatchdogNode(ForkMixin, Node[T]):
             )
             _flush_logs()
             os._exit(1)
+
+
+def _send_report(report: str) -> bool:
+    """Hands ``report`` to the main process's channel; False if there is none (or it failed)."""
+    sink = _report_sink
+    if sink is None:
+        return False
+    try:
+        sink(report)
+    except Exception:  # noqa: BLE001 - the report is logged here instead
+        return False
+    return True
+
+
+class StuckReports:
+    """The channel a loader's worker processes send their stuck-item reports through.
+
+    Created in the main process before the workers start (they inherit it through fork);
+    :meth:`attach` in a worker routes that process's reports here. A daemon thread in the main
+    process logs each report as it comes and keeps the latest one per worker process, so that
+    when a worker exits after its report, :meth:`report_of` gives the loader the stack to raise
+    with. :meth:`close` (or garbage collection of the loader) ends the thread.
+    """
+
+    #: How long the loader waits for the report of a worker that just exited.
+    WAIT_SECONDS = 2.0
+
+    def __init__(self) -> None:
+        self._queue = multiprocessing.get_context("fork").SimpleQueue()
+        self._latest: dict[int, str] = {}
+        self._arrived = threading.Condition()
+        self._reader: threading.Thread | None = None
+
+    def attach(self) -> None:
+        """In a worker process: send this process's reports to the main process."""
+        global _report_sink
+        queue = self._queue
+        _report_sink = lambda report: queue.put((os.getpid(), report))  # noqa: E731
+
+    def start(self) -> None:
+        """In the main process, once: log reports as they arrive."""
+        if self._reader is None:
+            self._reader = threading.Thread(
+                target=_read_reports, args=(self._queue, weakref.ref(self)), name="energon-lite-watchdog-reports", daemon=True
+            )
+            self._reader.start()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._queue.put(None)
+            self._reader = None
+
+    def _received(self, pid: int, report: str) -> None:
+        logger.warning("%s", report)
+        with self._arrived:
+            self._latest[pid] = report
+            self._arrived.notify_all()
+
+    def report_of(self, pids: list[int]) -> str | None:
+        """The latest report of one of ``pids`` (any worker's if ``pids`` is empty), waiting
+        briefly for one that is still on its way; None if none came."""
+        def pick() -> str | None:
+            for pid in pids or list(self._latest):
+                if pid in self._latest:
+                    return self._latest[pid]
+            return None
+
+        with self._arrived:
+            self._arrived.wait_for(lambda: pick() is not None, timeout=self.WAIT_SECONDS if self._reader is not None else 0)
+            return pick()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
+
+
+def _read_reports(queue: Any, ref: weakref.ref[StuckReports]) -> None:
+    while True:
+        sent = queue.get()
+        channel = ref()
+        if sent is None or channel is None:
+            return
+        channel._received(*sent)
+        del channel
 
 
 def _monitor_loop(ref: weakref.ref[WatchdogNode], poll: float) -> None:

@@ -94,11 +94,19 @@ def test_a_stuck_item_is_reported_once_with_its_stack(dataset: Path, triggers: P
     assert "in __call__" in dump and "time.sleep(self.seconds)" in dump and "sample = CaptioningSample(" in dump
 
 
-def test_the_watchdog_runs_inside_each_worker(dataset: Path, triggers: Path) -> None:
-    keys = [s.__key__ for s in get_loader(stalled(dataset, workers=2), watchdog_timeout_seconds=TIMEOUT)]
+def test_the_watchdog_runs_inside_each_worker_and_reports_in_the_main_process(
+    dataset: Path, triggers: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.pipeline.watchdog"):
+        keys = [s.__key__ for s in get_loader(stalled(dataset, workers=2), watchdog_timeout_seconds=TIMEOUT)]
     assert len(keys) == 12
     found = pids(triggers)
     assert len(found) == 2 and os.getpid() not in found  # each worker stalls once, in its own process
+    # The workers' stacks were logged by this process (caplog sees only this process's records).
+    reports = [r for r in caplog.records if "is not done after" in r.getMessage()]
+    assert {r.process for r in reports} == {os.getpid()}
+    assert sorted(pid for r in reports for pid in found if f"(pid {pid}," in r.getMessage()) == sorted(found)
+    assert all("time.sleep(self.seconds)" in r.getMessage() for r in reports)
 
 
 def test_time_between_items_and_a_slow_first_item_are_not_counted(dataset: Path, triggers: Path) -> None:
@@ -142,10 +150,14 @@ def test_fail_on_timeout_ends_the_process(dataset: Path) -> None:
     assert process.exitcode == 1
 
 
-def test_fail_on_timeout_in_a_worker_fails_the_loader(dataset: Path) -> None:
+def test_fail_on_timeout_in_a_worker_raises_with_its_stack_in_the_main_process(dataset: Path) -> None:
     loader = get_loader(stalled(dataset, workers=1, seconds=60), watchdog_timeout_seconds=TIMEOUT, fail_on_timeout=True)
-    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+    with pytest.raises(WatchdogTimeoutError, match="stopped by the watchdog") as info:
         list(loader)
+    message = str(info.value)
+    assert "item 3 of rank 0, worker 0 is not done after 0.3 s" in message
+    assert "time.sleep(self.seconds)" in message and "sample = CaptioningSample(" in message
+    assert "exited unexpectedly" in str(info.value.__cause__)  # torch's error, kept as the cause
 
 
 def test_fail_on_timeout_raises_in_the_trigger(dataset: Path) -> None:
