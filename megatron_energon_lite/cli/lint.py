@@ -6,8 +6,6 @@ linted (the splits the YAML reads of it).
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from ..decode import SampleDecoder
 from ..errors import EmptyDatasetError, EnergonLiteError
 from ..format.metadata import read_info, read_split_config
 from ..format.metadataset import is_metadataset_path
+from ..format.process_pool import scan_pool
 from ..format.tar_index import index_name, read_tar_index
 from ..pipeline.load import SampleLoader
 from ..storage import AnyPath, list_files
@@ -100,16 +99,14 @@ def check_samples(root: AnyPath, split: str, *, parallel: int, progress: bool, d
     jobs = [_Job(root, split, s, min(total, s + step), dataset_config, split_config, trust) for s in range(0, total, step)]
     findings: list[Finding] = []
     with tqdm(total=total, desc=f"Decoding {split}", unit="sample", disable=not progress) as bar:
-        if parallel <= 1:
-            results = map(_decode_range, jobs)
-        else:
-            pool = ProcessPoolExecutor(parallel, mp_context=multiprocessing.get_context("fork"))
-            results = pool.map(_decode_range, jobs)
-        for done, found in results:
-            findings += found
-            bar.update(done)
-        if parallel > 1:
-            pool.shutdown()
+        pool = scan_pool(parallel) if parallel > 1 else None
+        try:
+            for done, found in pool.map(_decode_range, jobs) if pool is not None else map(_decode_range, jobs):
+                findings += found
+                bar.update(done)
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
     return findings
 
 

@@ -24,13 +24,11 @@ from __future__ import annotations
 import json
 import logging
 import mmap
-import multiprocessing
 import os
 import random
 import re
 import sqlite3
 import uuid
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator, Sequence
@@ -45,12 +43,16 @@ from ..storage import (
     RemotePath,
     as_path,
     atomic_write_text,
+    is_no_room,
     list_files,
     local_file,
     local_scratch,
     local_view,
+    no_room_error,
     remove_scratch,
+    remove_stale_temporaries,
     replace_with,
+    temporary_name,
 )
 from .media_metadata import (
     MediaFilter,
@@ -72,6 +74,7 @@ from .metadata import (
     write_info,
     write_split_config,
 )
+from .process_pool import scan_pool
 from .sqlite_index import (
     DuplicateKey,
     DuplicateSampleKeyError,
@@ -408,6 +411,8 @@ def prepare_dataset(
 
     meta = meta_dir(root)
     meta.mkdir(exist_ok=True)
+    if not isinstance(root, RemotePath):  # what a killed or out-of-room prepare left behind
+        remove_stale_temporaries({meta, *((root / name).parent for name in names)})
     if media_filter is None:
         media_filter = read_media_filter(meta / INDEX_SQLITE)
         if media_filter is not None:
@@ -418,15 +423,20 @@ def prepare_dataset(
     # rename is atomic), in a temporary folder for a remote dataset (then uploaded).
     scratch, owned = local_scratch(meta)
     try:
-        tmp_index = scratch / f".{INDEX_SQLITE}.tmp-{os.getpid()}"
+        tmp_index = temporary_name(scratch / INDEX_SQLITE)
         previous_index = local_view(meta / INDEX_SQLITE) if unchanged or media_filter is not None else None
         build = dict(num_workers=num_workers, progress=progress, media_filter=media_filter)
         try:
-            built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
-        except _UnusablePreviousIndex as exc:
-            logger.warning("%s", exc)
-            unchanged = {}
-            built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
+            try:
+                built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
+            except _UnusablePreviousIndex as exc:
+                logger.warning("%s", exc)
+                unchanged = {}
+                built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
+        except (OSError, sqlite3.OperationalError) as exc:
+            if is_no_room(exc):
+                raise no_room_error(tmp_index, exc) from None
+            raise
         for name, offsets in built.offsets.items():
             write_tar_index(root / name, offsets)
         replace_with(meta / INDEX_SQLITE, tmp_index)
@@ -602,8 +612,7 @@ def _scan_all(
                 yield scan_shard(root, name, media_filter)
                 bar.update()
         else:
-            context = multiprocessing.get_context("fork")
-            pool = ProcessPoolExecutor(workers, mp_context=context)
+            pool = scan_pool(workers)
             try:
                 chunk = max(1, min(16, len(names) // (workers * 4)))
                 for scan in pool.map(_scan_task, ((root, n, media_filter) for n in names), chunksize=chunk):

@@ -5,7 +5,13 @@ bytes through :func:`file_pool`, writes with :func:`atomic_write_bytes`/:func:`a
 and asks for :func:`local_file`/:func:`cached_copy` where it needs a real file (mmap, SQLite).
 """
 
-from .local import LocalFilePool
+from .local import (
+    LocalFilePool,
+    is_no_room,
+    no_room_error,
+    remove_stale_temporaries,
+    temporary_name,
+)
 from .paths import (
     AnyPath,
     FileStat,
@@ -36,6 +42,10 @@ __all__ = [
     "AnyPath",
     "FileStat",
     "LocalFilePool",
+    "is_no_room",
+    "no_room_error",
+    "remove_stale_temporaries",
+    "temporary_name",
     "RemoteFilePool",
     "RemotePath",
     "RemoteSettings",

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import re
+import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Iterable
 
-from ..errors import DatasetError, format_message
+from ..errors import DatasetError, StorageError, format_message
+
+logger = logging.getLogger(__name__)
+
+#: Errors that mean the device (or the user's quota) has no room for what is being written.
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+#: The name :func:`atomic_write_bytes` (and prepare's index build) gives a file being written.
+_TEMPORARY_NAME = re.compile(r"^\..+\.tmp-(\d+)$")
+#: A temporary file whose writer is not running on this machine is only removed once it is this
+#: old: on a shared filesystem the writer may be a process of another machine.
+STALE_TEMPORARY_SECONDS = 600.0
 
 
 class LocalFilePool:
@@ -79,16 +94,88 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     An interrupted write leaves the old file (or none) in place, never half a file.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        if is_no_room(exc):
+            raise no_room_error(path, exc) from None
+        raise
     finally:
-        if tmp.exists():
+        if tmp.is_symlink() or tmp.exists():
             tmp.unlink()
+
+
+def temporary_name(path: Path) -> Path:
+    """Where ``path`` is written before its atomic rename (found again by
+    :func:`remove_stale_temporaries` if the writer dies)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def is_no_room(exc: BaseException) -> bool:
+    """The device or quota is full (an OSError, or SQLite's "database or disk is full")."""
+    if isinstance(exc, OSError):
+        return exc.errno in _NO_ROOM
+    return "disk is full" in str(exc)
+
+
+def no_room_error(path: str | os.PathLike, exc: BaseException) -> StorageError:
+    return StorageError(
+        format_message(
+            "no room left on the device to write a file",
+            where=str(path),
+            found=f"{type(exc).__name__}: {exc}",
+            fix="free space on that filesystem (or raise the quota) and run the command again; "
+            "files are replaced atomically, so the previous version of each is still in place",
+        )
+    )
+
+
+def remove_stale_temporaries(folders: Iterable[str | os.PathLike]) -> list[Path]:
+    """Removes the temporary files a killed writer left in ``folders`` (``.NAME.tmp-PID``).
+
+    A file is stale when its process is not running here and it has not been written to for
+    :data:`STALE_TEMPORARY_SECONDS`. Returns what was removed (logged once).
+    """
+    removed: list[Path] = []
+    now = time.time()
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            found = _TEMPORARY_NAME.match(entry.name)
+            if found is None or _process_runs(int(found.group(1))):
+                continue
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime < STALE_TEMPORARY_SECONDS:
+                    continue
+                os.unlink(entry.path)
+            except OSError:
+                continue
+            removed.append(Path(entry.path))
+    if removed:
+        logger.info(
+            "removed %d temporary file(s) left by an interrupted run: %s",
+            len(removed),
+            ", ".join(str(p) for p in removed[:5]) + (" ..." if len(removed) > 5 else ""),
+        )
+    return removed
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. not ours to signal: it runs
+        return True
+    return True
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
