@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 from braceexpand import braceexpand
 
+from .. import energon_mode
 from .._version import __version__
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
 from ..storage import AnyPath, FileStat, as_path, atomic_write_text, list_files
@@ -31,6 +32,8 @@ SPLIT_JSON = "split.json"
 DATASET_YAML = "dataset.yaml"
 INDEX_SQLITE = "index.sqlite"
 INDEX_UUID = "index.uuid"
+#: Set to 1 to read shards that .info.json / split.yaml name outside the dataset folder.
+SHARDS_OUTSIDE_ROOT_ENV = "ENERGON_LITE_ALLOW_SHARDS_OUTSIDE_ROOT"
 
 WRITER_VERSION = f"megatron-energon-lite {__version__}"
 
@@ -138,7 +141,8 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
 
     ``.info.json`` and ``split.yaml`` come with the data: a name that is absolute, climbs out
     with ``..`` or is a URL would make the loader read files outside the dataset, so it is
-    refused unless the caller opts in with ``allow_outside_root``.
+    refused unless the caller opts in with ``allow_outside_root``, the environment variable
+    :data:`SHARDS_OUTSIDE_ROOT_ENV`, or ``as_energon`` (Energon reads such paths; logged once).
     """
     if not isinstance(name, str):
         raise ConfigError(
@@ -159,6 +163,8 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
         or "://" in name
         or ".." in PurePosixPath(name).parts
     )
+    if outside and energon_mode.opted_in(SHARDS_OUTSIDE_ROOT_ENV, f"outside-root:{where}", f"reading shard {name!r} from outside the dataset folder ({where})"):
+        return name
     if outside:
         raise ConfigError(
             format_message(
@@ -167,7 +173,8 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
                 expected="a path relative to the dataset folder, without '..', e.g. shards/000000.tar",
                 found=repr(name),
                 fix="list shards by their path inside the dataset folder (re-run `energon-lite "
-                "prepare` to rewrite the file); to blend data from elsewhere, use a metadataset",
+                "prepare` to rewrite the file); to blend data from elsewhere, use a metadataset; "
+                f"if the dataset is yours and meant to do this, set {SHARDS_OUTSIDE_ROOT_ENV}=1",
             )
         )
     return name

@@ -8,13 +8,19 @@ ConfigError naming the file, the split and the shard.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
 
+from megatron_energon_lite import energon_mode
 from megatron_energon_lite.errors import ConfigError
-from megatron_energon_lite.format.metadata import read_info, resolve_split
+from megatron_energon_lite.format.metadata import (
+    SHARDS_OUTSIDE_ROOT_ENV,
+    read_info,
+    resolve_split,
+)
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.synthetic import write_tar
@@ -85,6 +91,25 @@ def test_opting_in_reads_a_shard_outside(prepared: Path) -> None:
     _point_outside(prepared, "../outside.tar")
     reader = SplitReader(prepared, "train", allow_outside_root=True)
     assert reader.read(0).key == "s1_0"
+
+
+@pytest.mark.parametrize("how", ["env", "as_energon"])
+def test_the_environment_or_energon_mode_reads_a_shard_outside_with_a_warning(
+    prepared: Path, how: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    shutil.copy(prepared / "shards/1.tar", prepared.parent / "outside.tar")
+    shutil.copy(prepared / "shards/1.tar.idx", prepared.parent / "outside.tar.idx")
+    _point_outside(prepared, "../outside.tar")
+    monkeypatch.setattr(energon_mode, "_logged", set())
+    with pytest.raises(ConfigError, match=f"set {SHARDS_OUTSIDE_ROOT_ENV}=1"):
+        SplitReader(prepared, "train")
+    if how == "env":
+        monkeypatch.setenv(SHARDS_OUTSIDE_ROOT_ENV, "1")
+    else:
+        monkeypatch.setattr(energon_mode, "_enabled", True)
+    with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.energon_mode"):
+        assert SplitReader(prepared, "train").read(0).key == "s1_0"
+    assert "reading shard '../outside.tar' from outside the dataset folder" in caplog.text
 
 
 def test_non_string_shard_name_in_yaml_info(prepared: Path) -> None:
