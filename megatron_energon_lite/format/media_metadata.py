@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from enum import Enum
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Sequence
+from typing import IO, Any, Iterable, Sequence
 
 from ..errors import ConfigError, DatasetError, MissingDependencyError, format_message
 from ..storage import local_view
@@ -261,9 +261,14 @@ def sniff_media_type(data: bytes) -> str | None:
 
 def image_metadata(data: bytes) -> dict[str, Any]:
     """Pillow's view of an encoded image, after decoding it fully (as Energon does)."""
+    return image_metadata_of_file(io.BytesIO(data))
+
+
+def image_metadata_of_file(file: IO[bytes]) -> dict[str, Any]:
+    """:func:`image_metadata` of an open binary file (read without loading it all first)."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as image:
+    with Image.open(file) as image:
         image.load()
         return {
             "width": image.width,
@@ -296,9 +301,14 @@ def av_metadata(data: bytes) -> dict[str, Any]:
     frame.  Audio: every frame is decoded; ``audio_num_samples`` is their sum and
     ``audio_duration`` ends at the last frame's end (header duration as a fallback).
     """
+    return av_metadata_of_file(io.BytesIO(data))
+
+
+def av_metadata_of_file(file: IO[bytes]) -> dict[str, Any]:
+    """:func:`av_metadata` of an open binary file (PyAV reads and seeks it as it needs)."""
     av = _import_av()
     fields: dict[str, Any] = {}
-    with av.open(io.BytesIO(data), "r") as container:
+    with av.open(file, "r") as container:
         for stream in container.streams:
             codec = stream.codec_context
             if codec is not None:  # no decoder threads: we run inside forked workers
@@ -388,6 +398,16 @@ _EXTRACTORS = {IMAGE: image_metadata, AV: av_metadata}
 def extract_metadata(media_type: str, data: bytes) -> dict[str, Any]:
     """The metadata dict of one part; raises whatever the parser raises on bad content."""
     return _EXTRACTORS[media_type](data)
+
+
+_FILE_EXTRACTORS = {IMAGE: image_metadata_of_file, AV: av_metadata_of_file}
+
+
+def extract_metadata_of_file(media_type: str, path: str | os.PathLike) -> dict[str, Any]:
+    """:func:`extract_metadata` of a local file, read as the parser needs (a large video is not
+    loaded into memory); raises whatever the parser raises on bad content."""
+    with open(path, "rb") as file:
+        return _FILE_EXTRACTORS[media_type](file)
 
 
 @dataclass(frozen=True)
@@ -491,6 +511,30 @@ class MediaIndexWriter:
             self._db.commit()
         finally:
             self._db.execute("DETACH DATABASE prev")
+
+    def copy_entries(self, previous_index: str | os.PathLike, entry_keys: Iterable[str]) -> int:
+        """Copies the rows of ``entry_keys`` from a previous index; returns how many it found."""
+        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS copy_keys (entry_key TEXT PRIMARY KEY)")
+        self._db.executemany("INSERT OR IGNORE INTO temp.copy_keys VALUES (?)", ((k,) for k in entry_keys))
+        self._db.commit()
+        self._db.execute("ATTACH DATABASE ? AS prev", (f"file:{previous_index}?mode=ro",))
+        try:
+            before = self._db.total_changes
+            self._db.execute(
+                "INSERT OR REPLACE INTO media_metadata SELECT m.entry_key, m.metadata_type, "
+                "m.metadata_json FROM prev.media_metadata m JOIN temp.copy_keys k "
+                "ON k.entry_key = m.entry_key"
+            )
+            copied = self._db.total_changes - before
+            self._db.commit()
+        except BaseException:
+            self._db.rollback()
+            raise
+        finally:
+            self._db.execute("DETACH DATABASE prev")
+            self._db.execute("DROP TABLE temp.copy_keys")
+        self.count += copied
+        return copied
 
     def finish(self, media_filter: MediaFilter) -> int:
         """Records the filter (with SQLite's UTC ``CURRENT_TIMESTAMP``) and commits."""
