@@ -29,6 +29,7 @@ import logging
 from typing import Any
 
 __all__ = [
+    "AuxFileNotFoundError",
     "ConfigError",
     "DatasetError",
     "DecodeError",
@@ -99,6 +100,13 @@ class DecompressionBombError(DecodeError):
     before decoding (a decompression bomb, or an honest but huge image). Like any
     :class:`DecodeError` it concerns one sample, which the loader's error policy may skip; the
     message names the limit and the ``SampleDecoder`` argument that raises it."""
+
+
+class AuxFileNotFoundError(EnergonLiteError, FileNotFoundError, KeyError):
+    """A cooker asked an ``aux:`` source (or the primary dataset) for a file it does not have.
+
+    A problem of one sample, which the loader's error policy may skip. It is a
+    ``FileNotFoundError`` (Energon's folder stores) and a ``KeyError`` (its dataset stores)."""
 
 
 class MissingDependencyError(EnergonLiteError, ImportError):

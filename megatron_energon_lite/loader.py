@@ -19,6 +19,7 @@ import torch
 import torch.utils.data
 
 from ._version import __version__
+from .cache.base import CachePool
 from .errors import (
     SKIP_REPORT_LIMIT,
     ConfigError,
@@ -39,6 +40,7 @@ from .format.metadataset import (
     with_subflavors,
     with_subset,
 )
+from .pipeline.aux_sources import activate_cache_pool
 from .pipeline.build import (
     PipelineSpec,
     build_worker_pipeline,
@@ -117,6 +119,8 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self._restart_exhausted = True
         #: Set by the loader when it runs worker processes: their watchdog reports reach it.
         self.stuck_reports: StuckReports | None = None
+        #: Set by the loader: the cache pool its cookers get (active while a pipeline runs).
+        self.cache_pool: CachePool | None = None
         from .debug_log import WorkerLog
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
@@ -155,6 +159,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         physical = info.id if info is not None else 0
         logical = (physical + self._rotation) % self.worker_config.workers_per_rank
+        activate_cache_pool(self.cache_pool)  # before a restore replays cookers
         pipeline = self._pipeline(logical)
         if info is not None:  # a worker process: its skips and stalls are logged by the main process
             collect_skip_reports()
@@ -262,7 +267,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         SavableDataLoader._next_id = value + 1
         return value
 
-    def __init__(self, dataset: SavableDataset, *, prefetch_factor: int = 2) -> None:
+    def __init__(self, dataset: SavableDataset, *, prefetch_factor: int = 2, cache_pool: CachePool | None = None) -> None:
         if not isinstance(dataset, SavableDataset):
             raise ConfigError(format_message("get_loader expects the result of get_train_dataset, get_val_dataset or a dataset wrapper", found=type(dataset).__name__))
         self.savable_dataset = dataset
@@ -282,6 +287,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         )
         self._stuck_reports = StuckReports() if num_workers > 0 else None
         self.dataset.stuck_reports = self._stuck_reports
+        #: What cookers get as ``TaskEncoder.cache`` (in the workers: their forked copy).
+        self.cache_pool = cache_pool
+        self.dataset.cache_pool = cache_pool
         self._stream: Iterator | None = None
         self._worker_states: list[dict | None] = [None] * self.worker_config.workers_per_rank
         self._next_worker = 0
@@ -432,6 +440,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if len(key) < 2 or key[0] != WORKER_TAG or not isinstance(key[1], int):
             raise StateError(format_message("not a restore key of this loader", expected=f"({WORKER_TAG!r}, worker id, ...)", found=repr(restore_key)[:200]))
         pipeline = self.savable_dataset.build_worker(key[1])
+        activate_cache_pool(self.cache_pool)
         return set_restore_key(pipeline.restore(key[2:]), key)
 
     def blend_report(self) -> list[dict[str, Any]]:
@@ -624,19 +633,6 @@ def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: TaskEncoder) ->
         )
 
 
-def _refuse_aux(plan: BlendPlan) -> None:
-    for leaf in plan.leaves:
-        if leaf.aux:
-            raise ConfigError(
-                format_message(
-                    "aux sources are not supported yet",
-                    where=f"{leaf.where}.aux",
-                    found=", ".join(leaf.aux),
-                    fix="remove aux and read auxiliary files in your cooker for now (auxiliary data is the next planned feature)",
-                )
-            )
-
-
 def _check_sample_type(plan: BlendPlan, sample_type: Any, *, dataset_config: str | None, trust_dataset_code: bool) -> None:
     """Energon's ``sample_type`` argument: every dataset must yield that type (or a subclass)."""
     from .format.dataset_config import dataset_sample_type, require_sample_type
@@ -648,6 +644,24 @@ def _check_sample_type(plan: BlendPlan, sample_type: Any, *, dataset_config: str
             continue  # a join's sample type is its joiner's
         found = dataset_sample_type(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
         require_sample_type(found, sample_type, where=leaf.where)
+
+
+def _check_aux(plan: BlendPlan, *, dataset_config: str | None, trust_dataset_code: bool) -> None:
+    """``aux:`` sources are read by cookers: a dataset that is not crude would never read them."""
+    from .format.dataset_config import dataset_sample_type
+    from .samples import CrudeSample
+
+    for leaf in plan.leaves:
+        if leaf.aux and dataset_sample_type(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code) is not CrudeSample:
+            raise ConfigError(
+                format_message(
+                    "aux sources are read by cookers, but this dataset is not crude",
+                    where=f"{leaf.where}.aux",
+                    found=f"aux {', '.join(leaf.aux)} on a dataset of typed samples ({leaf.path})",
+                    fix="make the dataset crude (dataset.yaml: __class__: CrudeWebdataset) and cook it with a cooker "
+                    "that takes the aux names as arguments, or remove aux",
+                )
+            )
 
 
 def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:
@@ -672,9 +686,9 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     else:
         name = str(path)
     plan = with_subset(with_subflavors(plan, subflavors), subset)
-    _refuse_aux(plan)
     if sample_type is not None:
         _check_sample_type(plan, sample_type, dataset_config=kwargs.get("dataset_config"), trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
+    _check_aux(plan, dataset_config=kwargs.get("dataset_config"), trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
     if blend_mode is not None and plan.blend_mode is not None and blend_mode != plan.blend_mode:
         raise ConfigError(
             format_message(
@@ -828,8 +842,9 @@ def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_a
     unknown = sorted(set(energon_args) - _ENERGON_LOADER_ARGS)
     if unknown:
         raise ConfigError(format_message(f"unknown loader argument {unknown[0]!r}", expected=f"prefetch_factor or one of Energon's: {', '.join(sorted(_ENERGON_LOADER_ARGS))}", found=", ".join(unknown)))
-    if energon_args.get("cache_pool") is not None:
-        raise ConfigError(format_message("cache_pool is not supported yet", fix="pass cache_pool=None"))
+    cache_pool = energon_args.pop("cache_pool", None)
+    if cache_pool is not None and not isinstance(cache_pool, CachePool):
+        raise ConfigError(format_message("cache_pool must be a CachePool", expected="FileStoreCachePool(...), NoCachePool() or None", found=type(cache_pool).__name__))
     worker_config = getattr(dataset, "worker_config", None)
     given = energon_args.pop("worker_config", None)
     if given is not None:  # as Energon: deprecated, and it must be the dataset's
@@ -857,7 +872,7 @@ def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_a
         prefetch_factor = getattr(worker_config, "prefetch_factor", None) or 2
     if worker_config is not None and not getattr(worker_config, "persistent_workers", True):
         logger.info("WorkerConfig(persistent_workers=False) is ignored: each worker keeps its pipeline's position, so workers persist")
-    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor)
+    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor, cache_pool=cache_pool)
 
 
 def get_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, **energon_args) -> SavableDataLoader:

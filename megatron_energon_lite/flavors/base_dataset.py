@@ -49,10 +49,13 @@ class BaseCoreDatasetFactory(Generic[T_sample], abc.ABC):
         """Samples of the split over all ranks (its subset applied)."""
 
     def as_file_store(self) -> Any:
-        """Energon: this dataset as a random-access file store for ``aux:`` references."""
-        raise NotSupportedError(
-            format_message(
-                f"{type(self).__name__}.as_file_store: auxiliary data (aux:, FileStore) is not supported yet",
-                fix="read the data from the sample itself for now; auxiliary sources are planned (the issue after Energon compatibility)",
+        """This dataset as a random-access file store (the ``primary`` of a cooker), read by tar
+        member name ``"<sample key>.<part>"``."""
+        from ..cache.file_store import WebdatasetFileStore
+
+        path = getattr(self, "path", None)
+        if path is None:
+            raise NotSupportedError(
+                format_message(f"{type(self).__name__}.as_file_store: this dataset has no prepared folder to read files from")
             )
-        )
+        return WebdatasetFileStore(path)

@@ -35,6 +35,7 @@ from .metadata import check_mapping, is_prepared, load_structured
 __all__ = [
     "BLEND_MODES",
     "WITH_REPLACEMENT",
+    "AuxSource",
     "BlendPlan",
     "Blender",
     "JoinMember",
@@ -95,6 +96,18 @@ class JoinSpec:
 
 
 @dataclass(frozen=True)
+class AuxSource:
+    """One ``aux:`` source of a metadataset entry, resolved against the YAML's folder."""
+
+    #: ``"dataset"``: a prepared dataset, read by tar member name; ``"folder"``: a plain folder
+    #: (``filesystem://``), read by relative path.
+    kind: str
+    path: str
+    #: The YAML path of the entry, for messages.
+    where: str
+
+
+@dataclass(frozen=True)
 class LeafDataset:
     """One dataset split as a blend sees it, with the tree's settings folded in."""
 
@@ -113,9 +126,8 @@ class LeafDataset:
     relative_range: tuple[float, float] | None = None
     #: Set when this "dataset" is a join of several (``path`` is then the primary's).
     join: JoinSpec | None = None
-    #: Energon's ``aux:`` sources, name -> resolved path (the loader refuses them until they are
-    #: supported; ``traverse_metadataset`` reports them).
-    aux: Mapping[str, str] = field(default_factory=dict, compare=False)
+    #: Energon's ``aux:`` sources by name: what the cooker of this (crude) dataset may read from.
+    aux: Mapping[str, AuxSource] = field(default_factory=dict, compare=False)
     #: A dataset factory the user constructed whose ``load_sample`` builds this dataset's samples
     #: (None: the loader builds them as ``dataset.yaml`` says).
     sample_factory: Any = field(default=None, compare=False, repr=False)
@@ -581,16 +593,33 @@ class _Parser:
             "split_config": ref.get("split_config"),
         }
 
-    def _aux(self, raw: Any, key_path: str) -> dict[str, str]:
-        """``aux: {name: path}``: a prepared dataset or ``filesystem://folder``, relative to the YAML."""
+    def _aux(self, raw: Any, key_path: str) -> dict[str, AuxSource]:
+        """``aux: {name: source}``, as Energon reads it: ``filesystem://folder`` (or
+        ``filesystem+<scheme>://...``, or ``{fs_path: folder}``) is a plain folder; any other
+        value (a path, a URL, ``{path: ...}``) is a prepared dataset. Relative paths are relative
+        to the YAML file."""
         if raw is None:
             return {}
         aux = check_mapping(raw, file=self.file, key_path=key_path, allowed=list(raw or {}))
         resolved = {}
         for name, value in aux.items():
-            if isinstance(value, str) and value.startswith("filesystem://"):
-                value = value[len("filesystem://") :]
-            resolved[str(name)] = str(self._resolve(value, f"{key_path}.{name}"))
+            where = f"{key_path}.{name}"
+            kind = "dataset"
+            if isinstance(value, Mapping):
+                check_mapping(value, file=self.file, key_path=where, allowed=("path", "fs_path"))
+                if len(value) != 1:
+                    raise ConfigError(format_message("an aux source has one key", where=self.where(where), expected="path: <prepared dataset> or fs_path: <folder>", found=", ".join(map(str, value)) or "none"))
+                kind = "folder" if "fs_path" in value else "dataset"
+                value = value.get("fs_path", value.get("path"))
+            elif isinstance(value, str):
+                scheme, sep, rest = value.partition("://")
+                if sep and scheme.lower().split("+")[0] == "filesystem":
+                    kind = "folder"
+                    inner = scheme.partition("+")[2]
+                    if "+" in inner or (scheme.lower() != "filesystem" and not inner):
+                        raise ConfigError(format_message("unknown aux source scheme", where=self.where(where), expected="filesystem://<folder> or filesystem+<scheme>://<url>", found=repr(value)))
+                    value = f"{inner}://{rest}" if inner else rest
+            resolved[str(name)] = AuxSource(kind=kind, path=str(self._resolve(value, where)), where=self.where(where))
         return resolved
 
     def _resolve(self, value: Any, key_path: str) -> AnyPath:

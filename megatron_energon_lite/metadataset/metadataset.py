@@ -69,7 +69,7 @@ class _PlanLoader(DatasetLoaderInterface):
 
     def traverse(self, *, split_part: str) -> list[TraversedDatasetReference]:
         return [
-            TraversedDatasetReference(path=EPath(leaf.path), split_part=leaf.split_part, aux={name: EPath(p) for name, p in leaf.aux.items()}, subflavors=dict(leaf.subflavors))
+            TraversedDatasetReference(path=EPath(leaf.path), split_part=leaf.split_part, aux={name: EPath(source.path) for name, source in leaf.aux.items()}, subflavors=dict(leaf.subflavors))
             for leaf in self._plan(split_part, check_datasets=False).leaves
         ]
 

@@ -34,6 +34,7 @@ from ..storage import configure_storage
 from ..task_encoder.base import TaskEncoder
 from ..task_encoder.cooking import select_cooker
 from ..worker import WorkerConfig
+from .aux_sources import aux_stores
 from .batch import BatchNode
 from .blend import BlendNode
 from .concat import ConcatNode
@@ -324,7 +325,8 @@ def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: in
     if cook and is_crude(loader):
         subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
         cooker = None if hooks.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
-        node = MapNode(node, hook(te.cook_crude_sample, cooker), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample")), tag="Cook")
+        stores = aux_stores(leaf, te.decoder, primary=cooker is not None and cooker.need_primary)
+        node = MapNode(node, hook(te.cook_crude_sample, cooker, stores), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample")), tag="Cook")
     return node
 
 

@@ -19,8 +19,10 @@ import dataclasses
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+from ..cache.base import CachePool, PrimaryFileStore
 from ..decode import SampleDecoder
 from ..errors import ConfigError, format_message
+from ..pipeline.aux_sources import PRIMARY, active_cache_pool
 from ..samples import Sample, generic_batch
 from .cooking import Cooker, select_cooker
 from .marks import (
@@ -150,10 +152,27 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         self, sample: Mapping[str, Any], cooker: Cooker[Any] | None = None, aux: Mapping[str, Any] | None = None
     ) -> T_sample:
         """Cooks a crude sample with ``cooker`` (default: the first of :attr:`cookers` matching
-        the sample's ``__subflavors__``); ``aux`` holds keyword arguments for the cook function."""
+        the sample's ``__subflavors__``). ``aux`` holds the file stores of the dataset's ``aux:``
+        sources (and ``primary``, the dataset itself), passed to the cook function by name; a
+        cooker with ``need_primary`` gets ``primary`` for the current sample (``".txt"`` is its
+        ``txt`` part), one with ``need_cache`` gets the loader's pool as ``cache``."""
         if cooker is None:
             cooker = select_cooker(self.cookers, sample.get("__subflavors__"), where=f"sample {sample.get('__key__')!r}")
-        return invoke(cooker.cook, (sample,), aux or {}, HOOK_STATE.get())
+        kwargs = {name: store for name, store in (aux or {}).items() if name != PRIMARY}
+        if cooker.need_primary:
+            primary = (aux or {}).get(PRIMARY)
+            if primary is None:
+                raise ConfigError(
+                    format_message(
+                        "the cooker needs the primary dataset, which was not given",
+                        where=f"sample {sample.get('__key__')!r}",
+                        fix="let the loader call cook_crude_sample (it passes aux with 'primary')",
+                    )
+                )
+            kwargs[PRIMARY] = PrimaryFileStore(primary, current_key=str(sample.get("__key__")))
+        if cooker.need_cache:
+            kwargs["cache"] = self.cache
+        return invoke(cooker.cook, (sample,), kwargs, HOOK_STATE.get())
 
     @stateless
     def encode_sample(self, sample: T_sample) -> T_encoded_sample | Generator[T_encoded_sample, None, None]:
@@ -305,14 +324,20 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         return _current("batch_index")
 
     @property
-    def cache(self) -> Any:
-        """Energon's cache pool for cookers: not supported yet."""
-        raise ConfigError(
-            format_message(
-                "TaskEncoder.cache (cache pools) is not supported yet",
-                fix="read the data in the cook function from the crude sample itself for now",
+    def cache(self) -> CachePool:
+        """The loader's cache pool (``get_loader(..., cache_pool=...)``), for cookers and hooks
+        that read auxiliary files lazily."""
+        pool = active_cache_pool()
+        if pool is None:
+            raise ConfigError(
+                format_message(
+                    "TaskEncoder.cache: the loader has no cache pool",
+                    expected="a loader made with a cache pool (the cooker asks for need_cache=True)",
+                    fix="get_loader(dataset, cache_pool=FileStoreCachePool(parent_cache_dir=...)) "
+                    "(or NoCachePool() to read files directly)",
+                )
             )
-        )
+        return pool
 
 
 def _check_conversion_type(value: Any, name: str) -> None:

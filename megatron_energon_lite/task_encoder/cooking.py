@@ -38,11 +38,9 @@ def cooker(*, need_cache: bool = False, need_primary: bool = False) -> Callable[
 
 
 def cooker(fn: F | None = None, *, need_cache: bool = False, need_primary: bool = False) -> F | Callable[[F], F]:
-    """Marks a cook function as needing a cache pool (``cache=``) or the primary dataset (``primary=``).
-
-    Not supported yet: cache pools and primary file stores come in a later release, so a cooker
-    that sets either flag raises :class:`ConfigError` when the loader chooses it. Plain cook
-    functions need no ``@cooker`` at all.
+    """Marks a cook function as needing the loader's cache pool (passed as ``cache=``) or the
+    sample's own dataset as a file store (``primary=``, where ``".txt"`` is the current sample's
+    ``txt`` part). Plain cook functions need no ``@cooker`` at all.
     """
     for name, value in (("need_cache", need_cache), ("need_primary", need_primary)):
         if not isinstance(value, bool):
@@ -145,18 +143,6 @@ def select_cooker(cookers: Sequence[Cooker[Any]], subflavors: Mapping[str, Any] 
                 f"cook function {_function_name(candidate.cook)} is not marked @stateless",
                 where=where,
                 fix="decorate it with @stateless (from megatron_energon_lite); cooking must only depend on the crude sample",
-            )
-        )
-    if candidate.need_cache or candidate.need_primary:
-        wanted = [name for name, flag in (("cache", candidate.need_cache), ("primary", candidate.need_primary)) if flag]
-        raise ConfigError(
-            format_message(
-                f"cook function {_function_name(candidate.cook)} asks for " + " and ".join(wanted) + ", which is not supported yet",
-                where=where,
-                expected="@cooker() without need_cache / need_primary",
-                found=", ".join(f"need_{name}=True" for name in wanted),
-                fix="read the data in the cook function from the crude sample itself for now; cache pools and "
-                "primary file stores come in a later release",
             )
         )
     return candidate

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, format_message
 from ..flavors.base_dataset import BaseCoreDatasetFactory
 from ..flavors.factories import plan_factory
+from ..pipeline.aux_sources import PRIMARY, aux_stores, decoded
 from ..pipeline.build import PipelineSpec, dataset_sizes, dataset_slices
 from ..pipeline.hooks import hook_spec
 from ..samples import CrudeSample
@@ -84,15 +85,21 @@ def overrides_build(task_encoder: Any) -> bool:
 def loaded_datasets(spec: PipelineSpec) -> list[LoadedDataset]:
     """The plan's datasets as ``build_train_datasets`` / ``build_val_datasets`` receive them."""
     slices, sizes = dataset_slices(spec), dataset_sizes(spec)  # once for every dataset of the plan
-    return [LoadedDataset(plan_factory(spec, k, slices[k], sizes[k]), weight=float(leaf.weight), repetitions=leaf.repetitions) for k, leaf in enumerate(spec.plan.leaves)]
+    return [
+        LoadedDataset(plan_factory(spec, k, slices[k], sizes[k]), weight=float(leaf.weight), repetitions=leaf.repetitions, aux=aux_stores(leaf, None, primary=False) or None)
+        for k, leaf in enumerate(spec.plan.leaves)
+    ]
 
 
 def build_cook_crude_sample(te: TaskEncoder, dataset: SavableDataset[Any], *, worker_config: WorkerConfig, subflavors: dict[str, Any], get_primary_aux: Any = None, aux: dict[str, Any] | None = None) -> SavableDataset[Any]:
-    if aux:
-        raise ConfigError(format_message("auxiliary data (aux:) is not supported yet", found=", ".join(aux), fix="read the data from the sample itself for now"))
     spec = hook_spec(te)
     cooker = None if spec.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors)
-    cook = functools.partial(te.cook_crude_sample, cooker=cooker)
+    stores = dict(aux or {})
+    if cooker is not None and cooker.need_primary and PRIMARY not in stores:
+        if get_primary_aux is None:
+            raise ConfigError(format_message("the cooker needs the primary dataset (need_primary=True)", fix="pass get_primary_aux=<dataset factory>.as_file_store"))
+        stores[PRIMARY] = get_primary_aux()
+    cook = functools.partial(te.cook_crude_sample, cooker=cooker, aux=decoded(stores, te.decoder))
     return MapDataset(dataset, cook, worker_config=worker_config, failure_tolerance=spec.tolerance("cook_crude_sample"))
 
 

@@ -78,11 +78,11 @@ def test_traverse_lists_leaves_with_aux_without_opening_them(root: Path) -> None
     assert [r.subflavors for r in refs] == [{"k": 1}, {"src": "a", "outer": "x"}, {"src": "b", "outer": "x"}]
 
 
-def test_loading_refuses_aux_naming_the_entry(root: Path) -> None:
+def test_loading_refuses_aux_on_a_dataset_that_is_not_crude(root: Path) -> None:
     path = root / "aux_existing.yaml"
     path.write_text("__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    path: a\n    aux:\n      labels: b\n")
     assert traverse_metadataset(path, split_part="train")[0].aux == {"labels": EPath(root / "b")}
-    with pytest.raises(ConfigError, match=r"aux sources are not supported yet(.|\n)*splits.train.aux"):
+    with pytest.raises(ConfigError, match=r"aux sources are read by cookers, but this dataset is not crude(.|\n)*splits.train.aux"):
         get_train_dataset(path, worker_config=WC, batch_size=1)
 
 

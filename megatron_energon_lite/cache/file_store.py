@@ -1,0 +1,279 @@
+"""The file stores behind ``aux:`` sources: a prepared dataset, a plain folder, a decoding wrapper.
+
+* :class:`WebdatasetFileStore`: a prepared dataset; a file is a tar member ``"<key>.<part>"``,
+  found through ``index.sqlite`` (its ``sample_parts`` table) and read as one byte range.
+* :class:`SystemFileStore`: a folder (local or object storage); a file is a relative path.
+* :class:`DecodeFileStore`: decodes what another store returns with the task encoder's decoder.
+
+Reads go through the storage layer (pooled descriptors locally; ranged reads with retries and
+the index cache remotely). Names come from sample data, so they are checked: a folder store never
+reads outside its folder. A name a source does not have raises
+:class:`~megatron_energon_lite.errors.AuxFileNotFoundError` (one sample's problem); a source that
+is not usable (not prepared, a damaged index) raises ``DatasetError`` (stops the run).
+
+Stores hold per-process resources (open descriptors, SQLite connections per thread); pickling
+drops them, and a forked worker opens its own.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import PurePosixPath
+from typing import Any
+
+from ..decode import SampleDecoder
+from ..errors import AuxFileNotFoundError, DatasetError, format_message
+from ..format.metadata import INDEX_SQLITE, meta_dir, read_info
+from ..format.tar_reader import split_name
+from ..media.metadata import MediaMetadataBase, deserialize_media_metadata
+from ..source_info import SourceInfo
+from ..storage import AnyPath, as_path, file_pool, file_stat, local_view
+from .base import FileStore, FileStoreDecoder, FileStoreWrapper
+
+__all__ = ["DecodeFileStore", "SystemFileStore", "WebdatasetFileStore", "check_relative_name"]
+
+_PREPARE_MEDIA = "energon-lite prepare-media {path} --media-metadata-by-extension"
+_PREPARE_DATASET_MEDIA = "energon-lite prepare {path} --media-metadata-by-extension --force-overwrite"
+
+
+def check_relative_name(name: Any, *, store: FileStore) -> str:
+    """``name`` if it is a relative path inside the store (no ``..``, not absolute, not a URL)."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or "\0" in name
+        or name.startswith("/")
+        or "://" in name
+        or ".." in PurePosixPath(name).parts
+    ):
+        raise AuxFileNotFoundError(
+            format_message(
+                "a file name for an aux source must be a path inside it",
+                where=str(store),
+                expected="a relative path without '..', e.g. images/0001.jpg",
+                found=repr(name)[:200],
+                fix="build the name from the sample's data relative to the aux folder",
+            )
+        )
+    return name
+
+
+class _IndexReader:
+    """Thread-local read-only SQLite connections to one ``index.sqlite`` (opened lazily)."""
+
+    def __init__(self, path: AnyPath, *, what: str) -> None:
+        self.path = path
+        self.what = what
+        self._local = threading.local()
+
+    def connection(self) -> sqlite3.Connection | None:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            local = local_view(self.path)
+            if local is None:
+                return None
+            db = sqlite3.connect(f"file:{local}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+            self._local.db = db
+        return db
+
+    def query(self, sql: str, args: tuple) -> list[tuple] | None:
+        """Rows of ``sql``; None if the index or the table does not exist."""
+        db = self.connection()
+        if db is None:
+            return None
+        try:
+            return db.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise self.damaged(exc) from None
+        except sqlite3.DatabaseError as exc:
+            raise self.damaged(exc) from None
+
+    def damaged(self, exc: Exception) -> DatasetError:
+        return DatasetError(
+            format_message(
+                f"the index of {self.what} cannot be read",
+                where=str(self.path),
+                found=f"{type(exc).__name__}: {exc}",
+                fix="run energon-lite prepare (or prepare-media for a folder) on it again",
+            )
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "what": self.what}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], what=state["what"])
+
+
+def _media_metadata(index: _IndexReader, key: str, store: FileStore, fix: str) -> MediaMetadataBase:
+    rows = index.query("SELECT metadata_type, metadata_json FROM media_metadata WHERE entry_key = ?", (key,))
+    if rows is None:
+        raise DatasetError(
+            format_message(
+                "no media metadata was stored for this source",
+                where=str(store),
+                expected=f"a media_metadata table in {index.path}",
+                fix=f"run `{fix}`",
+            )
+        )
+    if not rows:
+        raise AuxFileNotFoundError(
+            format_message(
+                "no media metadata for this file",
+                where=f"{store}: {key!r}",
+                fix=f"check the name; if the file was added after the metadata, run `{fix}` again",
+            )
+        )
+    metadata_type, metadata_json = rows[0]
+    return deserialize_media_metadata(metadata_type, metadata_json)
+
+
+class SystemFileStore(FileStore[bytes]):
+    """The files of a folder, by their path relative to it (``filesystem://`` aux sources).
+
+    Media metadata comes from the folder's ``.nv-meta/index.sqlite`` (``energon-lite
+    prepare-media``).
+    """
+
+    def __init__(self, base_dir: Any = None) -> None:
+        if base_dir is None:
+            raise DatasetError(
+                format_message("SystemFileStore needs the folder it reads from", expected="SystemFileStore(base_dir)")
+            )
+        self.base_dir = as_path(base_dir)
+        self._pool = None
+        self._index = _IndexReader(meta_dir(self.base_dir) / INDEX_SQLITE, what=f"folder {self.base_dir}")
+
+    def get_path(self) -> str:
+        return str(self.base_dir)
+
+    def __getitem__(self, key: str) -> tuple[bytes, SourceInfo]:
+        name = check_relative_name(key, store=self)
+        path = self.base_dir / name
+        stat = file_stat(path)
+        if stat is None:
+            raise AuxFileNotFoundError(
+                format_message("file not found in an aux folder", where=str(path), fix="check the name the cooker builds, or add the file")
+            )
+        if self._pool is None:
+            self._pool = file_pool(self.base_dir)
+        data = self._pool.read(path, 0, stat.size)
+        base = self.get_path()
+        return data, SourceInfo(dataset_path=base, index=name, shard_name=base, file_names=(name,))
+
+    def get_media_metadata(self, key: str) -> MediaMetadataBase:
+        name = check_relative_name(key, store=self)
+        return _media_metadata(self._index, name, self, _PREPARE_MEDIA.format(path=self.base_dir))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+    def __str__(self) -> str:
+        return f"SystemFileStore(base_dir={self.get_path()!r})"
+
+
+class WebdatasetFileStore(FileStore[bytes]):
+    """The tar members of a prepared dataset, by member name ``"<sample key>.<part>"``.
+
+    Each read is one lookup in ``index.sqlite`` and one byte range of the shard.
+    """
+
+    def __init__(self, dataset_path: Any) -> None:
+        self.base_path = as_path(dataset_path)
+        index = meta_dir(self.base_path) / INDEX_SQLITE
+        if file_stat(index) is None:
+            raise DatasetError(
+                format_message(
+                    "an aux dataset must be a prepared dataset",
+                    where=str(self.base_path),
+                    expected=f"{index} (written by energon-lite prepare)",
+                    fix=f"run `energon-lite prepare {self.base_path}`; for a plain folder of files write "
+                    "filesystem://<folder> in the aux: entry instead",
+                )
+            )
+        self._shards = list(read_info(self.base_path).shard_counts)
+        self._index = _IndexReader(index, what=f"dataset {self.base_path}")
+        self._pool = None
+
+    def get_path(self) -> str:
+        return str(self.base_path)
+
+    def _locate(self, key: str) -> tuple[str, int, int]:
+        parts = split_name(key) if isinstance(key, str) else None
+        if parts is None:
+            raise AuxFileNotFoundError(
+                format_message(
+                    "an aux dataset is read by tar member name",
+                    where=str(self),
+                    expected="'<sample key>.<part>', e.g. '000123.jpg'",
+                    found=repr(key)[:200],
+                )
+            )
+        sample_key, part = parts
+        rows = self._index.query(
+            "SELECT p.tar_file_id, p.content_byte_offset, p.content_byte_size FROM sample_parts p "
+            "JOIN samples s ON p.tar_file_id = s.tar_file_id AND p.sample_index = s.sample_index "
+            "WHERE s.sample_key = ? AND p.part_name = ?",
+            (sample_key, part),
+        )
+        if rows is None:
+            raise self._index.damaged(sqlite3.OperationalError("no sample_parts table"))
+        if not rows:
+            raise AuxFileNotFoundError(
+                format_message(
+                    "no such sample part in the aux dataset",
+                    where=f"{self}: {key!r}",
+                    expected=f"a sample {sample_key!r} with a part {part!r}",
+                    fix="check the key the cooker builds (energon-lite info lists the dataset's parts)",
+                )
+            )
+        tar_id, offset, size = rows[0]
+        if not 0 <= tar_id < len(self._shards):
+            raise self._index.damaged(ValueError(f"tar_file_id {tar_id} is not one of the {len(self._shards)} shards of .info.json"))
+        return self._shards[tar_id], offset, size
+
+    def __getitem__(self, key: str) -> tuple[bytes, SourceInfo]:
+        shard, offset, size = self._locate(key)
+        if self._pool is None:
+            self._pool = file_pool(self.base_path)
+        data = self._pool.read(self.base_path / shard, offset, size)
+        return data, SourceInfo(dataset_path=self.get_path(), index=key, shard_name=shard, file_names=(key,))
+
+    def get_media_metadata(self, key: str) -> MediaMetadataBase:
+        return _media_metadata(self._index, key, self, _PREPARE_DATASET_MEDIA.format(path=self.base_path))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+    def __str__(self) -> str:
+        return f"WebdatasetFileStore(path={self.get_path()!r})"
+
+
+class DecodeFileStore(FileStoreWrapper[Any]):
+    """Decodes what ``inner`` returns with ``decoder`` (by the file name's extension)."""
+
+    def __init__(self, inner: FileStore, *, decoder: FileStoreDecoder | Any) -> None:
+        super().__init__(inner)
+        self.decoder = decoder
+
+    def _decode(self, fname: str, data: bytes) -> Any:
+        # Our SampleDecoder decodes one file with decode_file (its decode takes a whole sample);
+        # a subclass that overrides decode(fname, data), as Energon's decoders do, is called so.
+        decoder = self.decoder
+        if isinstance(decoder, SampleDecoder) and type(decoder).decode is SampleDecoder.decode:
+            return decoder.decode_file(fname, data)
+        return decoder.decode(fname, data)
+
+    def __getitem__(self, key: str) -> tuple[Any, SourceInfo]:
+        data, source_info = self._inner[key]
+        return self._decode(key, data), source_info
+
+    def _decode_raw(self, data: bytes, **kwargs: Any) -> Any:
+        return self._decode(kwargs["fname"], self._inner._decode_raw(data, **kwargs))
+
+    def __str__(self) -> str:
+        return f"DecodeFileStore(inner={self._inner}, decoder={self.decoder!r})"
+
