@@ -35,7 +35,6 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from braceexpand import braceexpand
-from tqdm import tqdm
 
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
 from ..storage import (
@@ -74,7 +73,7 @@ from .metadata import (
     write_info,
     write_split_config,
 )
-from .process_pool import scan_pool
+from .process_pool import scan_in_order
 from .sqlite_index import (
     DuplicateKey,
     DuplicateSampleKeyError,
@@ -604,24 +603,8 @@ def _scan_all(
     media_filter: MediaFilter | None = None,
 ) -> Iterator[ShardScan]:
     """Scans ``names`` (in parallel processes) and yields the scans in the order of ``names``."""
-    workers = min(num_workers or os.cpu_count() or 1, max(1, len(names)))
-    bar = tqdm(total=len(names), desc="Indexing shards", unit="shard", disable=not progress)
-    try:
-        if workers <= 1:
-            for name in names:
-                yield scan_shard(root, name, media_filter)
-                bar.update()
-        else:
-            pool = scan_pool(workers)
-            try:
-                chunk = max(1, min(16, len(names) // (workers * 4)))
-                for scan in pool.map(_scan_task, ((root, n, media_filter) for n in names), chunksize=chunk):
-                    yield scan
-                    bar.update()
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
-    finally:
-        bar.close()
+    jobs = [(root, name, media_filter) for name in names]
+    return scan_in_order(_scan_task, jobs, num_workers=num_workers, progress=progress, desc="Indexing shards", unit="shard")
 
 
 def _write_prepare_state(

@@ -12,8 +12,13 @@ import os
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from typing import Callable, Iterator, Sequence, TypeVar
 
-__all__ = ["scan_pool"]
+from tqdm import tqdm
+
+__all__ = ["scan_in_order", "scan_pool"]
+
+R = TypeVar("R")
 
 #: How often a pool worker checks that the process that started it is still there.
 _PARENT_CHECK_SECONDS = 0.5
@@ -27,6 +32,39 @@ def scan_pool(workers: int) -> ProcessPoolExecutor:
         initializer=_exit_with_parent,
         initargs=(os.getpid(),),
     )
+
+
+def scan_in_order(
+    task: Callable[[tuple], R],
+    jobs: Sequence[tuple],
+    *,
+    num_workers: int | None,
+    progress: bool,
+    desc: str,
+    unit: str,
+    max_chunk: int = 16,
+) -> Iterator[R]:
+    """``task(job)`` for each of ``jobs``, in parallel processes (``num_workers``; None: one per
+    core) with a progress bar, yielded in the order of ``jobs``; in this process for one worker.
+    ``task`` must be a module-level function (it is pickled to the workers)."""
+    workers = min(num_workers or os.cpu_count() or 1, max(1, len(jobs)))
+    bar = tqdm(total=len(jobs), desc=desc, unit=unit, disable=not progress)
+    try:
+        if workers <= 1:
+            for job in jobs:
+                yield task(job)
+                bar.update()
+            return
+        pool = scan_pool(workers)
+        try:
+            chunk = max(1, min(max_chunk, len(jobs) // (workers * 4)))
+            for result in pool.map(task, jobs, chunksize=chunk):
+                yield result
+                bar.update()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        bar.close()
 
 
 def _exit_with_parent(parent: int) -> None:

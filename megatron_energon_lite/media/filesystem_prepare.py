@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from tqdm import tqdm
-
 from ..errors import (
     ConfigError,
     DatasetError,
@@ -58,7 +56,7 @@ from ..format.media_metadata import (
     read_media_filter,
 )
 from ..format.metadata import INDEX_SQLITE, META_DIR, is_prepared
-from ..format.process_pool import scan_pool
+from ..format.process_pool import scan_in_order
 from ..storage import (
     RemotePath,
     as_path,
@@ -429,24 +427,8 @@ def _scan_all(
     root: Path, files: list[_Listed], media_filter: MediaFilter, *, num_workers: int | None, progress: bool
 ) -> Iterator[_FileScan]:
     """Reads ``files`` (in parallel processes) and yields the results in the order of ``files``."""
-    workers = min(num_workers or os.cpu_count() or 1, max(1, len(files)))
-    bar = tqdm(total=len(files), desc="Reading media files", unit="file", disable=not progress)
-    try:
-        if workers <= 1:
-            for listed in files:
-                yield _scan_file(root, listed, media_filter)
-                bar.update()
-        else:
-            pool = scan_pool(workers)
-            try:
-                chunk = max(1, min(64, len(files) // (workers * 4)))
-                for scan in pool.map(_scan_task, ((root, f, media_filter) for f in files), chunksize=chunk):
-                    yield scan
-                    bar.update()
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
-    finally:
-        bar.close()
+    jobs = [(root, listed, media_filter) for listed in files]
+    return scan_in_order(_scan_task, jobs, num_workers=num_workers, progress=progress, desc="Reading media files", unit="file", max_chunk=64)
 
 
 # ---------------------------------------------------------------------------------------------
