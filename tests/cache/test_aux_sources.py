@@ -26,6 +26,7 @@ from megatron_energon_lite import (
 )
 from megatron_energon_lite.cache import (
     DecodeFileStore,
+    FileStoreCachePool,
     NoCachePool,
     PrimaryFileStore,
     SystemFileStore,
@@ -97,7 +98,9 @@ class PrimaryEncoder(DefaultTaskEncoder):
     @stateless
     def encode_sample(self, sample: WithPrimary) -> TextSample:
         # Lazies are resolved in the worker, before the sample leaves it.
-        return TextSample(**basic_sample_keys(dataclasses.asdict(sample) | {"__sources__": sample.__sources__}), text=f"{sample.text}|{sample.nxt.get(sample)}")
+        nxt = sample.nxt.get(sample)  # appends its source to the sample's
+        keys = {name: getattr(sample, name) for name in ("__key__", "__restore_key__", "__subflavors__", "__sources__")}
+        return TextSample(**keys, text=f"{sample.text}|{nxt}")
 
 
 def wc(workers: int = 0) -> WorkerConfig:
@@ -127,9 +130,12 @@ def test_sources_record_every_aux_read(data: Path) -> None:
     assert sources[2] == SourceInfo(dataset_path=str(data / "files"), index=f"sub/{first}.txt", shard_name=str(data / "files"), file_names=(f"sub/{first}.txt",))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_primary_and_cache_with_exact_resume(data: Path, workers: int) -> None:
-    loader = get_savable_loader(train(data, PrimaryEncoder(), workers), cache_pool=NoCachePool())
+@pytest.mark.parametrize("workers,pool", [(0, "none"), (2, "none"), (0, "files"), (2, "files")])
+def test_primary_and_cache_with_exact_resume(data: Path, workers: int, pool: str, tmp_path: Path) -> None:
+    def make_pool():
+        return NoCachePool() if pool == "none" else FileStoreCachePool(parent_cache_dir=tmp_path / "cache", num_workers=2)
+
+    loader = get_savable_loader(train(data, PrimaryEncoder(), workers), cache_pool=make_pool())
     it = iter(loader)
     head = [next(it) for _ in range(3)]
     state = loader.save_state_rank()
@@ -139,7 +145,7 @@ def test_primary_and_cache_with_exact_resume(data: Path, workers: int) -> None:
             own, other, nxt = text.split("|")
             assert int(other) == int(own) + 100 and int(nxt) == (int(own) + 1) % N
 
-    resumed = get_savable_loader(train(data, PrimaryEncoder(), workers), cache_pool=NoCachePool())
+    resumed = get_savable_loader(train(data, PrimaryEncoder(), workers), cache_pool=make_pool())
     resumed.restore_state_rank(state)
     it2 = iter(resumed)
     assert [next(it2).text for _ in range(4)] == tail
