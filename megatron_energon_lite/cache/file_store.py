@@ -24,11 +24,12 @@ from typing import Any
 
 from ..decode import SampleDecoder
 from ..errors import AuxFileNotFoundError, DatasetError, format_message
+from ..format.media_metadata import open_index
 from ..format.metadata import INDEX_SQLITE, meta_dir, read_info
 from ..format.tar_reader import split_name
 from ..media.metadata import MediaMetadataBase, deserialize_media_metadata
 from ..source_info import SourceInfo
-from ..storage import AnyPath, as_path, file_pool, file_stat, local_view
+from ..storage import AnyPath, as_path, file_pool, file_stat
 from .base import FileStore, FileStoreDecoder, FileStoreWrapper
 
 __all__ = ["DecodeFileStore", "SystemFileStore", "WebdatasetFileStore", "check_relative_name"]
@@ -70,11 +71,7 @@ class _IndexReader:
     def connection(self) -> sqlite3.Connection | None:
         db = getattr(self._local, "db", None)
         if db is None:
-            local = local_view(self.path)
-            if local is None:
-                return None
-            db = sqlite3.connect(f"file:{local}?mode=ro&immutable=1", uri=True, check_same_thread=False)
-            self._local.db = db
+            db = self._local.db = open_index(self.path)
         return db
 
     def query(self, sql: str, args: tuple) -> list[tuple] | None:
@@ -131,7 +128,22 @@ def _media_metadata(index: _IndexReader, key: str, store: FileStore, fix: str) -
     return deserialize_media_metadata(metadata_type, metadata_json)
 
 
-class SystemFileStore(FileStore[bytes]):
+class _PooledReads:
+    """Byte ranges read through the storage layer's per-process file pool (opened on first use,
+    not pickled: each process opens its own)."""
+
+    _pool = None
+
+    def _read(self, root: AnyPath, path: AnyPath, offset: int, size: int) -> bytes:
+        if self._pool is None:
+            self._pool = file_pool(root)
+        return self._pool.read(path, offset, size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+
+class SystemFileStore(_PooledReads, FileStore[bytes]):
     """The files of a folder, by their path relative to it (``filesystem://`` aux sources).
 
     Media metadata comes from the folder's ``.nv-meta/index.sqlite`` (``energon-lite
@@ -144,7 +156,6 @@ class SystemFileStore(FileStore[bytes]):
                 format_message("SystemFileStore needs the folder it reads from", expected="SystemFileStore(base_dir)")
             )
         self.base_dir = as_path(base_dir)
-        self._pool = None
         self._index = _IndexReader(meta_dir(self.base_dir) / INDEX_SQLITE, what=f"folder {self.base_dir}")
 
     def get_path(self) -> str:
@@ -158,9 +169,7 @@ class SystemFileStore(FileStore[bytes]):
             raise AuxFileNotFoundError(
                 format_message("file not found in an aux folder", where=str(path), fix="check the name the cooker builds, or add the file")
             )
-        if self._pool is None:
-            self._pool = file_pool(self.base_dir)
-        data = self._pool.read(path, 0, stat.size)
+        data = self._read(self.base_dir, path, 0, stat.size)
         base = self.get_path()
         return data, SourceInfo(dataset_path=base, index=name, shard_name=base, file_names=(name,))
 
@@ -168,14 +177,11 @@ class SystemFileStore(FileStore[bytes]):
         name = check_relative_name(key, store=self)
         return _media_metadata(self._index, name, self, _PREPARE_MEDIA.format(path=self.base_dir))
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None}
-
     def __str__(self) -> str:
         return f"SystemFileStore(base_dir={self.get_path()!r})"
 
 
-class WebdatasetFileStore(FileStore[bytes]):
+class WebdatasetFileStore(_PooledReads, FileStore[bytes]):
     """The tar members of a prepared dataset, by member name ``"<sample key>.<part>"``.
 
     Each read is one lookup in ``index.sqlite`` and one byte range of the shard.
@@ -196,7 +202,6 @@ class WebdatasetFileStore(FileStore[bytes]):
             )
         self._shards = list(read_info(self.base_path).shard_counts)
         self._index = _IndexReader(index, what=f"dataset {self.base_path}")
-        self._pool = None
 
     def get_path(self) -> str:
         return str(self.base_path)
@@ -237,16 +242,11 @@ class WebdatasetFileStore(FileStore[bytes]):
 
     def __getitem__(self, key: str) -> tuple[bytes, SourceInfo]:
         shard, offset, size = self._locate(key)
-        if self._pool is None:
-            self._pool = file_pool(self.base_path)
-        data = self._pool.read(self.base_path / shard, offset, size)
+        data = self._read(self.base_path, self.base_path / shard, offset, size)
         return data, SourceInfo(dataset_path=self.get_path(), index=key, shard_name=shard, file_names=(key,))
 
     def get_media_metadata(self, key: str) -> MediaMetadataBase:
         return _media_metadata(self._index, key, self, _PREPARE_DATASET_MEDIA.format(path=self.base_path))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None}
 
     def __str__(self) -> str:
         return f"WebdatasetFileStore(path={self.get_path()!r})"

@@ -562,7 +562,8 @@ def write_media_metadata(index: str | os.PathLike, media_filter: MediaFilter, ro
     return writer.finish(media_filter)
 
 
-def _open_index(index: Any) -> sqlite3.Connection | None:
+def open_index(index: Any) -> sqlite3.Connection | None:
+    """A read-only connection to an ``index.sqlite`` (local, or a cached copy of a remote one); None if it does not exist."""
     local = local_view(index)  # a remote index is read from its cached copy
     if local is None:
         return None
@@ -571,7 +572,7 @@ def _open_index(index: Any) -> sqlite3.Connection | None:
 
 def read_media_filter(index: str | os.PathLike) -> MediaFilter | None:
     """The most recent filter recorded in an index (Energon appends one per run), or None."""
-    db = _open_index(index)
+    db = open_index(index)
     if db is None:
         return None
     try:
@@ -587,7 +588,7 @@ def read_media_filter(index: str | os.PathLike) -> MediaFilter | None:
 
 def read_media_metadata(root: str | os.PathLike, entry_key: str) -> dict[str, Any] | None:
     """The stored metadata of ``"<sample key>.<part>"`` in a prepared dataset, or None."""
-    db = _open_index(meta_dir(root) / INDEX_SQLITE)
+    db = open_index(meta_dir(root) / INDEX_SQLITE)
     if db is None:
         return None
     try:
@@ -605,7 +606,7 @@ def read_media_metadata(root: str | os.PathLike, entry_key: str) -> dict[str, An
 
 def media_counts(root: str | os.PathLike) -> dict[str, int] | None:
     """Stored entries per metadata type, or None when the dataset has no media tables."""
-    db = _open_index(meta_dir(root) / INDEX_SQLITE)
+    db = open_index(meta_dir(root) / INDEX_SQLITE)
     if db is None:
         return None
     try:
