@@ -158,9 +158,9 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         ``txt`` part), one with ``need_cache`` gets the loader's pool as ``cache``."""
         if cooker is None:
             cooker = select_cooker(self.cookers, sample.get("__subflavors__"), where=f"sample {sample.get('__key__')!r}")
-        kwargs = {name: store for name, store in (aux or {}).items() if name != PRIMARY}
+        kwargs = dict(aux or {})
         if cooker.need_primary:
-            primary = (aux or {}).get(PRIMARY)
+            primary = kwargs.get(PRIMARY)
             if primary is None:
                 raise ConfigError(
                     format_message(

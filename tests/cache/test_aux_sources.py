@@ -215,3 +215,19 @@ def test_bad_aux_entries_name_the_yaml_path(data: Path, tmp_path: Path) -> None:
 def test_traverse_reports_aux_sources_without_opening_them(data: Path) -> None:
     (refs,) = [traverse_metadataset(data / "mds.yaml", split_part="train")]
     assert [ref.aux for ref in refs] == [{"pkl_source": EPath(data / "ds2"), "fs_source": EPath(data / "files")}]
+
+
+def test_an_aux_source_named_primary_reaches_a_cooker_that_does_not_ask_for_the_primary(data: Path) -> None:
+    (data / "named_primary.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    path: ds1\n    aux:\n      primary: ds2\n"
+    )
+
+    @stateless
+    def cook(sample: dict, primary) -> TextSample:
+        return TextSample(**basic_sample_keys(sample), text=primary.get(f"{int(sample['txt']) + 100:06d}.txt"))
+
+    class Encoder(DefaultTaskEncoder):
+        cookers = [Cooker(cook)]
+
+    ds = get_val_dataset(data / "named_primary.yaml", split_part="train", worker_config=wc(), batch_size=None, task_encoder=Encoder())
+    assert sorted(s.text for s in get_loader(ds)) == sorted(str(i + 100) for i in range(N))
