@@ -29,7 +29,8 @@ from ..format.metadata import INDEX_SQLITE, meta_dir, read_info
 from ..format.tar_reader import split_name
 from ..media.metadata import MediaMetadataBase, deserialize_media_metadata
 from ..source_info import SourceInfo
-from ..storage import AnyPath, as_path, file_pool, file_stat
+from ..storage import AnyPath, RemotePath, as_path, file_pool, file_stat
+from ..storage.remote import fetch_object
 from .base import FileStore, FileStoreDecoder, FileStoreWrapper
 
 __all__ = ["DecodeFileStore", "SystemFileStore", "WebdatasetFileStore", "check_relative_name"]
@@ -164,14 +165,24 @@ class SystemFileStore(_PooledReads, FileStore[bytes]):
     def __getitem__(self, key: str) -> tuple[bytes, SourceInfo]:
         name = check_relative_name(key, store=self)
         path = self.base_dir / name
-        stat = file_stat(path)
-        if stat is None:
+        data = self._read_whole(path)
+        if data is None:
             raise AuxFileNotFoundError(
                 format_message("file not found in an aux folder", where=str(path), fix="check the name the cooker builds, or add the file")
             )
-        data = self._read(self.base_dir, path, 0, stat.size)
         base = self.get_path()
         return data, SourceInfo(dataset_path=base, index=name, shard_name=base, file_names=(name,))
+
+    def _read_whole(self, path: AnyPath) -> bytes | None:
+        """The file's bytes, or None if it does not exist: one GET remotely (a listing of the
+        folder first would cost a round trip and grow with the folder)."""
+        if isinstance(path, RemotePath):
+            try:
+                return fetch_object(path)
+            except FileNotFoundError:
+                return None
+        stat = file_stat(path)
+        return None if stat is None else self._read(self.base_dir, path, 0, stat.size)
 
     def get_media_metadata(self, key: str) -> MediaMetadataBase:
         name = check_relative_name(key, store=self)

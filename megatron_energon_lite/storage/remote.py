@@ -466,6 +466,20 @@ def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def fetch_object(path: RemotePath) -> bytes:
+    """The whole object at ``path`` in one GET (retried; a missing object raises
+    ``FileNotFoundError`` at once), counted like ranged reads. For files read whole, such as
+    the files of an aux folder, where a size lookup first would cost a second round trip."""
+
+    def get() -> bytes:
+        read_counters.requests += 1
+        return path.fs.cat_file(path.url)
+
+    data = with_retries(get, what=f"read {path.url}", settings=path.settings)
+    read_counters.bytes_fetched += len(data)
+    return data
+
+
 class RemoteFilePool:
     """Reads byte ranges of remote objects with read-ahead; one pool per process.
 
