@@ -30,6 +30,7 @@ from typing import Any
 
 __all__ = [
     "AuxFileNotFoundError",
+    "CachePoolClosedError",
     "ConfigError",
     "DatasetError",
     "DecodeError",
@@ -37,6 +38,7 @@ __all__ = [
     "EmptyDatasetError",
     "EnergonLiteError",
     "FatalSampleError",
+    "LazyNotPicklableError",
     "MissingDependencyError",
     "NotSupportedError",
     "SkipSample",
@@ -107,6 +109,14 @@ class AuxFileNotFoundError(EnergonLiteError, FileNotFoundError, KeyError):
 
     A problem of one sample, which the loader's error policy may skip. It is a
     ``FileNotFoundError`` (Energon's folder stores) and a ``KeyError`` (its dataset stores)."""
+
+
+class CachePoolClosedError(EnergonLiteError, RuntimeError):
+    """A cache pool was used after ``close()``."""
+
+
+class LazyNotPicklableError(EnergonLiteError, TypeError):
+    """A cache pool's lazy reference was pickled: it belongs to the process that made it."""
 
 
 class MissingDependencyError(EnergonLiteError, ImportError):

@@ -82,6 +82,9 @@ class FileStore(Generic[T]):
     def __str__(self) -> str:
         return f"{type(self).__name__}(path={self.get_path()!r})"
 
+    def __repr__(self) -> str:  # so lazies and messages that repr a store name its source
+        return str(self)
+
 
 class FileStoreWrapper(FileStore[T]):
     """A store that adds behaviour to another; raw reads and media metadata go to the inner one."""

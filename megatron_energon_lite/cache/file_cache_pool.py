@@ -14,9 +14,9 @@ behind it); a consumer that asks for a file whose fetch is queued or waiting nev
 it reads the file itself or takes the bytes the fetch already read, and the fetch of the remaining
 references goes to the end of the queue. A file larger than the whole budget is never cached (one
 warning per pool). Writes go to a temporary name and are renamed, so no half-written file is ever
-read. When the folder cannot be made or written (a read-only place, a full disk), lazies still
-return their data, read directly, and the pool logs one warning: a cache is an optimisation, so it
-does not stop training.
+read. A folder that cannot be made when the pool is created is a ``ConfigError``; when writing
+fails later (a full disk, a folder removed under the pool), lazies still return their data, read
+directly, and the pool logs one warning: a cache is an optimisation, so it does not stop training.
 
 Energon's behaviour is kept where its tests pin it down (attribute names, the order of fetches, when
 space is freed); these Energon bugs are fixed:
@@ -56,19 +56,19 @@ from multiprocessing.util import Finalize
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ..errors import ConfigError, EnergonLiteError, StorageError, format_message
+from ..errors import (
+    CachePoolClosedError,
+    ConfigError,
+    LazyNotPicklableError,
+    StorageError,
+    format_message,
+)
 from ..fork_hook import ForkMixin
 from ..source_info import SourceInfo, add_source_info
 from ..storage.local import is_no_room, temporary_name
 from .base import CachePool, FileStore, Lazy
 
-__all__ = [
-    "CacheFileLazy",
-    "CachePoolClosedError",
-    "FileCacheLazy",
-    "FileStoreCachePool",
-    "LazyNotPicklableError",
-]
+__all__ = ["CacheFileLazy", "FileCacheLazy", "FileStoreCachePool"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +102,6 @@ def _on_exit() -> None:
 _register_threading_atexit = getattr(threading, "_register_atexit", None)
 if _register_threading_atexit is not None:
     _register_threading_atexit(_on_exit)
-
-
-class CachePoolClosedError(EnergonLiteError, RuntimeError):
-    """A :class:`FileStoreCachePool` was used after :meth:`~FileStoreCachePool.close`."""
-
-
-class LazyNotPicklableError(EnergonLiteError, TypeError):
-    """A lazy reference of a :class:`FileStoreCachePool` was pickled (it belongs to one process)."""
 
 
 def _not_picklable(kind: str, where: str) -> LazyNotPicklableError:
@@ -397,24 +389,21 @@ class FileStoreCachePool(CachePool, ForkMixin):
         self._max_cache_size = int(max_cache_size_gbytes * 1024**3)
         self._max_cache_count = max_cache_count
         self._closed = False
-        #: No folder could be made: nothing is fetched, lazies read directly.
-        self._disabled = False
         self._warned: set[str] = set()
         self._setup_process()
         try:
             self._ensure_dir()
         except OSError as exc:
-            self._disabled = True
-            self._warn_once(
-                "no-dir",
+            # A wrong folder is a setting to fix before training starts; later failures (a full
+            # disk, a folder removed under the pool) only cost speed and are warned about.
+            raise ConfigError(
                 format_message(
-                    "FileStoreCachePool cannot make its cache folder: nothing is fetched in the "
-                    "background, lazies read their files when used",
+                    "FileStoreCachePool cannot make or write its cache folder",
                     where=str(self.cache_dir),
                     found=f"{type(exc).__name__}: {exc}",
                     fix="pass a writable local folder as parent_cache_dir",
-                ),
-            )
+                )
+            ) from exc
         _live_pools.add(self)
         super().__init__()  # ForkMixin: registers __after_in_child_fork__
 
@@ -566,11 +555,6 @@ class FileStoreCachePool(CachePool, ForkMixin):
         """Queues a fetch of ``entry`` (lock held)."""
         attempt = _Attempt()
         entry.attempt = attempt
-        if self._disabled:
-            entry.uncacheable = True
-            entry.state = "not cached"
-            attempt.future.set_result(False)
-            return
         entry.state = "queued"
         attempt.future = self._executor.submit(self._fetch, entry, attempt)
 

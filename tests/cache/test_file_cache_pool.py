@@ -28,12 +28,14 @@ from megatron_energon_lite.cache.base import (
 )
 from megatron_energon_lite.cache.file_cache_pool import (
     CacheFileLazy,
-    CachePoolClosedError,
     FileCacheLazy,
     FileStoreCachePool,
+)
+from megatron_energon_lite.errors import (
+    CachePoolClosedError,
+    ConfigError,
     LazyNotPicklableError,
 )
-from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.source_info import SourceInfo
 
 TIMEOUT = 30  # seconds; only ever a bound on waits that normally take milliseconds
@@ -460,22 +462,11 @@ def test_store_errors_surface_unchanged_from_get(make_pool) -> None:
     assert pool._entries == {} and (pool.current_cache_count, pool.current_cache_size) == (0, 0)
 
 
-def test_a_cache_folder_that_cannot_be_made_reads_directly(tmp_path: Path, caplog) -> None:
+def test_a_cache_folder_that_cannot_be_made_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a folder")
-    with caplog.at_level(logging.WARNING, logger=POOL_LOGGER):
-        pool = FileStoreCachePool(parent_cache_dir=tmp_path / "file" / "sub")
-        try:
-            store = MemoryStore({"a": b"data a", "b": b"data b"})
-            lazy = pool.get_lazy(store, "a")
-            assert lazy.entry.send_to_cache_future.result(TIMEOUT) is False
-            sample: dict = {"__sources__": []}
-            assert lazy.get(sample) == b"data a" and sources(sample) == [("mem_store", "a", ("a",))]
-            assert pool.get_lazy(store, "b").get() == b"data b"
-            assert pool.to_cache([1, 2], "kept").get() == [1, 2]  # kept in memory
-        finally:
-            pool.close()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings and str(tmp_path / "file" / "sub") in warnings[0] and "parent_cache_dir" in warnings[0]
+    with pytest.raises(ConfigError, match=r"cannot make or write its cache folder(.|\n)*file/sub/cache_(.|\n)*parent_cache_dir"):
+        FileStoreCachePool(parent_cache_dir=tmp_path / "file" / "sub")
+    assert (tmp_path / "file").read_text() == "not a folder"
 
 
 def test_a_folder_that_cannot_be_written_reads_directly_and_warns_once(make_pool, caplog) -> None:
