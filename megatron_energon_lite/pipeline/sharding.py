@@ -47,6 +47,7 @@ __all__ = [
     "epoch_slice_order",
     "rotation_offset_for",
     "slice_ranges",
+    "worker_sample_range",
     "worker_sample_ranges",
     "worker_slices",
 ]
@@ -109,6 +110,19 @@ def _check_topology(rank: object, world_size: object, num_workers: object) -> tu
             )
         )
     return int(rank), world, workers  # type: ignore[call-overload]
+
+
+def _check_rotation_offset(rotation_offset: object) -> int:
+    if not _is_int(rotation_offset):
+        raise ConfigError(
+            format_message(
+                "Invalid rotation_offset for sharding.",
+                expected="an integer (only its value modulo the number of global workers matters)",
+                found=repr(rotation_offset),
+                fix="use rotation_offset_for(...) to compute it",
+            )
+        )
+    return int(rotation_offset)  # type: ignore[call-overload]
 
 
 def _check_shard_starts(shard_starts: Sequence[int], total_samples: int | None = None) -> list[int]:
@@ -190,15 +204,7 @@ def worker_sample_ranges(
         minimum=1,
         fix="pass world_size * max(1, num_workers)",
     )
-    if not _is_int(rotation_offset):
-        raise ConfigError(
-            format_message(
-                "Invalid rotation_offset for sharding.",
-                expected="an integer (only its value modulo the number of global workers matters)",
-                found=repr(rotation_offset),
-                fix="use rotation_offset_for(...) to compute it",
-            )
-        )
+    _check_rotation_offset(rotation_offset)
     # 1. Every worker gets total // W samples; total % W of them get one more.  Exact integer
     #    arithmetic (Energon divides in floating point, which only differs beyond 2**53 samples).
     base, remainder = divmod(total, workers)
@@ -217,6 +223,116 @@ def worker_sample_ranges(
         ranges.append((start, start + count))
         start += count
     return ranges
+
+
+# The bit-reversal permutation perm_n of range(n) is a recursive interleave: for n > 2, with
+# mid = n // 2, position 2k holds perm_mid[k] (k < mid), position 2k + 1 holds mid + perm_{n-mid}[k]
+# (k < mid), and for odd n the last position n - 1 = 2 * mid holds mid + perm_{n-mid}[mid].  The two
+# helpers below follow that recursion down one path only, so a single worker's range is computed in
+# O(log n) without building the permutation (O(n), which dominates start-up at large W).
+
+
+def _bit_reversal_index(n: int, value: int) -> int:
+    """The position of ``value`` (``0 <= value < n``) in ``bit_reversal_permutation(n)``."""
+    # 1. Descend: at each level the value lies in the front half (values < mid) or the back half;
+    #    remember the level's mid and the side.
+    path: list[tuple[int, bool]] = []
+    while n > 2:
+        mid = n // 2
+        if value < mid:
+            path.append((mid, False))
+            n = mid
+        else:
+            path.append((mid, True))
+            value -= mid
+            n -= mid
+    # 2. Two or fewer values are in order: the position inside the innermost half is the value.
+    position = value
+    # 3. Climb back up: front position k -> 2k; back position k -> 2k + 1, except the back half's
+    #    extra element (k == mid, odd n only), which comes last, at 2 * mid = 2k.
+    for mid, back in reversed(path):
+        position = 2 * position + 1 if back and position < mid else 2 * position
+    return position
+
+
+def _bit_reversal_prefix_count(n: int, length: int, bound: int) -> int:
+    """``#{i < length : bit_reversal_permutation(n)[i] < bound}`` for ``0 <= length <= n``."""
+    count = 0
+    while True:
+        # 1. No value is below bound, or every value is: nothing to split.
+        if bound <= 0:
+            return count
+        if bound >= n:
+            return count + length
+        # 2. Two or fewer values are in order: positions < length hold values < length.
+        if n <= 2:
+            return count + min(length, bound)
+        # 3. The first `length` positions hold `front` front-half values (the even positions,
+        #    at most mid of them) and `length - front` back-half values.
+        mid = n // 2
+        front = min(mid, (length + 1) // 2)
+        if bound <= mid:
+            # 3a. No back-half value (all >= mid) is below bound: count in the front half only.
+            n, length = mid, front
+        else:
+            # 3b. Every front-half value (all < mid) is below bound: count them, go into the back.
+            count += front
+            n, length, bound = n - mid, length - front, bound - mid
+
+
+def _worker_range(worker: int, total: int, workers: int, rotation: int) -> tuple[int, int]:
+    # Validated inputs: 0 <= worker < workers, total >= 0.  Same result as
+    # worker_sample_ranges(total, workers, rotation_offset=rotation)[worker].
+    base, remainder = divmod(total, workers)
+    # 1. The "+1" workers are those whose linear index lies in the cyclic interval
+    #    [first, first + remainder) modulo W.
+    first = rotation % workers
+    # 2. Count the "+1" workers with a global id below `worker`: the linear indices in that
+    #    interval whose permutation value is below `worker` (split in two when it wraps around).
+    stop = first + remainder
+    if stop <= workers:
+        extra_below = _bit_reversal_prefix_count(workers, stop, worker) - _bit_reversal_prefix_count(
+            workers, first, worker
+        )
+    else:
+        extra_below = (
+            worker  # all W linear indices
+            - _bit_reversal_prefix_count(workers, first, worker)
+            + _bit_reversal_prefix_count(workers, stop - workers, worker)
+        )
+    # 3. The worker's own count: one more iff its own linear index is in the interval.
+    start = worker * base + extra_below
+    own = base + 1 if (_bit_reversal_index(workers, worker) - first) % workers < remainder else base
+    return start, start + own
+
+
+def worker_sample_range(
+    global_worker_id: int, total_samples: int, num_global_workers: int, *, rotation_offset: int = 0
+) -> tuple[int, int]:
+    """The sample range ``(start, end)`` of one global worker, without computing the others.
+
+    Exactly ``worker_sample_ranges(total_samples, num_global_workers,
+    rotation_offset=rotation_offset)[global_worker_id]``, in O(log num_global_workers) time: a
+    rank needs only its own workers' ranges, whatever the world size.
+    """
+    total = _check_int("total_samples", total_samples, minimum=0, fix="pass the number of samples in the split")
+    workers = _check_int(
+        "num_global_workers",
+        num_global_workers,
+        minimum=1,
+        fix="pass world_size * max(1, num_workers)",
+    )
+    rotation = _check_rotation_offset(rotation_offset)
+    if not _is_int(global_worker_id) or not 0 <= int(global_worker_id) < workers:  # type: ignore[call-overload]
+        raise ConfigError(
+            format_message(
+                "Invalid global_worker_id for sharding.",
+                expected=f"an integer in [0, {workers}) for num_global_workers={workers}",
+                found=repr(global_worker_id),
+                fix="pass rank * max(1, num_workers) + local_worker_id",
+            )
+        )
+    return _worker_range(int(global_worker_id), total, workers, rotation)  # type: ignore[call-overload]
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,7 +432,7 @@ def worker_slices(
     msps = _check_max_samples_per_sequence(max_samples_per_sequence)
     total = _check_int("total_samples", total_samples, minimum=0, fix="pass the number of samples in the split")
     starts = _check_shard_starts(shard_starts, total)
-    # 2. Split the samples over all global workers; the count depends on the product only.
+    # 2. The samples are split over all global workers; the split depends on the product only.
     local = max(1, num_workers)
     first, last = (0, total) if sample_range is None else sample_range
     if not (_is_int(first) and _is_int(last) and 0 <= first <= last <= total):
@@ -328,10 +444,17 @@ def worker_slices(
                 fix="pass a range inside the split",
             )
         )
-    ranges = [(first + a, first + b) for a, b in worker_sample_ranges(last - first, world_size * local, rotation_offset=rotation_offset)]
-    # 3. This rank's workers are global ids rank*local .. rank*local + local - 1; cut each one's
-    #    range into slices.
-    return [_slice_ranges(a, b, starts, msps) for a, b in ranges[rank * local : (rank + 1) * local]]
+    rotation = _check_rotation_offset(rotation_offset)
+    first, last = int(first), int(last)
+    # 3. This rank's workers are global ids rank*local .. rank*local + local - 1: compute only
+    #    their ranges (O(log W) each, see worker_sample_range), shifted to the sample_range, and
+    #    cut each one into slices.
+    workers = world_size * local
+    slices: list[list[tuple[int, int]]] = []
+    for worker in range(rank * local, (rank + 1) * local):
+        a, b = _worker_range(worker, last - first, workers, rotation)
+        slices.append(_slice_ranges(first + a, first + b, starts, msps))
+    return slices
 
 
 # --------------------------------------------------------------------------------------------
