@@ -19,7 +19,6 @@ import click
 from ..errors import ConfigError, EnergonLiteError, format_message
 from ..format.metadata import load_structured
 from ..format.metadataset import BlendPlan, LeafDataset, load_blend_plan
-from ..pipeline.build import _repeated, _split_lengths
 
 __all__ = ["LeafRow", "SplitTree", "echo_trees", "leaf_datasets", "read_trees", "split_names"]
 
@@ -90,8 +89,11 @@ def read_trees(path: Path, splits: list[str] | None = None) -> list[SplitTree]:
 
 
 def _row(leaf: LeafDataset) -> LeafRow:
+    # The loader's modules load on use only: `info` and `lint` of a plain dataset never need them.
+    from ..format.resolved import resolve_dataset
+
     try:
-        total = _split_lengths(leaf, None)[0]
+        total = resolve_dataset(leaf, dataset_config=None, split_config=None, trust_dataset_code=False).total
         return LeafRow(leaf, total, leaf.sample_range(total))
     except EnergonLiteError as exc:  # an empty split, a subset past the end: shown on the leaf
         return LeafRow(leaf, problem=str(exc))
@@ -140,6 +142,8 @@ def _summary(tree: SplitTree) -> str:
         mode = plan.blend_mode or "random (default)"
         text = f"blend of {count} datasets, blend_mode {mode}"
     else:
+        from ..pipeline.build import _repeated
+
         per_pass = [_repeated(row.samples, row.leaf.repetitions) for row in tree.rows if row.samples is not None]
         text = f"blend_epochized of {count} datasets, {sum(per_pass)} samples per pass"
     if tree.split != "train" and plan.kind != "single":
@@ -148,6 +152,8 @@ def _summary(tree: SplitTree) -> str:
 
 
 def _columns(tree: SplitTree, top: Path) -> list[list[str]]:
+    from ..pipeline.build import _repeated
+
     kind = tree.plan.kind
     subsets = any(row.sample_range is not None and row.sample_range != (0, row.total) for row in tree.rows)
     header = ["entry", "dataset", "split", *{"blend": ["weight"], "blend_epochized": ["repetitions"]}.get(kind, []), "samples"]

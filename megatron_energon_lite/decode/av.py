@@ -32,21 +32,25 @@ Vorbis, ...) or a clip must be resampled, PyAV decodes.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import io
 import itertools
 import logging
 import math
 import os
+import sys
 import threading
-from typing import Any, BinaryIO, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Optional, Sequence
 
 import numpy as np
-import torch
 
 from ..errors import DecodeError, MissingDependencyError, format_message
 from ..media.metadata import (
     AVMetadata,  # the one typed metadata class (Energon's media.AVMetadata)
 )
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made, so decoding text or images never loads it
+    import torch
 
 __all__ = [
     "AV_EXTENSIONS",
@@ -87,12 +91,17 @@ def _av():
 
 
 def backend() -> str:
-    """The AV backend as recorded in config fingerprints (``"pyav <version>"``), or ``"none"``."""
+    """The AV backend as recorded in config fingerprints (``"pyav <version>"``), or ``"none"``.
+
+    Read from the installed package's metadata: importing PyAV (0.15 s) only to name it would
+    slow every loader's start, video or not."""
+    module = sys.modules.get("av")
+    if module is not None:
+        return f"pyav {module.__version__}"
     try:
-        import av
-    except ImportError:
+        return f"pyav {importlib.metadata.version('av')}"
+    except importlib.metadata.PackageNotFoundError:
         return "none"
-    return f"pyav {av.__version__}"
 
 
 _UNSET: Any = object()
@@ -190,6 +199,8 @@ def _half_up(value: float) -> int:
 
 
 def _in_worker() -> bool:
+    import torch.utils.data
+
     return torch.utils.data.get_worker_info() is not None
 
 
@@ -432,6 +443,8 @@ class AVDecoder:
         ``(frames, 3, h, w)`` uint8, with ``(start of the first frame, end of the last frame)`` in
         seconds; a range with no frame in it gives no clip.  ``video_out_frame_size`` is
         ``(width, height)`` to resize while decoding."""
+        import torch
+
         if video_unit not in ("frames", "seconds"):
             raise self._error(f"unknown video_unit {video_unit!r}", fix='use "seconds" or "frames"')
         clips, stamps, used = [], [], 0
@@ -497,6 +510,8 @@ class AVDecoder:
         sample type, with ``(start, end)`` seconds (the end cut at the end of the audio); a range
         starting at or after the end gives no clip.  With ``sample_rate`` (ours) the audio is
         resampled to it first and the clips are float32 (ranges are in the source's units)."""
+        import torch
+
         if audio_unit not in ("samples", "seconds"):
             raise self._error(f"unknown audio_unit {audio_unit!r}", fix='use "seconds" or "samples"')
         if _soundfile() is not None and _sndfile_container(self.data):
@@ -570,6 +585,8 @@ class AVDecoder:
         """:meth:`get_audio_clips` through libsndfile, with the same clips and timestamps as the
         PyAV path; None where the PyAV path must do it (resampling, a sample type FFmpeg decodes
         differently, or a file libsndfile cannot read: PyAV then decodes it or reports the error)."""
+        import torch
+
         try:
             file = _soundfile().SoundFile(io.BytesIO(self.data))
         except Exception:  # noqa: BLE001 - e.g. a codec this libsndfile lacks
@@ -687,6 +704,8 @@ def get_single_frames_uniform(
 ):
     """``num_frames`` single frames spread evenly over the video, as ``(num_frames, 3, h, w)``
     (with ``return_timestamps``, also the start time of each frame)."""
+    import torch
+
     data = get_clips_uniform(av_decoder, 0.0, num_frames, request_video=True, video_out_frame_size=video_out_frame_size)
     if not data.video_clips:
         raise DecodeError(format_message("the video has no frames", where=av_decoder.name))

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
@@ -19,7 +19,14 @@ from braceexpand import braceexpand
 from .. import energon_mode
 from .._version import __version__
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
-from ..storage import AnyPath, FileStat, as_path, atomic_write_text, list_files
+from ..storage import (
+    AnyPath,
+    FileStat,
+    RemotePath,
+    as_path,
+    atomic_write_text,
+    list_files,
+)
 from .tar_index import index_name
 
 logger = logging.getLogger(__name__)
@@ -36,6 +43,10 @@ INDEX_UUID = "index.uuid"
 SHARDS_OUTSIDE_ROOT_ENV = "ENERGON_LITE_ALLOW_SHARDS_OUTSIDE_ROOT"
 
 WRITER_VERSION = f"megatron-energon-lite {__version__}"
+
+
+#: libyaml's C parser where PyYAML was built with it (10-30x faster on a 10,000-shard split.yaml).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_structured(path: Path) -> Any:
@@ -57,16 +68,31 @@ def load_structured(path: Path) -> Any:
     try:
         if path.suffix == ".json":
             return json.loads(text)
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(
             format_message(
                 "cannot parse file",
-                where=str(path),
+                where=_error_position(path, text, exc),
                 found=str(exc).replace("\n", " "),
                 fix="fix the syntax at the position shown",
             )
         ) from None
+
+
+def _error_position(path: Path, text: str, exc: Exception) -> str:
+    """``path, line N: <that line>`` for a parse error (a split file may have 10,000s of lines)."""
+    if isinstance(exc, json.JSONDecodeError):
+        line = exc.lineno
+    else:
+        mark = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
+        if mark is None:
+            return str(path)
+        line = mark.line + 1
+    # libyaml reports some errors at the token after the bad one: show the line before too.
+    lines = text.splitlines()
+    shown = [f"line {n}: {lines[n - 1].strip()[:120]!r}" for n in (line - 1, line) if 0 < n <= len(lines)]
+    return f"{path}, " + "; ".join(shown) if shown else str(path)
 
 
 def check_mapping(
@@ -89,7 +115,8 @@ def check_mapping(
             )
         )
     allowed = list(allowed)
-    unknown = [k for k in value if k not in allowed]
+    allowed_set = set(allowed)  # a shard_counts mapping has tens of thousands of keys
+    unknown = [k for k in value if k not in allowed_set]
     if unknown:
         raise ConfigError(
             format_message(
@@ -161,7 +188,7 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
         or "\0" in name
         or name.startswith("/")
         or "://" in name
-        or ".." in PurePosixPath(name).parts
+        or (".." in name and ".." in name.split("/"))
     )
     if outside and energon_mode.opted_in(SHARDS_OUTSIDE_ROOT_ENV, f"outside-root:{where}", f"reading shard {name!r} from outside the dataset folder ({where})"):
         return name
@@ -288,6 +315,9 @@ class SplitConfig:
 
 
 def _expand(pattern: str, path: Path | None, key_path: str) -> Iterable[str]:
+    if "{" not in pattern and "}" not in pattern:  # the common case, 10,000s of times per split
+        yield pattern
+        return
     try:
         yield from braceexpand(pattern)
     except ValueError as exc:  # unbalanced braces
@@ -411,8 +441,10 @@ def resolve_split(
     for name in shard_names:
         if name not in excluded_shards:
             shards.append(ShardSpec(name, known[name]))
-    # Shards and their indexes in one listing per folder remotely (the reader reuses the stats).
-    stats = list_files(root, [n for shard in shards for n in (shard.name, index_name(shard.name))])
+    # Remotely, shards and their indexes come in one listing per folder (the reader reuses the
+    # stats); locally a stat per shard, and an index is looked at when its shard is first read.
+    names = [n for shard in shards for n in (shard.name, index_name(shard.name))] if isinstance(root, RemotePath) else [shard.name for shard in shards]
+    stats = list_files(root, names)
     for shard in shards:
         if shard.name not in stats:
             raise DatasetError(

@@ -16,7 +16,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..storage import LocalFilePool, RemoteFilePool, as_path, file_pool
+from ..storage import AnyPath, LocalFilePool, RemoteFilePool, as_path, file_pool
 from .metadata import DatasetInfo, ResolvedSplit, read_info, resolve_split
 from .tar_index import index_name, read_tar_index
 from .tar_reader import parse_sample
@@ -49,16 +49,18 @@ class SplitReader:
         allow_empty: bool = False,
         pool: LocalFilePool | RemoteFilePool | None = None,
         allow_outside_root: bool = False,
+        split: ResolvedSplit | None = None,
     ) -> None:
+        """``split``: the split as the loader resolved it (then no metadata is read here)."""
         self.root = as_path(root)
-        self.split: ResolvedSplit = resolve_split(
+        self.split: ResolvedSplit = split or resolve_split(
             self.root, split_part, split_config=split_config,
             info=info or read_info(self.root, allow_outside_root=allow_outside_root),
             allow_empty=allow_empty, allow_outside_root=allow_outside_root,
         )
         self._starts = [0, *accumulate(s.count for s in self.split.shards)]
         self._indexes: list[np.ndarray | None] = [None] * len(self.split.shards)
-        self._paths = [self.root / s.name for s in self.split.shards]
+        self._paths: dict[int, AnyPath] = {}  # made on first use: a split may have 10,000s of shards
         self._pool = pool or file_pool(self.root)
         self._reads_ahead = isinstance(self._pool, RemoteFilePool)  # local: the page cache does
 
@@ -69,6 +71,12 @@ class SplitReader:
     def shard_starts(self) -> list[int]:
         """Split index of the first sample of each shard, plus the total at the end."""
         return list(self._starts)
+
+    def shard_path(self, shard: int) -> AnyPath:
+        path = self._paths.get(shard)
+        if path is None:
+            path = self._paths[shard] = self.root / self.split.shards[shard].name
+        return path
 
     def locate(self, index: int) -> tuple[int, int]:
         """Split index -> (shard position in the split, sample index inside the shard)."""
@@ -82,7 +90,7 @@ class SplitReader:
         if offsets is None:
             spec = self.split.shards[shard]
             stat = self.split.stats.get(spec.name)
-            path = self._paths[shard]
+            path = self.shard_path(shard)
             offsets = read_tar_index(
                 path,
                 expected_samples=spec.count,
@@ -112,12 +120,12 @@ class SplitReader:
         """
         shard, start, end = self.byte_range(index)
         name = self.split.shards[shard].name
-        where = f"{self._paths[shard]} sample {index - self._starts[shard]} (bytes {start}..{end})"
+        where = f"{self.shard_path(shard)} sample {index - self._starts[shard]} (bytes {start}..{end})"
         readahead_end = None
         if self._reads_ahead and read_until is not None and read_until > index:
             last = min(read_until, self._starts[shard + 1]) - self._starts[shard]
             readahead_end = int(self._index(shard)[last])
-        data = self._pool.read(self._paths[shard], start, end - start, readahead_end)
+        data = self._pool.read(self.shard_path(shard), start, end - start, readahead_end)
         key, parts = parse_sample(data, where=where, wanted=wanted, base_offset=start)
         if self.is_excluded(shard, key):
             return None

@@ -44,7 +44,12 @@ TailReader = Callable[[int, int], bytes]
 
 def index_name(tar_name: str) -> str:
     """``shards/a.tar`` -> ``shards/a.tar.idx`` for names relative to a dataset root."""
-    return str(PurePosixPath(tar_name).with_suffix(".tar.idx"))
+    # A string operation (called per shard at start-up): the last suffix becomes ".tar.idx".
+    head, slash, base = tar_name.rpartition("/")
+    stem, dot, suffix = base.rpartition(".")
+    if not (dot and stem and suffix):  # no suffix (".tar", "b."): append, as pathlib does
+        stem = base
+    return f"{head}{slash}{stem}.tar.idx"
 
 
 def index_path(tar_path: str | os.PathLike) -> AnyPath:

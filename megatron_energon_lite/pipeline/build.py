@@ -17,18 +17,17 @@ The datasets come from the spec's :class:`BlendPlan` (one for a plain dataset pa
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable
 
 from ..errors import ConfigError, format_message
-from ..format.join import join_index
-from ..format.metadata import read_info, resolve_split
 from ..format.metadataset import (
     BLEND_MODES,
     BlendPlan,
     LeafDataset,
     combine_shuffle_over_epochs,
 )
+from ..format.resolved import ResolvedDataset, resolve_datasets
 from ..rng import dataset_seed
 from ..storage import configure_storage
 from ..task_encoder.base import TaskEncoder
@@ -121,6 +120,18 @@ class PipelineSpec:
             leaf["target_share"] = target
         return {"datasets": leaves, "blend_kind": self.plan.kind, "blend_mode": self.blend_mode}
 
+    @cached_property
+    def datasets(self) -> tuple[ResolvedDataset, ...]:
+        """Each dataset of the plan as its metadata describes it, read once: in the process that
+        made the spec (the loader builds it up front); forked workers inherit it."""
+        return resolve_datasets(self.plan.leaves, dataset_config=self.dataset_config, split_config=self.split_config, trust_dataset_code=self.trust_dataset_code)
+
+    @cached_property
+    def slices(self) -> list[list[list[tuple[int, int]]]]:
+        """``[dataset][local worker]`` -> that worker's slices of that dataset (subset applied),
+        computed once like :attr:`datasets`."""
+        return _dataset_slices(self)
+
     @property
     def parallel_slices(self) -> int:
         if self.parallel_shard_iters is not None:
@@ -175,45 +186,31 @@ def validate(spec: PipelineSpec) -> None:
         )
 
 
-def _split_lengths(leaf: LeafDataset, split_config: str | None) -> tuple[int, list[int]]:
-    """(samples in the dataset's split, cumulative shard starts) without opening any shard."""
-    path = leaf.path
-    if leaf.join is not None:
-        index = join_index(leaf.join)
-        return len(index), list(index.shard_starts)
-    if path.endswith(".jsonl"):
-        from ..format.jsonl import JsonlReader  # a JSONL file is one shard
-
-        count = len(JsonlReader(path))
-        return count, [0, count]
-    split = resolve_split(path, leaf.split_part, split_config=leaf.split_config or split_config, info=read_info(path))
-    starts = [0]
-    for shard in split.shards:
-        starts.append(starts[-1] + shard.count)
-    return starts[-1], starts
-
-
 def dataset_sizes(spec: PipelineSpec) -> list[int]:
     """Samples each dataset of the plan reads per pass over all ranks (its subset applied)."""
     sizes = []
-    for leaf in spec.plan.leaves:
-        start, end = leaf.sample_range(_split_lengths(leaf, spec.split_config)[0])
+    for leaf, dataset in zip(spec.plan.leaves, spec.datasets):
+        start, end = leaf.sample_range(dataset.total)
         sizes.append(end - start)
     return sizes
 
 
 def dataset_slices(spec: PipelineSpec) -> list[list[list[tuple[int, int]]]]:
     """``[dataset][local worker]`` -> that worker's slices of that dataset (subset applied)."""
+    return spec.slices
+
+
+def _dataset_slices(spec: PipelineSpec) -> list[list[list[tuple[int, int]]]]:
     wc = spec.worker_config
-    lengths = [_split_lengths(leaf, spec.split_config) for leaf in spec.plan.leaves]
-    totals = [total for total, _ in lengths]
+    totals = [dataset.total for dataset in spec.datasets]
     workers = wc.world_size * wc.workers_per_rank
     result = []
-    for k, (leaf, (total, starts)) in enumerate(zip(spec.plan.leaves, lengths)):
+    for k, (leaf, dataset) in enumerate(zip(spec.plan.leaves, spec.datasets)):
+        total = dataset.total
         result.append(
             worker_slices(
                 total_samples=total,
-                shard_starts=starts,
+                shard_starts=dataset.shard_starts,
                 rank=wc.rank,
                 world_size=wc.world_size,
                 num_workers=wc.num_workers,
@@ -293,8 +290,9 @@ def _global_position(spec: PipelineSpec, local_worker_id: int) -> Callable[[int]
     return position
 
 
-def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: int, guard, hook, cook: bool = True) -> Node:
-    """One dataset's stages: source -> [cook] (crude datasets and JSONL; ``cook=False``: raw)."""
+def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, hook, cook: bool = True) -> Node:
+    """Dataset ``k``'s stages: source -> [cook] (crude datasets and JSONL; ``cook=False``: raw)."""
+    leaf = spec.plan.leaves[k]
     te = spec.task_encoder
     hooks = hook_spec(te)
     if leaf.join is not None:
@@ -310,6 +308,7 @@ def _dataset_pipeline(spec: PipelineSpec, leaf: LeafDataset, slices, *, seed: in
             trust_dataset_code=spec.trust_dataset_code,
             sample_factory=leaf.sample_factory,
             factory_arguments=factory_arguments(spec, leaf),
+            resolved=spec.datasets[k],
         )
     multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
     order = partial(_slice_order, seed, multiplier) if spec.training else None
@@ -353,7 +352,7 @@ def leaf_source(spec: PipelineSpec, k: int, local_worker_id: int, slices: list[t
     wc = spec.worker_config
     seed = wc.worker_seed(local_worker_id)
     guard = partial(SampleGuard, wc.global_error_handler)
-    return _dataset_pipeline(spec, spec.plan.leaves[k], slices, seed=dataset_seed(seed, k), guard=guard, hook=None, cook=False)
+    return _dataset_pipeline(spec, k, slices, seed=dataset_seed(seed, k), guard=guard, hook=None, cook=False)
 
 
 def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hook) -> Node:
@@ -361,8 +360,8 @@ def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hoo
     plan = spec.plan
     per_dataset = [slices[local_worker_id] for slices in dataset_slices(spec)]
     nodes = [
-        _dataset_pipeline(spec, leaf, slices, seed=dataset_seed(seed, k), guard=guard, hook=hook)
-        for k, (leaf, slices) in enumerate(zip(plan.leaves, per_dataset))
+        _dataset_pipeline(spec, k, slices, seed=dataset_seed(seed, k), guard=guard, hook=hook)
+        for k, slices in enumerate(per_dataset)
     ]
     if not spec.training:
         return nodes[0] if len(nodes) == 1 else ConcatNode(nodes)

@@ -27,6 +27,7 @@ from ..format.join import join_index
 from ..format.jsonl import JsonlReader
 from ..format.metadata import require_prepared
 from ..format.metadataset import JoinSpec
+from ..format.resolved import ResolvedDataset
 from ..format.split_reader import SplitReader
 from ..samples import CrudeSample, Sample, SourceInfo
 from ..storage import as_path
@@ -51,11 +52,13 @@ class SampleLoader:
         trust_dataset_code: bool = False,
         sample_factory: Any = None,
         factory_arguments: Mapping[str, Any] | None = None,
+        resolved: ResolvedDataset | None = None,
     ) -> None:
         """``sample_factory``: a dataset factory whose ``load_sample`` builds the samples (one the
         user constructed). Without it, a ``dataset.yaml`` that names the user's own factory class
         gets an instance, made with ``factory_arguments`` (the loader's ``training``,
-        ``worker_config`` ...; default: not training, one process)."""
+        ``worker_config`` ...; default: not training, one process). ``resolved``: the dataset's
+        metadata as the loader read it (then none is read here)."""
         self.path = as_path(path)
         self.split_part = split_part
         self.decoder = decoder
@@ -74,16 +77,21 @@ class SampleLoader:
                     expected="a prepared dataset folder, a .jsonl file or a metadataset .yaml",
                 )
             )
-        require_prepared(self.path)
-        self.config = load_dataset_config(self.path, dataset_config, trust_dataset_code=trust_dataset_code)
-        split_config = split_config or self.config.loader_options.get("split_config")
+        if resolved is None:
+            require_prepared(self.path)
+            config = load_dataset_config(self.path, dataset_config, trust_dataset_code=trust_dataset_code)
+            split_config = split_config or config.loader_options.get("split_config")
+            split = None
+        else:
+            config, split_config, split = resolved.config, resolved.split_config, resolved.split
+        self.config = config
         if sample_factory is not None:
             self.config = sample_factory.sample_config()  # its arguments may name other parts
         elif self.config.factory_class is not None:
             arguments = dict(factory_arguments or {"training": False, "worker_config": WorkerConfig(rank=0, world_size=1, num_workers=0)})
             sample_factory = self.config.make_factory(self.path, subflavors=self.subflavors, split_part=split_part, split_config=split_config, dataset_config=dataset_config, decoder=decoder, trust_dataset_code=trust_dataset_code, **arguments)
         self.sample_factory = sample_factory
-        self._reader = SplitReader(self.path, split_part, split_config=split_config)
+        self._reader = SplitReader(self.path, split_part, split_config=split_config, split=split)
 
     def __len__(self) -> int:
         return len(self._jsonl) if self._jsonl is not None else len(self._reader)

@@ -6,7 +6,12 @@ import pytest
 import yaml
 
 from megatron_energon_lite.errors import ConfigError, DatasetError, EmptyDatasetError
-from megatron_energon_lite.format.metadata import read_info, read_split_config, resolve_split
+from megatron_energon_lite.format.metadata import (
+    load_structured,
+    read_info,
+    read_split_config,
+    resolve_split,
+)
 from megatron_energon_lite.format.prepare import prepare_dataset
 
 
@@ -83,3 +88,21 @@ def test_deleted_shard_is_reported(prepared: Path) -> None:
 def test_unprepared_folder(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="energon-lite prepare"):
         read_info(tmp_path)
+
+
+@pytest.mark.parametrize("suffix", ["yaml", "json"])
+def test_a_malformed_split_file_of_20000_entries_names_the_line(tmp_path: Path, suffix: str) -> None:
+    entries = [f"shards/{i:05d}.tar" for i in range(20000)]
+    if suffix == "yaml":
+        lines = ["split_parts:", "  train:", *(f"  - {e}" for e in entries)]
+        bad = 2 + 12345  # 0-based line of entry 12345
+        lines[bad] = "  - shards/[broken: {"
+    else:
+        lines = ['{"split_parts": {"train": [', *(f'  "{e}",' for e in entries[:-1]), f'  "{entries[-1]}"', "]}}"]
+        bad = 1 + 12345
+        lines[bad] = '  "shards/12345.tar" "missing comma",'
+    path = tmp_path / f"split.{suffix}"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=rf"line {bad + 1}: '[^\n]*(broken|missing comma)") as info:
+        load_structured(path)
+    assert str(path) in str(info.value)

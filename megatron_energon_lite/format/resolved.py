@@ -1,0 +1,67 @@
+"""A dataset of a plan, read once: what its metadata says, frozen for the life of a loader.
+
+The process that makes a loader reads each dataset's ``.info.json``, split file and
+``dataset.yaml`` once, into a :class:`ResolvedDataset`; sizes, shard boundaries, worker slices
+and every sample loader come from it. Forked workers inherit it and read no metadata (only the
+``.tar.idx`` of the shards they open, when they first open them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Iterable
+
+from .dataset_config import DatasetConfig, load_dataset_config
+from .join import join_index
+from .jsonl import JsonlReader
+from .metadata import ResolvedSplit, read_info, require_prepared, resolve_split
+from .metadataset import LeafDataset
+
+__all__ = ["ResolvedDataset", "resolve_dataset", "resolve_datasets"]
+
+
+@dataclass(frozen=True)
+class ResolvedDataset:
+    """One dataset split as its metadata described it when the loader was made."""
+
+    #: Samples in the split (before any subset).
+    total: int
+    #: Split index of the first sample of each shard, then ``total``.
+    shard_starts: tuple[int, ...]
+    #: The split's shards, counts and excludes (a prepared folder; None for JSONL files and joins).
+    split: ResolvedSplit | None = None
+    #: Its ``dataset.yaml`` (a prepared folder).
+    config: DatasetConfig | None = None
+    #: The split file read: the argument's, else ``dataset.yaml``'s ``split_config``, else the default.
+    split_config: str | None = None
+
+
+def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_config: str | None, trust_dataset_code: bool) -> ResolvedDataset:
+    """Reads the metadata of ``leaf`` (``dataset_config`` / ``split_config``: the loader's
+    defaults, for leaves that do not name their own)."""
+    if leaf.join is not None:
+        index = join_index(leaf.join)
+        return ResolvedDataset(total=len(index), shard_starts=tuple(index.shard_starts))
+    if leaf.path.endswith(".jsonl"):
+        count = len(JsonlReader(leaf.path))  # a JSONL file is one shard
+        return ResolvedDataset(total=count, shard_starts=(0, count))
+    require_prepared(leaf.path)
+    config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
+    split_name = leaf.split_config or split_config or config.loader_options.get("split_config")
+    split = resolve_split(leaf.path, leaf.split_part, split_config=split_name, info=read_info(leaf.path))
+    starts = tuple(accumulate((shard.count for shard in split.shards), initial=0))
+    return ResolvedDataset(total=starts[-1], shard_starts=starts, split=split, config=config, split_config=split_name)
+
+
+def resolve_datasets(leaves: Iterable[LeafDataset], *, dataset_config: str | None, split_config: str | None, trust_dataset_code: bool) -> tuple[ResolvedDataset, ...]:
+    """:func:`resolve_dataset` of each leaf; a dataset split named several times (a blend of
+    one dataset with different subflavors or subsets) is read once."""
+    seen: dict[tuple, ResolvedDataset] = {}
+    resolved = []
+    for leaf in leaves:
+        key = (leaf.path, leaf.split_part, leaf.dataset_config or dataset_config, leaf.split_config or split_config, leaf.join)
+        if key not in seen:
+            seen[key] = resolve_dataset(leaf, dataset_config=dataset_config, split_config=split_config, trust_dataset_code=trust_dataset_code)
+        resolved.append(seen[key])
+    return tuple(resolved)
