@@ -1,133 +1,265 @@
 """megatron_energon_lite: Megatron Energon's data format and API, faster and exactly resumable.
 
 Only the public names live here; everything else is internal and may change.
+
+The names are resolved lazily (PEP 562): ``import megatron_energon_lite`` loads two small
+modules only, and ``megatron_energon_lite.X`` (or ``from megatron_energon_lite import X``)
+imports the submodule that defines ``X`` on first use.  This keeps torch and PyAV out of
+processes that never touch the loader, such as ``energon-lite --help``, ``info`` and ``lint``.
 """
 
+# Private names only: every public name of this module is in __all__ (tests/test_public_api.py).
+import importlib as _importlib
+import typing as _typing
+
 from ._version import __version__
-from .cache import (
-    CachePool,
-    DecodeFileStore,
-    DirectLazy,
-    FileCacheLazy,
-    FileStore,
-    FileStoreCachePool,
-    FileStoreDecoder,
-    Lazy,
-    MockLazy,
-    NoCachePool,
-    PrimaryFileStore,
-    SystemFileStore,
-)
-from .decode import SampleDecoder
+
+# Eager, and light: ``edataclass`` is also the name of the submodule defining it.  Importing a
+# submodule binds its name on the package, so a lazy ``edataclass`` would turn into the module
+# the first time anything imported ``megatron_energon_lite.edataclass``.
 from .edataclass import edataclass
-from .errors import (
-    ConfigError,
-    DatasetError,
-    DecodeError,
-    EmptyDatasetError,
-    EnergonLiteError,
-    FatalSampleError,
-    MissingDependencyError,
-    NotSupportedError,
-    SkipSample,
-    StateError,
-    log_exception,
-    reraise_exception,
-)
-from .flavors import (
-    BaseCoreDatasetFactory,
-    BaseWebdatasetFactory,
-    CaptioningWebdataset,
-    CrudeJsonlDatasetFactory,
-    CrudeWebdataset,
-    DefaultCrudeJsonlDatasetFactory,
-    DefaultDecoderWebdatasetFactory,
-    DefaultGenericWebdatasetFactory,
-    ImageClassificationWebdataset,
-    ImageWebdataset,
-    InterleavedWebdataset,
-    JoinedWebdatasetFactory,
-    MultiChoiceVQAWebdataset,
-    OCRWebdataset,
-    SimilarityInterleavedWebdataset,
-    StandardWebdatasetFactory,
-    TextWebdataset,
-    VidQAWebdataset,
-    VQAOCRWebdataset,
-    VQAWebdataset,
-)
-from .format.metadataset import Blender
-from .loader import (
-    SavableDataLoader,
-    blend_report,
-    get_loader,
-    get_savable_loader,
-    get_train_dataset,
-    get_val_dataset,
-    get_val_datasets,
-)
-from .metadataset import (
-    DatasetLoader,
-    DatasetLoaderInterface,
-    Metadataset,
-    MetadatasetV2,
-    load_dataset,
-    prepare_metadataset,
-    traverse_metadataset,
-)
-from .samples import (
-    Batch,
-    CaptioningSample,
-    CrudeSample,
-    ImageClassificationSample,
-    ImageSample,
-    InterleavedSample,
-    MultiChoiceVQASample,
-    OCRSample,
-    Sample,
-    SimilarityInterleavedSample,
-    SourceInfo,
-    TextSample,
-    VidQASample,
-    VQAOCRSample,
-    VQASample,
-    batch_list,
-    batch_pad_stack,
-    batch_stack,
-    generic_batch,
-    register_sample_type,
-)
-from .task_encoder import (
-    AugmentTaskEncoder,
-    Cooker,
-    DefaultTaskEncoder,
-    TaskEncoder,
-    basic_sample_keys,
-    cooker,
-    stateless,
-)
-from .worker import WorkerConfig
-from .wrappers import (
-    BatchDataset,
-    BlendDataset,
-    ConcatDataset,
-    EpochizeDataset,
-    FilterDataset,
-    GcDataset,
-    GroupBatchDataset,
-    IterMapDataset,
-    LimitDataset,
-    LogSampleDataset,
-    MapDataset,
-    MixBatchDataset,
-    PackingDataset,
-    RepeatDataset,
-    SavableDataset,
-    ShuffleBufferDataset,
-    concat_pad,
-    generic_concat,
-    homogeneous_concat_mix,
-)
+
+if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
+    from .cache import (
+        CachePool,
+        DecodeFileStore,
+        DirectLazy,
+        FileCacheLazy,
+        FileStore,
+        FileStoreCachePool,
+        FileStoreDecoder,
+        Lazy,
+        MockLazy,
+        NoCachePool,
+        PrimaryFileStore,
+        SystemFileStore,
+    )
+    from .decode import (
+        SampleDecoder,
+    )
+    from .errors import (
+        ConfigError,
+        DatasetError,
+        DecodeError,
+        EmptyDatasetError,
+        EnergonLiteError,
+        FatalSampleError,
+        MissingDependencyError,
+        NotSupportedError,
+        SkipSample,
+        StateError,
+        log_exception,
+        reraise_exception,
+    )
+    from .flavors import (
+        BaseCoreDatasetFactory,
+        BaseWebdatasetFactory,
+        CaptioningWebdataset,
+        CrudeJsonlDatasetFactory,
+        CrudeWebdataset,
+        DefaultCrudeJsonlDatasetFactory,
+        DefaultDecoderWebdatasetFactory,
+        DefaultGenericWebdatasetFactory,
+        ImageClassificationWebdataset,
+        ImageWebdataset,
+        InterleavedWebdataset,
+        JoinedWebdatasetFactory,
+        MultiChoiceVQAWebdataset,
+        OCRWebdataset,
+        SimilarityInterleavedWebdataset,
+        StandardWebdatasetFactory,
+        TextWebdataset,
+        VidQAWebdataset,
+        VQAOCRWebdataset,
+        VQAWebdataset,
+    )
+    from .format.metadataset import (
+        Blender,
+    )
+    from .loader import (
+        SavableDataLoader,
+        blend_report,
+        get_loader,
+        get_savable_loader,
+        get_train_dataset,
+        get_val_dataset,
+        get_val_datasets,
+    )
+    from .metadataset import (
+        DatasetLoader,
+        DatasetLoaderInterface,
+        Metadataset,
+        MetadatasetV2,
+        load_dataset,
+        prepare_metadataset,
+        traverse_metadataset,
+    )
+    from .samples import (
+        Batch,
+        CaptioningSample,
+        CrudeSample,
+        ImageClassificationSample,
+        ImageSample,
+        InterleavedSample,
+        MultiChoiceVQASample,
+        OCRSample,
+        Sample,
+        SimilarityInterleavedSample,
+        SourceInfo,
+        TextSample,
+        VidQASample,
+        VQAOCRSample,
+        VQASample,
+        batch_list,
+        batch_pad_stack,
+        batch_stack,
+        generic_batch,
+        register_sample_type,
+    )
+    from .task_encoder import (
+        AugmentTaskEncoder,
+        Cooker,
+        DefaultTaskEncoder,
+        TaskEncoder,
+        basic_sample_keys,
+        cooker,
+        stateless,
+    )
+    from .worker import (
+        WorkerConfig,
+    )
+    from .wrappers import (
+        BatchDataset,
+        BlendDataset,
+        ConcatDataset,
+        EpochizeDataset,
+        FilterDataset,
+        GcDataset,
+        GroupBatchDataset,
+        IterMapDataset,
+        LimitDataset,
+        LogSampleDataset,
+        MapDataset,
+        MixBatchDataset,
+        PackingDataset,
+        RepeatDataset,
+        SavableDataset,
+        ShuffleBufferDataset,
+        concat_pad,
+        generic_concat,
+        homogeneous_concat_mix,
+    )
+
+#: Each lazily resolved public name -> the submodule that defines it.
+_LAZY: dict[str, str] = {
+    "CachePool": ".cache",
+    "DecodeFileStore": ".cache",
+    "DirectLazy": ".cache",
+    "FileCacheLazy": ".cache",
+    "FileStore": ".cache",
+    "FileStoreCachePool": ".cache",
+    "FileStoreDecoder": ".cache",
+    "Lazy": ".cache",
+    "MockLazy": ".cache",
+    "NoCachePool": ".cache",
+    "PrimaryFileStore": ".cache",
+    "SystemFileStore": ".cache",
+    "SampleDecoder": ".decode",
+    "ConfigError": ".errors",
+    "DatasetError": ".errors",
+    "DecodeError": ".errors",
+    "EmptyDatasetError": ".errors",
+    "EnergonLiteError": ".errors",
+    "FatalSampleError": ".errors",
+    "MissingDependencyError": ".errors",
+    "NotSupportedError": ".errors",
+    "SkipSample": ".errors",
+    "StateError": ".errors",
+    "log_exception": ".errors",
+    "reraise_exception": ".errors",
+    "BaseCoreDatasetFactory": ".flavors",
+    "BaseWebdatasetFactory": ".flavors",
+    "CaptioningWebdataset": ".flavors",
+    "CrudeJsonlDatasetFactory": ".flavors",
+    "CrudeWebdataset": ".flavors",
+    "DefaultCrudeJsonlDatasetFactory": ".flavors",
+    "DefaultDecoderWebdatasetFactory": ".flavors",
+    "DefaultGenericWebdatasetFactory": ".flavors",
+    "ImageClassificationWebdataset": ".flavors",
+    "ImageWebdataset": ".flavors",
+    "InterleavedWebdataset": ".flavors",
+    "JoinedWebdatasetFactory": ".flavors",
+    "MultiChoiceVQAWebdataset": ".flavors",
+    "OCRWebdataset": ".flavors",
+    "SimilarityInterleavedWebdataset": ".flavors",
+    "StandardWebdatasetFactory": ".flavors",
+    "TextWebdataset": ".flavors",
+    "VidQAWebdataset": ".flavors",
+    "VQAOCRWebdataset": ".flavors",
+    "VQAWebdataset": ".flavors",
+    "Blender": ".format.metadataset",
+    "SavableDataLoader": ".loader",
+    "blend_report": ".loader",
+    "get_loader": ".loader",
+    "get_savable_loader": ".loader",
+    "get_train_dataset": ".loader",
+    "get_val_dataset": ".loader",
+    "get_val_datasets": ".loader",
+    "DatasetLoader": ".metadataset",
+    "DatasetLoaderInterface": ".metadataset",
+    "Metadataset": ".metadataset",
+    "MetadatasetV2": ".metadataset",
+    "load_dataset": ".metadataset",
+    "prepare_metadataset": ".metadataset",
+    "traverse_metadataset": ".metadataset",
+    "Batch": ".samples",
+    "CaptioningSample": ".samples",
+    "CrudeSample": ".samples",
+    "ImageClassificationSample": ".samples",
+    "ImageSample": ".samples",
+    "InterleavedSample": ".samples",
+    "MultiChoiceVQASample": ".samples",
+    "OCRSample": ".samples",
+    "Sample": ".samples",
+    "SimilarityInterleavedSample": ".samples",
+    "SourceInfo": ".samples",
+    "TextSample": ".samples",
+    "VidQASample": ".samples",
+    "VQAOCRSample": ".samples",
+    "VQASample": ".samples",
+    "batch_list": ".samples",
+    "batch_pad_stack": ".samples",
+    "batch_stack": ".samples",
+    "generic_batch": ".samples",
+    "register_sample_type": ".samples",
+    "AugmentTaskEncoder": ".task_encoder",
+    "Cooker": ".task_encoder",
+    "DefaultTaskEncoder": ".task_encoder",
+    "TaskEncoder": ".task_encoder",
+    "basic_sample_keys": ".task_encoder",
+    "cooker": ".task_encoder",
+    "stateless": ".task_encoder",
+    "WorkerConfig": ".worker",
+    "BatchDataset": ".wrappers",
+    "BlendDataset": ".wrappers",
+    "ConcatDataset": ".wrappers",
+    "EpochizeDataset": ".wrappers",
+    "FilterDataset": ".wrappers",
+    "GcDataset": ".wrappers",
+    "GroupBatchDataset": ".wrappers",
+    "IterMapDataset": ".wrappers",
+    "LimitDataset": ".wrappers",
+    "LogSampleDataset": ".wrappers",
+    "MapDataset": ".wrappers",
+    "MixBatchDataset": ".wrappers",
+    "PackingDataset": ".wrappers",
+    "RepeatDataset": ".wrappers",
+    "SavableDataset": ".wrappers",
+    "ShuffleBufferDataset": ".wrappers",
+    "concat_pad": ".wrappers",
+    "generic_concat": ".wrappers",
+    "homogeneous_concat_mix": ".wrappers",
+}
 
 __all__ = [
     "AugmentTaskEncoder",
@@ -240,3 +372,48 @@ __all__ = [
     "stateless",
     "traverse_metadataset",
 ]
+
+
+#: Submodules that an eager ``__init__`` used to load, so that ``megatron_energon_lite.loader``
+#: (say) worked after a bare ``import megatron_energon_lite``; they still do, loaded on first use.
+#: Any other submodule needs its own import, as usual (``as_energon`` above all: importing it
+#: switches ``megatron.energon``, which no attribute look-up may do).
+_SUBMODULES = frozenset(
+    {
+        "av",
+        "cache",
+        "decode",
+        "energon_mode",
+        "epathlib",
+        "errors",
+        "flavors",
+        "fork_hook",
+        "format",
+        "loader",
+        "media",
+        "metadataset",
+        "pipeline",
+        "rng",
+        "samples",
+        "source_info",
+        "storage",
+        "task_encoder",
+        "worker",
+        "wrappers",
+    }
+)
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        if name in _SUBMODULES:  # the import binds it on this package
+            return _importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -89,7 +89,7 @@ def read_trees(path: Path, splits: list[str] | None = None) -> list[SplitTree]:
 
 
 def _row(leaf: LeafDataset) -> LeafRow:
-    # The loader's modules load on use only: `info` and `lint` of a plain dataset never need them.
+    # Imported on use only: `info` and `lint` of a plain dataset never need it.
     from ..format.resolved import resolve_dataset
 
     try:

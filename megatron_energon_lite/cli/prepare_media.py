@@ -34,7 +34,7 @@ from .params import Command
 @click.option("--media-metadata-by-glob", metavar="PATTERNS", help="Media are the files whose name (or path relative to PATH) matches one of these globs, e.g. '*.jpg,*.wav' (comma-separated).")
 @click.option("--media-metadata-by-header", is_flag=True, help="Media are the files recognised by their first bytes (every file is read).")
 @click.option("--media-metadata-by-extension", is_flag=True, help="Media are the files with an image/audio/video extension.")
-@click.option("--tmp-path", type=click.Path(path_type=Path, file_okay=False), default=None, help="For a remote tar dataset: the local folder to build index.sqlite in before the upload (Energon's option; accepted, not needed: a temporary folder is used).")
+@click.option("--tmp-path", type=click.Path(path_type=Path, file_okay=False), default=None, help="For a folder on object storage: the local folder to build index.sqlite in (and copy files to) before the upload; default: a temporary folder. Accepted for a remote tar dataset, which does not need it.")
 def prepare_media(
     path: str,
     progress: bool,
@@ -54,7 +54,7 @@ def prepare_media(
         _prepare_tar_dataset(root, media_filter, num_workers=num_workers, progress=progress, tmp_path=tmp_path)
         return
     click.echo("Preparing filesystem dataset and computing media metadata...")
-    result = prepare_media_folder(root, media_filter, progress=progress, num_workers=num_workers)
+    result = prepare_media_folder(root, media_filter, progress=progress, num_workers=num_workers, tmp_path=tmp_path)
     removed = f", {_count(result.removed, 'file')} removed since the last run" if result.removed else ""
     click.echo(f"Considered {_count(result.files, 'file')} ({len(result.scanned)} read, {len(result.reused)} unchanged{removed}).")
     skipped = f"; {_count(result.skipped, 'file')} could not be decoded (see the warnings)" if result.skipped else ""

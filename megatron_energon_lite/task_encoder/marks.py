@@ -17,7 +17,6 @@ from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
 import numpy
-import torch
 
 from ..errors import ConfigError, format_message
 
@@ -174,17 +173,23 @@ class _GlobalRng:
     __slots__ = ("np_state", "py_state", "torch_state")
 
     def __init__(self) -> None:
+        import torch  # not at the top: `energon-lite info` of a metadataset imports this module
+
         self.torch_state = torch.get_rng_state()
         self.np_state = numpy.random.get_state()
         self.py_state = random.getstate()
 
     def restore(self) -> None:
+        import torch
+
         torch.set_rng_state(self.torch_state)
         numpy.random.set_state(self.np_state)
         random.setstate(self.py_state)
 
     @staticmethod
     def seed(seed: int) -> None:
+        import torch
+
         torch.manual_seed(seed)
         numpy.random.seed(seed)
         random.seed(seed)
