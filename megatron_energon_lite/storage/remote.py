@@ -471,9 +471,12 @@ def fetch_object(path: RemotePath) -> bytes:
     ``FileNotFoundError`` at once), counted like ranged reads. For files read whole, such as
     the files of an aux folder, where a size lookup first would cost a second round trip."""
 
+    # s3fs sends a HEAD for the size first unless told to read in one stream (max_concurrency=1).
+    options = {"max_concurrency": 1} if path.protocol in ("s3", "s3a") else {}
+
     def get() -> bytes:
         read_counters.requests += 1
-        return path.fs.cat_file(path.url)
+        return path.fs.cat_file(path.url, **options)
 
     data = with_retries(get, what=f"read {path.url}", settings=path.settings)
     read_counters.bytes_fetched += len(data)

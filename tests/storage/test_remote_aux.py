@@ -170,6 +170,7 @@ def test_aux_reads_on_s3_survive_faults_one_get_per_file(sources, s3_server, s3_
     assert {p.split("?")[0] for p in folder_reads} == {f"{bucket_prefix}/files/sub/{i}.bin" for i in range(N)}
     listings = [path for method, path in requests if "list-type" in path or "prefix=" in path]
     assert not [p for p in listings if "files" in p], listings  # the folder is never listed
+    assert not [p for method, p in requests if method == "HEAD" and "/files/" in p]  # one GET per read, no size lookup
     assert len(folder_reads) <= N + 2 * injected  # aiohttp itself resends once after a reset
 
 
@@ -191,10 +192,18 @@ def test_missing_aux_file_on_s3_skips_the_sample_naming_it(sources, caplog: pyte
     assert re.search(r"file not found in an aux folder(.|\n)*s3://.*/files/sub/gone.bin", caplog.text) and "000005" in caplog.text
 
 
-def test_a_remote_folder_store_counts_one_request_per_file(sources, s3_url) -> None:
+def test_a_remote_folder_store_reads_a_file_in_one_http_request(sources, s3_server, s3_url, fault_proxy) -> None:
+    seen: list[tuple[str, str]] = []
+    proxy = fault_proxy(faults_only_for=lambda method, path, headers: seen.append((method, path)) and False)
+    configure_storage("s3", storage_options=_through(proxy, s3_server))
     store = SystemFileStore(f"{s3_url}/files")
     before = read_counters.requests, read_counters.bytes_fetched
     assert store["sub/3.bin"][0] == bytes([3]) * (1000 + 37 * 3)
     assert (read_counters.requests - before[0], read_counters.bytes_fetched - before[1]) == (1, 1000 + 37 * 3)
+    assert [method for method, _ in seen] == ["GET"], seen  # no HEAD for the size first
+    seen.clear()
+    with pytest.raises(AuxFileNotFoundError, match="file not found"):
+        store["sub/gone.bin"]
+    assert len(seen) == 1, seen
     with pytest.raises(AuxFileNotFoundError, match="must be a path inside it"):
         store["../ds2/.nv-meta/.info.json"]
