@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -367,26 +367,25 @@ class SqliteIndexWriter:
         self, tar_file_id: int, samples: Sequence[SampleEntry], offsets: Sequence[int]
     ) -> list[DuplicateKey]:
         """Inserts one shard's rows; returns the keys that were already present."""
+        bounds = [int(o) for o in offsets]
+        sample_rows = [
+            (tar_file_id, s.key, i, bounds[i], bounds[i + 1] - bounds[i]) for i, s in enumerate(samples)
+        ]
+        part_rows = [
+            (tar_file_id, i, part, offset, size) for i, s in enumerate(samples) for part, offset, size in s.parts
+        ]
+        return self.add_rows(sample_rows, part_rows)
+
+    def add_rows(self, sample_rows: Sequence[tuple], part_rows: Sequence[tuple]) -> list[DuplicateKey]:
+        """Inserts ready-made rows of ``samples`` and ``sample_parts`` (in table column order);
+        returns the sample keys that were already present (those rows are not inserted)."""
         db = self._open_db()
-
-        def rows() -> Iterator[tuple]:  # generated, not listed: prepare's memory is per shard
-            for i, s in enumerate(samples):
-                start = int(offsets[i])
-                yield tar_file_id, s.key, i, start, int(offsets[i + 1]) - start
-
         before = db.total_changes
-        db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows())
+        db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", sample_rows)
         duplicates: list[DuplicateKey] = []
-        if db.total_changes - before != len(samples):
-            duplicates = self._find_duplicates(list(rows()))
-        db.executemany(
-            _INSERT_PART,
-            (
-                (tar_file_id, i, part, offset, size)
-                for i, s in enumerate(samples)
-                for part, offset, size in s.parts
-            ),
-        )
+        if db.total_changes - before != len(sample_rows):
+            duplicates = self._find_duplicates(list(sample_rows))
+        db.executemany(_INSERT_PART, part_rows)
         return duplicates
 
     def _find_duplicates(self, rows: list[tuple]) -> list[DuplicateKey]:
@@ -411,32 +410,55 @@ class SqliteIndexWriter:
         With ``expected_rows`` (the sample count recorded for the shard), a previous index that
         holds another number of rows for it raises :class:`IndexMismatchError`.
         """
+        return self.copy_shards(old_id, new_id, [expected_rows])
+
+    def copy_shards(self, old_first: int, new_first: int, expected_rows: Sequence[int | None]) -> list[DuplicateKey]:
+        """Copies the rows of ``len(expected_rows)`` consecutive unchanged shards (previous ids
+        ``old_first...``) from the attached previous index as ids ``new_first...``: one
+        statement per table, in the order a fresh scan inserts them (by shard, sample and data
+        offset), so the new index holds the same rows in the same order as a full re-prepare.
+
+        ``expected_rows[i]`` is the sample count recorded for shard ``old_first + i`` (None: not
+        checked); a previous index that holds another number raises :class:`IndexMismatchError`.
+        """
         db = self._open_db()
-        rows = [
-            (new_id, *row)
-            for row in db.execute(
-                "SELECT sample_key, sample_index, byte_offset, byte_size FROM prev.samples "
-                "WHERE tar_file_id = ? ORDER BY sample_index",
-                (old_id,),
-            )
-        ]
-        if expected_rows is not None and len(rows) != expected_rows:
-            raise IndexMismatchError(
-                format_message(
-                    "the previous index does not hold the rows recorded for a shard",
-                    where=f"{self.path} (previous index attached as prev), tar_file_id {old_id}",
-                    expected=f"{expected_rows} samples",
-                    found=f"{len(rows)} rows",
-                    fix="run prepare again; it re-scans the shard",
+        count = len(expected_rows)
+        if count == 0:
+            return []
+        old_last, shift = old_first + count - 1, new_first - old_first
+        found = dict(
+            db.execute(
+                "SELECT tar_file_id, COUNT(*) FROM prev.samples WHERE tar_file_id BETWEEN ? AND ? GROUP BY tar_file_id",
+                (old_first, old_last),
+            ).fetchall()
+        )
+        for i, expected in enumerate(expected_rows):
+            rows = found.get(old_first + i, 0)
+            if expected is not None and rows != expected:
+                raise IndexMismatchError(
+                    format_message(
+                        "the previous index does not hold the rows recorded for a shard",
+                        where=f"{self.path} (previous index attached as prev), tar_file_id {old_first + i}",
+                        expected=f"{expected} samples",
+                        found=f"{rows} rows",
+                        fix="run prepare again; it re-scans the shard",
+                    )
                 )
-            )
+        total = sum(found.values())
+        select = (
+            "SELECT tar_file_id + ?, sample_key, sample_index, byte_offset, byte_size FROM prev.samples "
+            "WHERE tar_file_id BETWEEN ? AND ? ORDER BY tar_file_id, sample_index"
+        )
         before = db.total_changes
-        db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", rows)
-        duplicates = [] if db.total_changes - before == len(rows) else self._find_duplicates(rows)
+        db.execute(f"INSERT OR IGNORE INTO samples {select}", (shift, old_first, old_last))
+        duplicates: list[DuplicateKey] = []
+        if db.total_changes - before != total:
+            duplicates = self._find_duplicates(db.execute(select, (shift, old_first, old_last)).fetchall())
         db.execute(
-            "INSERT INTO sample_parts SELECT ?, sample_index, part_name, content_byte_offset, "
-            "content_byte_size FROM prev.sample_parts WHERE tar_file_id = ?",
-            (new_id, old_id),
+            "INSERT INTO sample_parts SELECT tar_file_id + ?, sample_index, part_name, content_byte_offset, "
+            "content_byte_size FROM prev.sample_parts WHERE tar_file_id BETWEEN ? AND ? "
+            "ORDER BY tar_file_id, sample_index, content_byte_offset",
+            (shift, old_first, old_last),
         )
         return duplicates
 

@@ -1,0 +1,292 @@
+"""prepare on a few hundred shards: what it writes does not depend on the code path taken.
+
+Every output of a prepare (``.info.json``, ``split.yaml``, each ``.tar.idx`` and the tables of
+``index.sqlite``) must be the same whether the shards were scanned in this process or by worker
+processes, and whether a re-prepare copied unchanged shards from the previous index or a fresh
+prepare indexed them all.  ``.tar.idx`` files and index rows are also checked against Python's
+``tarfile``, an independent reader.  A re-prepare after one shard changed scans exactly that
+shard and reads no other shard's ``.tar.idx``.  Nothing here asserts on timing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import shutil
+import sqlite3
+import tarfile
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+from megatron_energon_lite.format import prepare as prepare_module
+from megatron_energon_lite.format.metadata import SplitConfig, read_split_config
+from megatron_energon_lite.format.prepare import prepare_dataset, split_config_text
+from megatron_energon_lite.format.sqlite_index import DuplicateSampleKeyError
+from megatron_energon_lite.synthetic import make_text, write_tar
+
+SHARDS = 240
+FOLDERS = ("a", "b/c", "é ü", "z")
+RATIO = (8, 1, 1)
+
+
+def _shard_samples(shard: int, extra: int = 0) -> list[tuple[str, dict[str, bytes]]]:
+    samples = []
+    for i in range(1 + shard % 5 + extra):
+        key = f"s{shard:04d}_{i}" + ("_" + "L" * 110 if (shard + i) % 7 == 0 and shard % 3 else "")
+        parts = {"txt": make_text((shard, i, extra), max_words=8).encode(), "json": b'{"a": 1}'}
+        if i % 2:  # part names not in alphabetical order inside the tar
+            parts = {"json": parts["json"], "cls": str(i).encode(), "txt": parts["txt"]}
+        samples.append((key, parts))
+    return samples
+
+
+def _shard_path(root: Path, shard: int) -> Path:
+    return root / FOLDERS[shard % len(FOLDERS)] / f"shard_{shard:04d}.tar"
+
+
+def _write_shard(root: Path, shard: int, extra: int = 0) -> Path:
+    path = _shard_path(root, shard)
+    write_tar(path, _shard_samples(shard, extra), tar_format=("ustar", "gnu", "pax")[shard % 3])
+    return path
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few hundred small shards in four folders (ustar, GNU and PAX; long names; samples
+    with one to five members per part set); never prepared itself, only copied."""
+    root = tmp_path_factory.mktemp("many") / "pristine"
+    for shard in range(SHARDS):
+        _write_shard(root, shard)
+    return root
+
+
+def _copy(source: Path, target: Path) -> Path:
+    """A copy of the shards (no metadata, no .tar.idx), with their mtimes."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(".nv-meta", "*.idx", "*.tmp-*"))
+    return target
+
+
+def _touch(root: Path, shard: int) -> str:
+    """Rewrites one shard with one more sample; returns its name relative to ``root``."""
+    path = _write_shard(root, shard, extra=1)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a new mtime on any clock
+    return path.relative_to(root).as_posix()
+
+
+def _outputs(root: Path) -> dict[str, object]:
+    """Everything a prepare wrote that must not depend on how it got there."""
+    out: dict[str, object] = {
+        name: (root / ".nv-meta" / name).read_bytes() for name in (".info.json", "split.yaml")
+    }
+    for index in sorted(root.rglob("*.tar.idx")):
+        out[index.relative_to(root).as_posix()] = index.read_bytes()
+    db = sqlite3.connect(f"file:{root / '.nv-meta/index.sqlite'}?mode=ro", uri=True)
+    try:
+        out["schema"] = db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        for table in ("samples", "sample_parts"):
+            # By rowid: the rows and the order they were inserted in.
+            out[table] = db.execute(f"SELECT rowid, * FROM {table} ORDER BY rowid").fetchall()
+    finally:
+        db.close()
+    return out
+
+
+def _leftovers(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if ".tmp-" in p.name)
+
+
+def _assert_same(ours: dict[str, object], reference: dict[str, object]) -> None:
+    assert sorted(ours) == sorted(reference)
+    different = [name for name in reference if ours[name] != reference[name]]
+    assert different == []
+
+
+def _tarfile_index(tar: Path) -> tuple[list[int], list[str], list[tuple[str, int, int]]]:
+    """Energon's .tar.idx offsets, the sample keys and the (part, data offset, size) of each
+    member, as Python's tarfile reads the tar."""
+    with tarfile.open(tar, "r:") as handle:
+        members = [m for m in handle.getmembers() if m.isreg()]
+        end = handle.offset
+    offsets, keys, parts = [], [], []
+    for member in members:
+        folder, _, base = member.name.rpartition("/")
+        key, _, part = base.partition(".")
+        key = f"{folder}/{key}" if folder else key
+        if not keys or keys[-1] != key:
+            offsets.append(member.offset)
+            keys.append(key)
+        parts.append((part, member.offset_data, member.size))
+    return offsets + [end], keys, parts
+
+
+def test_workers_and_in_process_scans_write_the_same_files(pristine: Path, tmp_path: Path) -> None:
+    one = _copy(pristine, tmp_path / "one")
+    two = _copy(pristine, tmp_path / "two")
+    prepare_dataset(one, split_ratio=RATIO, num_workers=1, progress=False)
+    result = prepare_dataset(two, split_ratio=RATIO, num_workers=2, progress=False)
+    assert len(result.scanned) == SHARDS and result.reused == []
+    _assert_same(_outputs(two), _outputs(one))
+    assert _leftovers(one) == [] and _leftovers(two) == []
+
+    # Both agree with an independent reader: tarfile's offsets, keys and parts, in shard order.
+    db = sqlite3.connect(two / ".nv-meta/index.sqlite")
+    try:
+        for shard_id, name in enumerate(result.shard_counts):
+            offsets, keys, parts = _tarfile_index(two / name)
+            idx = (two / (name + ".idx")).read_bytes()
+            assert idx == b"".join(o.to_bytes(8, "little") for o in offsets), name
+            rows = db.execute(
+                "SELECT sample_key, sample_index, byte_offset, byte_size FROM samples WHERE tar_file_id = ? ORDER BY rowid",
+                (shard_id,),
+            ).fetchall()
+            assert rows == [(k, i, offsets[i], offsets[i + 1] - offsets[i]) for i, k in enumerate(keys)], name
+            stored = db.execute(
+                "SELECT part_name, content_byte_offset, content_byte_size FROM sample_parts WHERE tar_file_id = ? ORDER BY rowid",
+                (shard_id,),
+            ).fetchall()
+            assert stored == parts, name
+    finally:
+        db.close()
+
+
+def test_incremental_reprepare_writes_what_a_fresh_prepare_writes(pristine: Path, tmp_path: Path) -> None:
+    incremental = _copy(pristine, tmp_path / "incremental")
+    prepare_dataset(incremental, split_ratio=RATIO, num_workers=2, progress=False)
+    touched = _touch(incremental, 101)
+    # A shard removed and one added: the shards after them change ids, so the copied runs shift.
+    removed = _shard_path(incremental, 37)
+    removed.unlink()
+    removed.with_name(removed.name + ".idx").unlink()
+    write_tar(incremental / "b/c/shard_0050x.tar", [("added_0", {"txt": b"new"}), ("added_1", {"txt": b"newer"})])
+    result = prepare_dataset(incremental, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert result.scanned == ["b/c/shard_0050x.tar", touched]
+    assert len(result.reused) == SHARDS - 2
+
+    fresh = _copy(incremental, tmp_path / "fresh")
+    prepare_dataset(fresh, split_ratio=RATIO, num_workers=1, progress=False)
+    _assert_same(_outputs(incremental), _outputs(fresh))
+    assert _leftovers(incremental) == []
+
+
+def test_reprepare_after_touching_one_shard_scans_only_it(pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _copy(pristine, tmp_path / "ds")
+    first = prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False)
+    names = list(first.shard_counts)
+    again = prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert again.scanned == [] and again.reused == names
+
+    touched = _touch(root, 150)
+    opened: list[str] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def spy_open(file, *args, **kwargs):
+        opened.append(os.fspath(file) if isinstance(file, (str, os.PathLike)) else repr(file))
+        return real_open(file, *args, **kwargs)
+
+    def spy_os_open(path, *args, **kwargs):
+        opened.append(os.fspath(path))
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(io, "open", spy_open)  # pathlib's read_bytes / read_text
+    monkeypatch.setattr(os, "open", spy_os_open)
+    result = prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    monkeypatch.undo()
+
+    assert result.scanned == [touched]
+    assert result.reused == [name for name in names if name != touched]
+    assert result.shard_counts[touched] == first.shard_counts[touched] + 1
+    # No .tar.idx was read: the only one touched is the new index of the changed shard.
+    touched_index = (root / touched).with_name(Path(touched).name + ".idx")
+    index_files = {Path(p).name for p in opened if ".tar.idx" in Path(p).name}
+    assert index_files <= {f".{touched_index.name}.tmp-{os.getpid()}"}, sorted(index_files)[:5]
+    # ... and the result is the one a fresh prepare gives.
+    fresh = _copy(root, tmp_path / "fresh")
+    prepare_dataset(fresh, split_ratio=RATIO, num_workers=1, progress=False)
+    _assert_same(_outputs(root), _outputs(fresh))
+
+
+@pytest.mark.parametrize(
+    ("changed", "repeated"),
+    [(200, 5), (3, 100)],  # the repeated key is in an earlier shard (scanned rows) or a later one (copied rows)
+)
+def test_failed_reprepare_with_workers_leaves_no_temporary_index(pristine: Path, tmp_path: Path, changed: int, repeated: int) -> None:
+    root = _copy(pristine, tmp_path / "ds")
+    prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False)
+    before = _outputs(root)
+    _touch(root, 150)  # another changed shard, scanned too
+    key = _shard_samples(repeated)[0][0]
+    write_tar(_shard_path(root, changed), _shard_samples(changed, extra=1) + [(key, {"txt": b"again"})], tar_format="gnu")
+    with pytest.raises(DuplicateSampleKeyError) as info:
+        prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert [d.key for d in info.value.duplicates] == [key]
+    assert _leftovers(root) == []
+    _assert_same(_outputs(root), before)
+
+
+def test_split_yaml_is_kept_when_unchanged_and_reread_when_edited(pristine: Path, tmp_path: Path) -> None:
+    root = _copy(pristine, tmp_path / "ds")
+    prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False)
+    split = root / ".nv-meta/split.yaml"
+    text = split.read_text()
+    assert text == yaml.safe_dump(yaml.safe_load(text), sort_keys=False, default_flow_style=False)
+
+    # A user's exclude is kept by the next prepare, which writes the same file otherwise.
+    config = read_split_config(root)
+    config.exclude = ["a/shard_0000.tar", "z/shard_0003.tar/s0003_0"]
+    split.write_text(split_config_text(config))
+    prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert split.read_text() == split_config_text(config)
+    _touch(root, 7)
+    prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert read_split_config(root).exclude == config.exclude
+    assert split.read_text() == split_config_text(config)
+
+    # Other split parts: the file is rewritten, with the exclude.
+    prepare_dataset(root, split_ratio=(1, 1, 0), num_workers=2, progress=False, force_overwrite=True)
+    again = read_split_config(root)
+    assert again.exclude == config.exclude and again.split_parts != config.split_parts
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["shards/000/shard_00000.tar", "shards/000/shard_00001.tar"],
+        ["yes", "no", "null", "~", "123", "0x1f", "1e3", "2024-01-01", "-a", "a: b", "#x", "a #b", "'q'", '"q"', "[x]", "*a", "&a", "!t", "|x", ">x", "%x", "@x", "`x", " lead", "trail ", "", "a" * 200, "a b " * 40],
+        ["é ü/shard.tar", "日本/シャード.tar", "tab\there.tar", "line\u2028sep.tar", "nel\x85.tar", "bom\ufeff.tar"],
+        ["undecodable_\udcff.tar", "x.tar"],  # libyaml cannot encode a lone surrogate: pure-Python emitter
+    ],
+)
+def test_split_yaml_text_is_pyyaml_safe_dump(names: list[str]) -> None:
+    config = SplitConfig(split_parts={"train": names, "val": names[:1], "test": []}, exclude=names[-1:])
+    expected = yaml.safe_dump({"split_parts": config.split_parts, "exclude": config.exclude}, sort_keys=False, default_flow_style=False)
+    assert split_config_text(config) == expected
+
+
+def test_discovery_matches_pathlib_glob(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    for name in ("x.tar", "a/b.tar", "a/c.tgz", ".hidden/h.tar", "a/deep/er/e.tar", "not.tarx", "a/n.TAR"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"")
+    (root / "dir.tar").mkdir()
+    (root / ".nv-meta").mkdir()
+    (root / ".nv-meta/m.tar").write_bytes(b"")
+    (root / "link.tar").symlink_to(root / "x.tar")
+    (root / "broken.tar").symlink_to(root / "missing.tar")
+    (root / "linked_dir").symlink_to(root / "a")  # glob("**") does not descend into it
+    expected = sorted(
+        (p.relative_to(root).as_posix() for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()),
+        key=lambda n: Path(n).parts,
+    )
+    expected = [n for n in expected if not n.startswith(".nv-meta/")]
+    assert prepare_module.discover_shards(root) == expected
+    assert "linked_dir/b.tar" not in expected and "link.tar" in expected
+
+
+@pytest.mark.parametrize("name", ["a.tar", "d/a.tar", ".tar", "d/.tar", "..tar", "d/a.b.tar", "d/a.tgz", "x.y/z.tar"])
+def test_index_names_are_pathlib_s(name: str) -> None:
+    assert prepare_module._index_name(name) == str(PurePosixPath(name).with_suffix(".tar.idx"))
