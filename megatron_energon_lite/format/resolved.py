@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Iterable
 
+from ..samples import CrudeSample
 from .dataset_config import DatasetConfig, load_dataset_config
 from .join import join_index
 from .jsonl import JsonlReader
@@ -35,6 +36,12 @@ class ResolvedDataset:
     config: DatasetConfig | None = None
     #: The split file read: the argument's, else ``dataset.yaml``'s ``split_config``, else the default.
     split_config: str | None = None
+
+    @property
+    def yields(self) -> type:
+        """The type of its samples before cooking (a JSONL file yields crude dicts); for a
+        prepared folder or a JSONL file, not a join (whose samples are its joiner's)."""
+        return CrudeSample if self.config is None else self.config.yields
 
 
 def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_config: str | None, trust_dataset_code: bool) -> ResolvedDataset:

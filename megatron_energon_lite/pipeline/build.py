@@ -301,8 +301,7 @@ def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, h
         loader = SampleLoader(
             leaf.path,
             leaf.split_part,
-            dataset_config=leaf.dataset_config or spec.dataset_config,
-            split_config=leaf.split_config or spec.split_config,
+            dataset_config=leaf.dataset_config or spec.dataset_config,  # a user's factory is told it
             decoder=te.decoder,
             subflavors=leaf.subflavors,
             trust_dataset_code=spec.trust_dataset_code,

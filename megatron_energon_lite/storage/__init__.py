@@ -10,6 +10,7 @@ from .local import (
     is_no_room,
     no_room_error,
     remove_stale_temporaries,
+    temporary_basename,
     temporary_name,
 )
 from .paths import (
@@ -45,6 +46,7 @@ __all__ = [
     "is_no_room",
     "no_room_error",
     "remove_stale_temporaries",
+    "temporary_basename",
     "temporary_name",
     "RemoteFilePool",
     "RemotePath",

@@ -113,7 +113,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def temporary_name(path: Path) -> Path:
     """Where ``path`` is written before its atomic rename (found again by
     :func:`remove_stale_temporaries` if the writer dies)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    return path.with_name(temporary_basename(path.name, os.getpid()))
+
+
+def temporary_basename(name: str, owner: int) -> str:
+    """The temporary name of a file called ``name`` written for process ``owner`` (which may
+    be a parent whose workers write for it): ``.NAME.tmp-PID``."""
+    return f".{name}.tmp-{owner}"
 
 
 def is_no_room(exc: BaseException) -> bool:

@@ -22,9 +22,14 @@ import pytest
 import yaml
 
 from megatron_energon_lite.format import prepare as prepare_module
-from megatron_energon_lite.format.metadata import SplitConfig, read_split_config
-from megatron_energon_lite.format.prepare import prepare_dataset, split_config_text
+from megatron_energon_lite.format.metadata import (
+    SplitConfig,
+    read_split_config,
+    split_config_text,
+)
+from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.sqlite_index import DuplicateSampleKeyError
+from megatron_energon_lite.format.tar_index import index_name
 from megatron_energon_lite.synthetic import make_text, write_tar
 
 SHARDS = 240
@@ -289,4 +294,4 @@ def test_discovery_matches_pathlib_glob(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["a.tar", "d/a.tar", ".tar", "d/.tar", "..tar", "d/a.b.tar", "d/a.tgz", "x.y/z.tar"])
 def test_index_names_are_pathlib_s(name: str) -> None:
-    assert prepare_module._index_name(name) == str(PurePosixPath(name).with_suffix(".tar.idx"))
+    assert index_name(name) == str(PurePosixPath(name).with_suffix(".tar.idx"))
