@@ -347,7 +347,7 @@ def _user_factory_config(raw: Mapping[str, Any], path: Path, module: str, name: 
 
 def _subflavors(raw: Mapping, file: str) -> dict[str, Any]:
     value = raw.get("subflavors") or {}
-    check_mapping(value, file=file, key_path="subflavors", allowed=list(value))
+    check_mapping(value, file=file, key_path="subflavors", allowed=None)
     return dict(value)
 
 

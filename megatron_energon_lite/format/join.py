@@ -285,7 +285,7 @@ def prepare_metadataset_joins(path: AnyPath) -> tuple[list[PreparedJoin], list[A
     """
     path = as_path(path).resolve()
     raw = check_mapping(load_structured(path), file=path, key_path="", allowed=("__module__", "__class__", "splits"), required=("splits",))
-    splits = check_mapping(raw["splits"], file=path, key_path="splits", allowed=list(raw["splits"] or {}))
+    splits = check_mapping(raw["splits"], file=path, key_path="splits", allowed=None)
     prepared: list[PreparedJoin] = []
     seen: set[tuple] = set()
     for split_part in splits:

@@ -6,12 +6,15 @@ keys in these files, so we never write any).  Errors name the file and the key p
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import yaml
 from braceexpand import braceexpand
@@ -51,8 +54,13 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def load_structured(path: Path) -> Any:
     """Reads a YAML or JSON file; a syntax error becomes a :class:`ConfigError` with the line."""
+    return parse_structured(path, read_text(path))
+
+
+def read_text(path: Path) -> str:
+    """The text of a metadata file; a missing or non-UTF-8 file is a :class:`ConfigError`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(format_message("file not found", where=str(path))) from None
     except UnicodeDecodeError as exc:
@@ -65,6 +73,10 @@ def load_structured(path: Path) -> Any:
                 fix="re-save the file as UTF-8, or re-create it (for .nv-meta files: run `energon-lite prepare` again)",
             )
         ) from None
+
+
+def parse_structured(path: Path, text: str) -> Any:
+    """Parses ``text`` (read from ``path``) as JSON or YAML by the file's suffix."""
     try:
         if path.suffix == ".json":
             return json.loads(text)
@@ -100,10 +112,11 @@ def check_mapping(
     *,
     file: Path | str,
     key_path: str,
-    allowed: Iterable[str],
+    allowed: Iterable[str] | None,
     required: Iterable[str] = (),
 ) -> Mapping[str, Any]:
-    """Checks that ``value`` is a mapping with only ``allowed`` keys and all ``required`` ones."""
+    """Checks that ``value`` is a mapping with only ``allowed`` keys (any keys: None) and all
+    ``required`` ones."""
     where = f"{file}: {key_path or '<top level>'}"
     if not isinstance(value, Mapping):
         raise ConfigError(
@@ -114,15 +127,15 @@ def check_mapping(
                 found=f"{type(value).__name__} {value!r:.80}",
             )
         )
-    allowed = list(allowed)
-    allowed_set = set(allowed)  # a shard_counts mapping has tens of thousands of keys
-    unknown = [k for k in value if k not in allowed_set]
+    allowed = None if allowed is None else list(allowed)
+    allowed_set = set(allowed or ())
+    unknown = [] if allowed is None else [k for k in value if k not in allowed_set]
     if unknown:
         raise ConfigError(
             format_message(
                 f"unknown key {unknown[0]!r}",
                 where=f"{file}: {key_path + '.' if key_path else ''}{unknown[0]}",
-                expected=f"one of {', '.join(allowed)}",
+                expected=f"one of {', '.join(allowed or ())}",
                 found=", ".join(map(repr, unknown)),
                 fix="remove or rename the key",
             )
@@ -207,6 +220,16 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
     return name
 
 
+def _plain_names(names: Iterable[Any]) -> bool:
+    """True when every name is a non-empty string that :func:`check_shard_name` accepts as is
+    (no NUL, no leading ``/``, no ``://``, no ``..``): one scan of the joined names."""
+    try:
+        joined = "\n" + "\n".join(names) + "\n"
+    except TypeError:
+        return False
+    return not any(bad in joined for bad in ("\n\n", "\0", "\n/", "://", ".."))
+
+
 @dataclass
 class DatasetInfo:
     """``.info.json``: per-shard sample counts, in shard order (the order defines shard ids)."""
@@ -233,8 +256,10 @@ def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False) -> D
         required=("shard_counts",),
     )
     counts = raw["shard_counts"]
-    check_mapping(counts, file=path, key_path="shard_counts", allowed=list(counts))
-    for shard, count in counts.items():
+    check_mapping(counts, file=path, key_path="shard_counts", allowed=None)
+    # Checked in bulk first (a dataset may list 10,000s of shards); one by one for the error.
+    all_fine = _plain_names(counts) and all(type(count) is int and count >= 0 for count in counts.values())
+    for shard, count in () if all_fine else counts.items():
         check_shard_name(shard, where=f"{path}: shard_counts", allow_outside_root=allow_outside_root)
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ConfigError(
@@ -282,6 +307,8 @@ class SplitConfig:
             )
         key_path = f"split_parts.{split_part}"
         patterns = self.split_parts[split_part]
+        if known is not None and not any("{" in p or "}" in p for p in patterns) and len(set(patterns)) == len(patterns) and known.keys() >= set(patterns):
+            return list(patterns)  # the usual split: plain, distinct, indexed names (the loop finds the error otherwise)
         names: dict[str, int] = {}  # shard -> the entry that named it first
         for entry, pattern in enumerate(patterns):
             for name in _expand(pattern, self.path, f"{key_path}[{entry}]"):
@@ -342,20 +369,110 @@ def resolve_split_config_path(root: str | os.PathLike, name: str | None = None) 
 
 def read_split_config(root: str | os.PathLike, name: str | None = None) -> SplitConfig:
     path = resolve_split_config_path(root, name)
+    text = read_text(path)
+    parsed = _plain_split_yaml(text) if path.suffix != ".json" else None
     raw = check_mapping(
-        load_structured(path),
+        parse_structured(path, text) if parsed is None else parsed,
         file=path,
         key_path="",
         allowed=("split_parts", "exclude"),
         required=("split_parts",),
     )
     parts = raw["split_parts"]
-    check_mapping(parts, file=path, key_path="split_parts", allowed=list(parts))
+    check_mapping(parts, file=path, key_path="split_parts", allowed=None)
     split_parts: dict[str, list[str]] = {}
     for name_, patterns in parts.items():
         split_parts[str(name_)] = _string_list(patterns, path, f"split_parts.{name_}")
     exclude = _string_list(raw.get("exclude") or [], path, "exclude")
     return SplitConfig(split_parts=split_parts, exclude=exclude, path=path)
+
+
+_PLAIN_KEY = re.compile(r"( *)([A-Za-z_][A-Za-z0-9_-]*):( \[\])?")
+_PLAIN_VALUE = r"[A-Za-z0-9_][A-Za-z0-9_./{}-]*"
+_PLAIN_ITEM = re.compile(rf"( *)- {_PLAIN_VALUE}")
+#: First characters of plain scalars that YAML may read as something other than a string.
+_TYPED_FIRST = frozenset(c for c in yaml.SafeLoader.yaml_implicit_resolvers if c)
+
+
+@functools.lru_cache(maxsize=16)
+def _item_run(indent: int) -> re.Pattern[str]:
+    """Consecutive item lines at ``indent``: one C-level match for a whole list."""
+    return re.compile(rf"(?: {{{indent}}}- {_PLAIN_VALUE}(?:\n|\Z))+")
+
+
+def _plain_split_yaml(text: str) -> dict[str, Any] | None:
+    """Parses the plain ``split.yaml`` that prepare writes, or returns None for anything else.
+
+    Even libyaml's C parser builds a Python node per entry (~35 ms for 10,000 shards, paid by
+    every rank); this reads the one shape ``split_config_text`` writes (and Energon's prepare, and
+    most hand edits): ``split_parts:`` with named block lists of plain scalars, and ``exclude:``.
+    A line outside that shape, a repeated key, or a scalar YAML would read as something other than
+    a string (``yes``, ``1e3``, ``null``) returns None and the caller parses with YAML, so the
+    result is always what YAML gives (tests/format/test_split_fast_path.py checks that).
+    """
+    if "\r" in text:
+        return None
+    result: dict[str, Any] = {}
+    parts: dict[str, list[str] | None] | None = None
+    owner: dict[str, Any] | None = None  # the mapping whose ``owner_key`` item lines fill
+    owner_key = ""
+    owner_indent = 0
+    item_indent: int | None = None
+    split_indent: int | None = None
+    pos, size = 0, len(text)
+    while pos < size:
+        end = text.find("\n", pos)
+        end = size if end == -1 else end
+        line = text[pos:end]
+        match = _PLAIN_ITEM.fullmatch(line)
+        if match is not None:
+            indent = len(match[1])
+            if owner is None or item_indent is not None or indent < owner_indent:
+                return None  # no list here, or a second run of items at another indent
+            run = _item_run(indent).match(text, pos)
+            values = [item[indent + 2 :] for item in text[pos : run.end()].split("\n") if item]
+            if any(value[0] in _TYPED_FIRST and _implicitly_typed(value) for value in values):
+                return None
+            owner[owner_key] = values
+            item_indent = indent
+            pos = run.end()
+            continue
+        pos = end + 1
+        match = _PLAIN_KEY.fullmatch(line)
+        if match is None:
+            return None
+        indent, key, empty = len(match[1]), match[2], match[3] is not None
+        # ``key:`` alone is null to YAML until an item line makes it a list; ``key: []`` is empty.
+        if indent == 0:
+            if key in result or key not in ("split_parts", "exclude") or (key == "split_parts" and empty):
+                return None
+            split_indent = None
+            if key == "split_parts":
+                parts = result[key] = {}
+                owner = None
+            else:
+                parts = None
+                result[key] = [] if empty else None
+                owner = None if empty else result
+        else:
+            if parts is None or key in parts or _implicitly_typed(key):
+                return None
+            if split_indent is None:
+                split_indent = indent
+            elif indent != split_indent:
+                return None
+            parts[key] = [] if empty else None
+            owner = None if empty else parts
+        owner_key, owner_indent, item_indent = key, indent, None
+    if not result.get("split_parts"):
+        return None  # no splits: YAML's reading gives the error message
+    return result
+
+
+def _implicitly_typed(value: str) -> bool:
+    """True when YAML would read the plain scalar ``value`` as a bool, number, null or date."""
+    resolvers = yaml.SafeLoader.yaml_implicit_resolvers.get(value[0])
+    return resolvers is not None and any(regexp.match(value) for _tag, regexp in resolvers)
 
 
 def _string_list(value: Any, path: Path, key_path: str) -> list[str]:
@@ -398,9 +515,9 @@ def write_split_config(root: str | os.PathLike, config: SplitConfig, name: str =
     atomic_write_text(meta_dir(root) / name, split_config_text(config))
 
 
-@dataclass(frozen=True)
-class ShardSpec:
-    """One shard of a split: its path relative to the dataset and its sample count."""
+class ShardSpec(NamedTuple):
+    """One shard of a split: its path relative to the dataset and its sample count (a tuple:
+    a split may hold 10,000s, made on every rank's start)."""
 
     name: str
     count: int
@@ -416,9 +533,14 @@ class ResolvedSplit:
     excluded_keys: dict[str, frozenset[str]]  # shard name -> keys skipped when read
     stats: dict[str, FileStat] = field(default_factory=dict)  # shard and index name -> size and version
 
+    @functools.cached_property
+    def shard_starts(self) -> tuple[int, ...]:
+        """Split index of the first sample of each shard, then the total."""
+        return tuple(accumulate((shard.count for shard in self.shards), initial=0))
+
     @property
     def total_samples(self) -> int:
-        return sum(s.count for s in self.shards)
+        return self.shard_starts[-1]
 
 
 def resolve_split(
@@ -456,24 +578,17 @@ def resolve_split(
             )
             continue
         excluded_keys.setdefault(shard, set()).add(entry[len(shard) + 1 :])
-    shards = []
-    for name in shard_names:
-        if name not in excluded_shards:
-            shards.append(ShardSpec(name, known[name]))
+    shards = [ShardSpec(name, known[name]) for name in shard_names if name not in excluded_shards]
     # Remotely, shards and their indexes come in one listing per folder (the reader reuses the
-    # stats); locally a stat per shard, and an index is looked at when its shard is first read.
-    names = [n for shard in shards for n in (shard.name, index_name(shard.name))] if isinstance(root, RemotePath) else [shard.name for shard in shards]
-    stats = list_files(root, names)
-    for shard in shards:
-        if shard.name not in stats:
-            raise DatasetError(
-                format_message(
-                    "shard listed in the dataset's index is missing on disk",
-                    where=str(root / shard.name),
-                    fix="restore the shard, or run `energon-lite prepare --force-overwrite` "
-                    "to re-index the dataset without it",
-                )
-            )
+    # stats).  Locally nothing is looked at here: a shard is stat'ed when it is first read, so a
+    # rank of a large job touches only its own shards (10,000 stats on a parallel filesystem,
+    # per rank, would cost more than the whole build).
+    stats: dict[str, FileStat] = {}
+    if isinstance(root, RemotePath):
+        stats = list_files(root, [n for shard in shards for n in (shard.name, index_name(shard.name))])
+        for shard in shards:
+            if shard.name not in stats:
+                raise missing_shard_error(root / shard.name)
     resolved = ResolvedSplit(
         root=root,
         split_part=split_part,
@@ -490,6 +605,17 @@ def resolve_split(
             )
         )
     return resolved
+
+
+def missing_shard_error(path: AnyPath) -> DatasetError:
+    return DatasetError(
+        format_message(
+            "shard listed in the dataset's index is missing on disk",
+            where=str(path),
+            fix="restore the shard, or run `energon-lite prepare --force-overwrite` "
+            "to re-index the dataset without it",
+        )
+    )
 
 
 def _shard_prefix(entry: str, shards: Mapping[str, int]) -> str | None:

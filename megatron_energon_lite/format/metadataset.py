@@ -410,7 +410,7 @@ class _Parser:
         cls = top.get("__class__")
         if cls not in (None, "MetadatasetV2", "Metadataset"):
             raise ConfigError(format_message("unknown __class__", where=self.where("__class__"), expected="MetadatasetV2 (or Metadataset / none for the legacy format)", found=repr(cls)))
-        splits = check_mapping(top["splits"], file=self.file, key_path="splits", allowed=list(top["splits"] or {}))
+        splits = check_mapping(top["splits"], file=self.file, key_path="splits", allowed=None)
         if split_part not in splits:
             raise ConfigError(
                 format_message(
@@ -475,7 +475,7 @@ class _Parser:
                 raise ConfigError(format_message("invalid nonmatch", where=self.where(f"{member_path}.nonmatch"), expected=expected, found=repr(nonmatch)))
             target = self._resolve(entry["path"], f"{member_path}.path")
             member_flavors = entry.get("subflavors") or {}
-            check_mapping(member_flavors, file=self.file, key_path=f"{member_path}.subflavors", allowed=list(member_flavors) if isinstance(member_flavors, Mapping) else ())
+            check_mapping(member_flavors, file=self.file, key_path=f"{member_path}.subflavors", allowed=None)
             member = JoinMember(
                 path=str(target),
                 # Energon's precedence: the dataset's own split_part, the join's, the split's.
@@ -578,7 +578,7 @@ class _Parser:
 
     def _ref_settings(self, ref: Mapping, key_path: str, split_part: str) -> dict[str, Any]:
         subflavors = ref.get("subflavors") or {}
-        check_mapping(subflavors, file=self.file, key_path=f"{key_path}.subflavors", allowed=list(subflavors))
+        check_mapping(subflavors, file=self.file, key_path=f"{key_path}.subflavors", allowed=None)
         if ref.get("subflavor") is not None:  # V1's single subflavor, as Energon maps it
             subflavors = {"__subflavor__": ref["subflavor"], **subflavors}
         multiplier = check_shuffle_over_epochs(ref.get("shuffle_over_epochs_multiplier", 1), where=self.where(f"{key_path}.shuffle_over_epochs_multiplier"))
@@ -600,7 +600,7 @@ class _Parser:
         to the YAML file."""
         if raw is None:
             return {}
-        aux = check_mapping(raw, file=self.file, key_path=key_path, allowed=list(raw or {}))
+        aux = check_mapping(raw, file=self.file, key_path=key_path, allowed=None)
         resolved = {}
         for name, value in aux.items():
             where = f"{key_path}.{name}"

@@ -9,7 +9,6 @@ and every sample loader come from it. Forked workers inherit it and read no meta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Iterable
 
 from ..samples import CrudeSample
@@ -57,8 +56,7 @@ def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_conf
     config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
     split_name = leaf.split_config or split_config or config.loader_options.get("split_config")
     split = resolve_split(leaf.path, leaf.split_part, split_config=split_name, info=read_info(leaf.path))
-    starts = tuple(accumulate((shard.count for shard in split.shards), initial=0))
-    return ResolvedDataset(total=starts[-1], shard_starts=starts, split=split, config=config, split_config=split_name)
+    return ResolvedDataset(total=split.total_samples, shard_starts=split.shard_starts, split=split, config=config, split_config=split_name)
 
 
 def resolve_datasets(leaves: Iterable[LeafDataset], *, dataset_config: str | None, split_config: str | None, trust_dataset_code: bool) -> tuple[ResolvedDataset, ...]:

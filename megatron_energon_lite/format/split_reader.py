@@ -12,12 +12,24 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass
-from itertools import accumulate
 
 import numpy as np
 
-from ..storage import AnyPath, LocalFilePool, RemoteFilePool, as_path, file_pool
-from .metadata import DatasetInfo, ResolvedSplit, read_info, resolve_split
+from ..storage import (
+    AnyPath,
+    LocalFilePool,
+    RemoteFilePool,
+    as_path,
+    file_pool,
+    file_stat,
+)
+from .metadata import (
+    DatasetInfo,
+    ResolvedSplit,
+    missing_shard_error,
+    read_info,
+    resolve_split,
+)
 from .tar_index import index_name, read_tar_index
 from .tar_reader import parse_sample
 
@@ -58,7 +70,7 @@ class SplitReader:
             info=info or read_info(self.root, allow_outside_root=allow_outside_root),
             allow_empty=allow_empty, allow_outside_root=allow_outside_root,
         )
-        self._starts = [0, *accumulate(s.count for s in self.split.shards)]
+        self._starts = self.split.shard_starts
         self._indexes: list[np.ndarray | None] = [None] * len(self.split.shards)
         self._paths: dict[int, AnyPath] = {}  # made on first use: a split may have 10,000s of shards
         self._pool = pool or file_pool(self.root)
@@ -89,8 +101,10 @@ class SplitReader:
         offsets = self._indexes[shard]
         if offsets is None:
             spec = self.split.shards[shard]
-            stat = self.split.stats.get(spec.name)
             path = self.shard_path(shard)
+            stat = self.split.stats.get(spec.name) or file_stat(path)  # local: stat'ed on first read
+            if stat is None:
+                raise missing_shard_error(path)
             offsets = read_tar_index(
                 path,
                 expected_samples=spec.count,

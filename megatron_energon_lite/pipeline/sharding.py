@@ -25,7 +25,7 @@ Sharding depends on the topology only through the number of global workers ``W``
 from __future__ import annotations
 
 import sys
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from ..errors import ConfigError, format_message
@@ -360,19 +360,19 @@ def _split_piece(start: int, end: int, max_samples_per_sequence: int | None) -> 
 
 
 def _slice_ranges(start: int, end: int, starts: list[int], msps: int | None) -> list[tuple[int, int]]:
-    slices: list[tuple[int, int]] = []
     if start >= end:
-        return slices
-    # 1. Find the shard holding sample `start`: the last shard whose start is <= `start`
-    #    (bisect_right skips empty shards, whose start equals the next one's).
-    shard = bisect_right(starts, start) - 1
-    # 2. Walk the shards overlapping [start, end), cutting the range at every shard boundary.
-    while shard < len(starts) - 1 and starts[shard] < end:
-        piece_start, piece_end = max(start, starts[shard]), min(end, starts[shard + 1])
-        # 3. Split each within-shard piece by max_samples_per_sequence (see _split_piece).
-        slices.extend(_split_piece(piece_start, piece_end, msps))
-        shard += 1
-    return slices
+        return []
+    # 1. Cut [start, end) at every shard start strictly inside it: the first shard holding
+    #    `start` is the last whose start is <= `start` (bisect_right skips empty shards), and the
+    #    cuts stop before the first shard starting at or after `end`.  An empty shard repeats a
+    #    cut point and gives an empty piece, dropped below.
+    first = bisect_right(starts, start)
+    bounds = [start, *starts[first : bisect_left(starts, end, lo=first)], end]
+    pieces = zip(bounds, bounds[1:])
+    # 2. Split each within-shard piece by max_samples_per_sequence (see _split_piece).
+    if msps is None:
+        return [(a, b) for a, b in pieces if a < b]
+    return [piece for a, b in pieces for piece in _split_piece(a, b, msps)]
 
 
 def slice_ranges(
@@ -586,4 +586,4 @@ def epoch_slice_order(num_slices: int, *, seed: int, epoch: int, shuffle_over_ep
     rng = rng_for(int(seed), SLICE_ORDER_STAGE, e)
     # 5. A uniform permutation of the k * n positions of range(n) repeated k times; position p
     #    holds slice p % n, so every slice appears exactly k times in a uniformly random order.
-    return [int(p) % n for p in rng.permutation(n * k)]
+    return (rng.permutation(n * k) % n).tolist()

@@ -13,6 +13,7 @@ from megatron_energon_lite.format.metadata import (
     resolve_split,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.format.split_reader import SplitReader
 
 
 @pytest.fixture
@@ -79,10 +80,16 @@ def test_shard_and_key_excludes(prepared: Path, caplog) -> None:
     assert "shards/none.tar/x" in caplog.text
 
 
-def test_deleted_shard_is_reported(prepared: Path) -> None:
-    (prepared / "shards/shard_000.tar").unlink()
-    with pytest.raises(DatasetError, match="missing on disk"):
-        resolve_split(prepared, "train")
+def test_deleted_shard_is_reported_when_first_read(prepared: Path) -> None:
+    """Locally, resolving a split touches no shard (a rank stats only the shards it reads)."""
+    (prepared / "shards/shard_001.tar").unlink()
+    split = resolve_split(prepared, "train")
+    reader = SplitReader(prepared, "train", split=split)
+    assert reader.read(0) is not None  # shard_000 is still there
+    first_of_001 = reader.shard_starts[1]
+    with pytest.raises(DatasetError, match="missing on disk") as raised:
+        reader.read(first_of_001)
+    assert "shards/shard_001.tar" in str(raised.value)
 
 
 def test_unprepared_folder(tmp_path: Path) -> None:
