@@ -181,8 +181,13 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -
     """The default error handler: logs the failure with the sample's key (the sample is skipped);
     inside a loader's worker stream, the main process logs it."""
     global _skip_overflow, _skips_logged
-    key = getattr(sample, "__key__", None) or (sample.get("__key__") if isinstance(sample, dict) else None)
-    message = f"skipping sample {key} (sources {sources}): {type(exc).__name__}: {exc}"
+    if isinstance(sample, (list, tuple)):  # a batch, or a packing buffer: name its members
+        keys = [_sample_key(member) for member in sample]
+        shown = ", ".join(map(str, keys[:8])) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
+        what = f"{len(keys)} samples [{shown}]"
+    else:
+        what = f"sample {_sample_key(sample)}"
+    message = f"skipping {what} (sources {sources}): {type(exc).__name__}: {exc}"
     if _skip_reports is None:
         _skips_logged += 1
         logger.warning("%s", message)
@@ -190,6 +195,10 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -
         _skip_reports.append(message)
     else:
         _skip_overflow += 1
+
+
+def _sample_key(sample: Any) -> Any:
+    return getattr(sample, "__key__", None) or (sample.get("__key__") if isinstance(sample, dict) else None)
 
 
 def reraise_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:

@@ -414,6 +414,7 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
             postencode=postencode,
             allow_drop=bool(getattr(te, "packing_may_drop_samples", False)),
             guard=guard(stage="pack_selected_samples", tolerance=hooks.tolerance("pack_selected_samples")),
+            select_guard=guard(stage="select_samples_to_pack", tolerance=hooks.tolerance("select_samples_to_pack")),
         )
     elif postencode is not None:
         node = MapNode(node, postencode, guard=guard(stage="postencode_sample", tolerance=hooks.tolerance("postencode_sample")), tag="Postencode")

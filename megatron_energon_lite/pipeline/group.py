@@ -11,6 +11,15 @@ every sample of a pass reaches some batch unless ``drop_last``).
 A key must be hashable and JSON-serialisable (it is saved in the state) and must always come
 with the same batch size.
 
+Bad samples: ``criterion`` runs through ``criterion_guard`` (by default a sibling of ``guard``:
+same handler and tolerance, its own consecutive-failure count, as Energon's separate
+``ErrorContext`` for ``batch_group_criterion`` with ``batch``'s tolerance).  A sample whose
+criterion raises is reported to the handler and dropped: it joins no bucket; ``SkipSample``
+drops it silently.  It still counts as an input (``index``), so the indexes the criterion sees
+do not depend on failures.  (Energon 7.4.1 means the same but, after handling the error, puts the
+sample into the previous sample's bucket, or fails with ``UnboundLocalError`` on a worker's
+first sample: group_batch_dataset.py, ``__iter__``; that is not copied, in Energon mode either.)
+
 State: the buckets' restore keys (never samples), re-read by random access when their batch is
 emitted, as the shuffle buffer does.
 
@@ -21,6 +30,7 @@ State keys:
     ``buckets``: ``[[key, batch_size, [member restore keys]], ...]`` in bucket creation order.
     ``index``: batches attempted so far.  ``inputs``: items taken from the source so far.
     ``failures``: the guard's consecutive-failure count.  ``source``: the source's state.
+    ``criterion_failures``: the criterion guard's count (optional when restoring: 0).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ class GroupBatchNode(Node[Any]):
         drop_last: bool = False,
         max_buffered: int | None = None,
         guard: SampleGuard | None = None,
+        criterion_guard: SampleGuard | None = None,
     ) -> None:
         self.source = source
         self.criterion = criterion
@@ -69,6 +80,7 @@ class GroupBatchNode(Node[Any]):
         self.drop_last = drop_last
         self.max_buffered = max_buffered
         self.guard = guard if guard is not None else SampleGuard(stage="batch")
+        self.criterion_guard = criterion_guard if criterion_guard is not None else self.guard.sibling("batch_group_criterion")
         self.reset()
 
     # --- state ---------------------------------------------------------------------------------
@@ -79,12 +91,14 @@ class GroupBatchNode(Node[Any]):
         if state is None:
             self.source.reset(None)
             self.guard.reset()
+            self.criterion_guard.reset()
             self._index = self._inputs = 0
             return
         self.check_state(state, "buckets", "index", "inputs", "failures", "source")
         index = check_count(state["index"], "index", stage=self.tag)
         inputs = check_count(state["inputs"], "inputs", stage=self.tag)
         failures = check_count(state["failures"], "failures", stage=self.tag)
+        criterion_failures = check_count(state.get("criterion_failures", 0), "criterion_failures", stage=self.tag)
         buckets: dict[Hashable, list] = {}
         for i, bucket in enumerate(check_list(state["buckets"], "buckets", stage=self.tag)):
             key, size, members = check_list(bucket, "buckets", i, stage=self.tag, length=3, of="entries: [group key, batch size, member restore keys]")
@@ -106,6 +120,7 @@ class GroupBatchNode(Node[Any]):
         with nested("source"):
             self.source.reset(state["source"])
         self.guard.reset(failures)
+        self.criterion_guard.reset(criterion_failures)
         self._index, self._inputs = index, inputs
         self._buckets = buckets
 
@@ -116,12 +131,13 @@ class GroupBatchNode(Node[Any]):
             "index": self._index,
             "inputs": self._inputs,
             "failures": self.guard.failures,
+            "criterion_failures": self.criterion_guard.failures,
             "source": self.source.get_state(),
         }
 
     # --- iteration -----------------------------------------------------------------------------
-    def _classify(self, item: Any) -> tuple[Any, int]:
-        result = self.criterion(item, self._inputs)
+    def _classify(self, item: Any, index: int) -> tuple[Any, int]:
+        result = self.criterion(item, index)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ConfigError(format_message("batch_group_criterion must return (group key, batch size or None)", where=f"sample {describe_item(item)}", found=repr(result)[:120]))
         key, size = result
@@ -137,8 +153,13 @@ class GroupBatchNode(Node[Any]):
 
     def _add(self, item: Any) -> list | None:
         """Buckets ``item``; returns a bucket that must be emitted now, if any."""
-        key, size = self._classify(item)
-        self._inputs += 1
+        index = self._inputs
+        self._inputs += 1  # also when the criterion fails: the next sample keeps its index
+        classified = self.criterion_guard.call(item, self._classify, item, index)
+        if classified is DROPPED:  # reported and counted by the guard (or skipped on purpose)
+            return None
+        self.criterion_guard.passed()
+        key, size = classified
         bucket_id = _group_key(key)
         bucket = self._buckets.get(bucket_id)
         if bucket is None:

@@ -13,7 +13,12 @@ A stage runs its hook through :meth:`SampleGuard.call`:
 * any other exception is passed to ``handler(exc, item, sources)`` (Energon's
   ``global_error_handler`` signature; it logs by default) and the item is dropped.  After
   ``tolerance`` consecutive failures (0 = unlimited) the guard raises ``FatalSampleError`` naming the
-  stage, the last failing samples and the last exception.
+  stage, the last failing samples and the last exception.  A handler that raises (Energon's
+  ``reraise_exception``) stops the run with that exception, which keeps its type (as in Energon)
+  and gets a note naming the stage and the sample(s) (Python 3.11+: shown in its traceback).
+
+``item`` is what failed: one sample, or a list of samples when the hook works on several (a batch,
+a pack, a packing buffer); the handler gets it as is, as Energon's handlers do.
 
 The guard only counts; it never decides on success by itself.  The stage calls :meth:`passed` when a
 hook produced an output, so that a generator hook resets the counter per yielded output (creating a
@@ -141,6 +146,11 @@ class SampleGuard:
             self._failed(exc, item)
             return DROPPED
 
+    def sibling(self, stage: str, tolerance: int | None = None) -> "SampleGuard":
+        """A new guard with this one's handler (and tolerance, unless given) for another hook of the
+        same stage; it counts its own consecutive failures, as Energon's separate ``ErrorContext``s do."""
+        return SampleGuard(self.handler, tolerance=self.tolerance if tolerance is None else tolerance, stage=stage)
+
     def passed(self) -> None:
         """Records a successful output: the run of consecutive failures is over."""
         self.failures = 0
@@ -151,7 +161,13 @@ class SampleGuard:
         self._last.clear()
 
     def _failed(self, exc: Exception, item: Any) -> None:
-        self.handler(exc, item, _sources(item))
+        try:
+            self.handler(exc, item, _sources(item))
+        except Exception as raised:  # the policy is to stop: name where, keep the exception's type
+            add_note = getattr(raised, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"raised by {self.stage} on {describe_item(item)}; the error handler re-raised it")
+            raise
         self.failures += 1
         self._last.append(describe_item(item))
         if self.tolerance and self.failures >= self.tolerance:

@@ -12,6 +12,15 @@ sample the selection leaves out of every group is dropped, as Energon drops it; 
 ``allow_drop`` says the task encoder drops on purpose, a warning counts them (the running count
 of this worker, logged when it reaches 1, 2, 4, 8, ... dropped samples).
 
+Bad samples: ``select`` runs through ``select_guard`` (by default a sibling of ``guard``, which
+runs ``pack`` and ``postencode``: same handler and tolerance, its own consecutive-failure count,
+as Energon's separate ``ErrorContext`` for the pre-packer).  The unit that fails is the whole
+buffer: when ``select`` raises, the handler gets the list of buffered samples and the buffer is
+dropped (none of its samples reaches a pack; they are not counted as left out), then the next
+buffer is read.  ``SkipSample`` drops the buffer silently.  This is Energon 7.4.1's behaviour
+(packing_dataset.py, ``next_pre_pack``: the handler gets ``samples``, ``pre_packs`` stays empty;
+its docstring: "May raise SkipSample to skip a buffer").
+
 State (DESIGN.md rule 3: positions, never samples): the source's state taken just before the
 current buffer was read, how many groups of it were emitted, and how many outputs of the current
 group's generator were emitted.  ``reset`` re-reads the buffer from that state (one buffer of
@@ -33,6 +42,8 @@ State keys:
     ``failures``: the guard's consecutive-failure count.
     ``left_out``: samples dropped by the selection before the open buffer (all so far when no
     buffer is open); optional when restoring (older states count from 0).
+    ``select_failures``: the select guard's consecutive-failure count (optional when restoring:
+    0).  An open buffer's selection succeeded, so a replay does not go through the guard again.
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ from types import GeneratorType
 from typing import Any, Callable
 
 from ..errors import ConfigError, StateError, format_message
-from .guard import DROPPED, SampleGuard, describe_item
+from .guard import DROPPED, SYSTEM_EXCEPTIONS, SampleGuard, describe_item
 from .node import Node, State, as_key, get_restore_key, set_restore_key
 from .state_check import check_bool, check_count, invalid, nested
 
@@ -66,6 +77,7 @@ class PackNode(Node[Any]):
         postencode: Callable[[Any, int], Any] | None = None,
         allow_drop: bool = False,
         guard: SampleGuard | None = None,
+        select_guard: SampleGuard | None = None,
     ) -> None:
         if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size < 1:
             raise ConfigError(format_message("invalid packing_buffer_size", expected="an integer >= 1", found=repr(buffer_size)))
@@ -76,6 +88,7 @@ class PackNode(Node[Any]):
         self.postencode = postencode
         self.allow_drop = allow_drop  # the task encoder drops on purpose: no warning
         self.guard = guard if guard is not None else SampleGuard(stage="pack")
+        self.select_guard = select_guard if select_guard is not None else self.guard.sibling("select_samples_to_pack")
         self.reset()
 
     # --- state ---------------------------------------------------------------------------------
@@ -86,6 +99,7 @@ class PackNode(Node[Any]):
         if state is None:
             self.source.reset(None)
             self.guard.reset()
+            self.select_guard.reset()
             self._start = self.source.get_state()
             self._open, self._groups_done, self._emitted, self._index, self._buffer_index = False, 0, 0, 0, 0
             self._left_out = self._left_out_start = 0
@@ -98,11 +112,13 @@ class PackNode(Node[Any]):
         emitted = check_count(state["emitted"], "emitted", stage=self.tag)
         failures = check_count(state["failures"], "failures", stage=self.tag)
         left_out = check_count(state.get("left_out", 0), "left_out", stage=self.tag)
+        select_failures = check_count(state.get("select_failures", 0), "select_failures", stage=self.tag)
         if emitted and not (is_open and index >= 1):
             raise invalid(("emitted",), "0 (no pack generator is being resumed: no buffer is open)", emitted, stage=self.tag)
         with nested("source"):
             self.source.reset(state["source"])
         self.guard.reset(failures)
+        self.select_guard.reset(select_failures)
         self._start = state["source"]
         self._open, self._index, self._buffer_index = False, index, buffer_index
         self._groups_done, self._emitted = 0, 0
@@ -136,6 +152,7 @@ class PackNode(Node[Any]):
             "buffer_index": self._buffer_index,
             "failures": self.guard.failures,
             "left_out": self._left_out_start if self._open else self._left_out,
+            "select_failures": self.select_guard.failures,
         }
 
     # --- iteration -----------------------------------------------------------------------------
@@ -150,11 +167,41 @@ class PackNode(Node[Any]):
                 break
         if not items:
             raise StopIteration
-        # A copy: the selection may sort or pop its argument (Energon passes a copy too).
-        groups = self.select(list(items), index)
-        self._groups = self._check_groups(items, groups, replay=replay)
+        if replay:
+            groups = self._replay_select(items, index)
+        else:
+            # A copy: the selection may sort or pop its argument (Energon passes a copy too).
+            groups = self.select_guard.call(items, self.select, list(items), index)
+        if groups is DROPPED:
+            # The whole buffer failed (reported with all its samples) or was skipped: no packs
+            # from it; next() reads the next buffer.  Nothing of it is saved: a state is only
+            # taken after a pack, so never while this buffer is open (see _replay_select).
+            self._groups = []
+        else:
+            self.select_guard.passed()
+            self._groups = self._check_groups(items, groups, replay=replay)
         self._buffer_index = index
         self._open, self._groups_done, self._emitted = True, 0, 0
+
+    def _replay_select(self, items: list[Any], index: int) -> Any:
+        """``select`` on a buffer it accepted before the state was saved: the open buffer of a
+        saved state always had groups (a failed buffer is passed over before ``next`` returns).
+        Not guarded, so the failure is neither reported nor counted twice; failing now means the
+        selection is not deterministic, and the state cannot be resumed exactly."""
+        try:
+            return self.select(list(items), index)
+        except SYSTEM_EXCEPTIONS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure here is a state that cannot resume
+            raise StateError(
+                format_message(
+                    "cannot resume packing: select_samples_to_pack failed on the replay of a buffer it had accepted",
+                    where=f"packing buffer at pack index {index}: {describe_item(items)}",
+                    expected="a deterministic selection (it must return the same groups for the same buffer)",
+                    found=f"{type(exc).__name__}: {exc}",
+                    fix="make select_samples_to_pack deterministic: no global random state, no state kept between calls",
+                )
+            ) from exc
 
     def _check_groups(self, items: list[Any], groups: Any, *, replay: bool = False) -> list[list[Any]]:
         if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in groups):

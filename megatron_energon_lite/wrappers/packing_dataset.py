@@ -44,6 +44,7 @@ class PackingDataset(BaseWrapperDataset[Any]):
         self.pre_packer = pre_packer
         self.final_packer = final_packer
         self.sample_encoder = sample_encoder
+        self.pre_packer_failure_tolerance = pre_packer_failure_tolerance
         self.final_packer_failure_tolerance = final_packer_failure_tolerance
 
     def build_worker(self, local_worker_id: int) -> Node:
@@ -55,6 +56,7 @@ class PackingDataset(BaseWrapperDataset[Any]):
             postencode=None if self.sample_encoder is None else self._stage_fn(self.sample_encoder, local_worker_id),
             allow_drop=True,
             guard=self._guard("pack_selected_samples", self.final_packer_failure_tolerance),
+            select_guard=self._guard("select_samples_to_pack", self.pre_packer_failure_tolerance),
         )
 
     def _own_config(self) -> dict[str, Any]:
