@@ -104,7 +104,7 @@ MiB = 1024 * 1024
 
 def serve(conn, latency_s: float) -> None:
     """Child process: moto + a proxy adding ``latency_s`` per request; answers stats requests."""
-    from megatron_energon_lite.testing.s3server import FaultProxy, LocalS3Server
+    from energon_lite_dev.s3server import FaultProxy, LocalS3Server
 
     with LocalS3Server() as server, FaultProxy(server.endpoint_url, latency_s=latency_s) as slow:
         server.create_bucket(BUCKET)

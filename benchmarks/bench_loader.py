@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from megatron_energon_lite.synthetic import generate_captioning_dataset, generate_text_dataset
+from energon_lite_dev.synthetic import generate_captioning_dataset, generate_text_dataset
 
 CHILD = Path(__file__).with_name("bench_loader_child.py")
 REPO = Path(__file__).resolve().parent.parent

@@ -30,10 +30,11 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from energon_lite_dev.synthetic import generate_captioning_dataset  # noqa: E402
+
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
 from megatron_energon_lite.format.prepare import prepare_dataset  # noqa: E402
 from megatron_energon_lite.storage import configure_storage  # noqa: E402
-from megatron_energon_lite.synthetic import generate_captioning_dataset  # noqa: E402
 
 BUCKET = "bench"
 DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
@@ -41,7 +42,7 @@ DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: Capti
 
 def serve(conn, latency_s: float) -> None:
     """Child process: moto + two proxies (no latency, ``latency_s``); answers stats requests."""
-    from megatron_energon_lite.testing.s3server import FaultProxy, LocalS3Server
+    from energon_lite_dev.s3server import FaultProxy, LocalS3Server
 
     with LocalS3Server() as server, FaultProxy(server.endpoint_url) as plain, FaultProxy(server.endpoint_url, latency_s=latency_s) as slow:
         server.create_bucket(BUCKET)

@@ -131,8 +131,9 @@ def prepared_dataset(base: Path, shards: int) -> Path:
         return root
     if root.exists():
         shutil.rmtree(root)
+    from energon_lite_dev.synthetic import make_text, write_tar
+
     from megatron_energon_lite.format.prepare import prepare_dataset
-    from megatron_energon_lite.synthetic import make_text, write_tar
 
     start = time.perf_counter()
     for shard in range(shards):

@@ -13,10 +13,11 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from energon_lite_dev.synthetic import make_jpeg, write_tar
+
 from megatron_energon_lite import WorkerConfig, get_loader, get_val_dataset
 from megatron_energon_lite.encoders import AspectRatioGroupingTaskEncoder
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import make_jpeg, write_tar
 
 IMAGE_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: ImageSample\nfield_map:\n  image: jpg\n"
 SHAPES = [(64, 32), (32, 64), (48, 48), (60, 32), (48, 50)]

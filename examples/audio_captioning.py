@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from energon_lite_dev.synthetic import make_audio, write_tar
 
 from megatron_energon_lite import Cooker, DefaultTaskEncoder, Sample, WorkerConfig, basic_sample_keys, get_loader, get_train_dataset, stateless
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import make_audio, write_tar
 
 CRUDE_YAML = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 RATE = 16000

@@ -20,6 +20,8 @@ import logging
 import tempfile
 from pathlib import Path
 
+from energon_lite_dev.synthetic import generate_captioning_dataset, generate_text_dataset
+
 from megatron_energon_lite import (
     CaptioningSample,
     DefaultTaskEncoder,
@@ -29,7 +31,6 @@ from megatron_energon_lite import (
     get_train_dataset,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_captioning_dataset, generate_text_dataset
 
 logger = logging.getLogger("blend_mix")
 

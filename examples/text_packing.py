@@ -15,10 +15,11 @@ import logging
 import tempfile
 from pathlib import Path
 
+from energon_lite_dev.synthetic import generate_text_dataset
+
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.encoders import TextPackingTaskEncoder
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_text_dataset
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 

@@ -15,10 +15,11 @@ import json
 import tempfile
 from pathlib import Path
 
+from energon_lite_dev.synthetic import make_video, write_tar
+
 from megatron_energon_lite import DefaultTaskEncoder, VidQASample, WorkerConfig, get_loader, get_train_dataset, stateless
 from megatron_energon_lite.decode.av import get_single_frames_uniform
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import make_video, write_tar
 
 VIDQA_YAML = """\
 sample_type:

@@ -7,8 +7,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from megatron_energon_lite.synthetic import write_tar
+from energon_lite_dev.synthetic import write_tar
 
 
 def tar_members(path: Path) -> list[tarfile.TarInfo]:

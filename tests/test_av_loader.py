@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from energon_lite_dev.synthetic import make_audio, make_video, write_tar
 
 from megatron_energon_lite import (
     Cooker,
@@ -24,7 +25,6 @@ from megatron_energon_lite import (
 from megatron_energon_lite.decode.av import AVDecoder, get_single_frames_uniform
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.samples import Sample
-from megatron_energon_lite.synthetic import make_audio, make_video, write_tar
 
 VIDQA_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: VidQASample\nfield_map:\n  video: mp4\n  context: txt\n"
 

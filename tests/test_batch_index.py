@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import generate_text_dataset
 
 from megatron_energon_lite import (
     DefaultTaskEncoder,
@@ -17,7 +18,6 @@ from megatron_energon_lite import (
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.samples import Sample
-from megatron_energon_lite.synthetic import generate_text_dataset
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 

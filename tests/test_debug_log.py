@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import (
     SavableDataLoader,
@@ -17,7 +18,6 @@ from megatron_energon_lite import (
 from megatron_energon_lite.debug_log import dataset_mode_and_path, find_config_value
 from megatron_energon_lite.format.dataset_config import render_dataset_yaml
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import write_tar
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")]
 

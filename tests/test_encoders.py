@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from energon_lite_dev.synthetic import generate_text_dataset, make_jpeg, write_tar
 
 from megatron_energon_lite import ConfigError, WorkerConfig, get_loader, get_savable_loader, get_train_dataset
 from megatron_energon_lite.encoders import AspectRatioGroupingTaskEncoder, TextPackingTaskEncoder, TokenizedSample
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_text_dataset, make_jpeg, write_tar
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 IMAGE_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: ImageSample\nfield_map:\n  image: jpg\n"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import (
     CaptioningSample,
@@ -21,7 +22,6 @@ from megatron_energon_lite import (
     get_val_dataset,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 IMAGE_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: ImageSample\nfield_map:\n  image: jpg\n"
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import (
     CaptioningSample,
@@ -19,7 +20,6 @@ from megatron_energon_lite import (
     get_val_dataset,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 NUM_SHARDS, PER_SHARD = 6, 9
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from energon_lite_dev.synthetic import generate_captioning_dataset
 from PIL import Image
 
 from megatron_energon_lite import (
@@ -23,7 +24,6 @@ from megatron_energon_lite import (
     get_val_dataset,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 PER_SHARD = 6
 

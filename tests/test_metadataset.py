@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import generate_text_dataset
 
 from megatron_energon_lite import (
     Blender,
@@ -21,7 +22,6 @@ from megatron_energon_lite import (
     get_val_datasets,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_text_dataset
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 SIZES = {"A": 55, "B": 55, "C": 30}
@@ -354,6 +354,8 @@ def test_unknown_split_lists_the_splits(root: Path) -> None:
 
 
 def test_jsonl_leaf_with_a_cooker_blends_with_a_dataset(root: Path) -> None:
+    from energon_lite_dev.synthetic import write_jsonl
+
     from megatron_energon_lite import (
         Cooker,
         DefaultTaskEncoder,
@@ -362,7 +364,6 @@ def test_jsonl_leaf_with_a_cooker_blends_with_a_dataset(root: Path) -> None:
         stateless,
     )
     from megatron_energon_lite.format.jsonl import write_jsonl_index
-    from megatron_energon_lite.synthetic import write_jsonl
 
     write_jsonl(root / "records.jsonl", [{"text": f"record {i}"} for i in range(12)])
     write_jsonl_index(root / "records.jsonl")
@@ -381,7 +382,7 @@ def test_jsonl_leaf_with_a_cooker_blends_with_a_dataset(root: Path) -> None:
 
 
 def test_unprepared_jsonl_says_how_to_prepare(root: Path) -> None:
-    from megatron_energon_lite.synthetic import write_jsonl
+    from energon_lite_dev.synthetic import write_jsonl
 
     write_jsonl(root / "raw.jsonl", [{"text": "x"}])
     path = write(root, "raw_jsonl.yaml", "splits:\n  train:\n    path: ./raw.jsonl\n")

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from energon_lite_dev.synthetic import generate_text_dataset
 
 from megatron_energon_lite import (
     ConfigError,
@@ -22,7 +23,6 @@ from megatron_energon_lite import (
     stateless,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_text_dataset
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 SEQ = 64

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import (
     WorkerConfig,
@@ -20,7 +21,6 @@ from megatron_energon_lite import (
     get_val_dataset,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import write_tar
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 

@@ -10,10 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
-from megatron_energon_lite.errors import ConfigError
-from megatron_energon_lite.synthetic import (
+from energon_lite_dev.synthetic import (
     WORDS,
     generate_captioning_dataset,
     generate_demo_dataset,
@@ -26,6 +23,9 @@ from megatron_energon_lite.synthetic import (
     write_jsonl,
     write_tar,
 )
+from PIL import Image
+
+from megatron_energon_lite.errors import ConfigError
 
 # Energon's split rule (flavors/webdataset/prepare.py): key up to the first dot of the last component.
 SPLIT_NAME_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")

@@ -12,6 +12,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import (
     ConfigError,
@@ -28,7 +29,6 @@ from megatron_energon_lite.format.dataset_config import (
     load_dataset_config,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import write_tar
 from megatron_energon_lite.task_encoder import DefaultTaskEncoder
 
 SAMPLES = 6

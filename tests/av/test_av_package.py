@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from energon_lite_dev.synthetic import make_audio, make_video
 
 from megatron_energon_lite import av as av_package
 from megatron_energon_lite.decode import av as decode_av
 from megatron_energon_lite.errors import ConfigError, NotSupportedError
-from megatron_energon_lite.synthetic import make_audio, make_video
 
 
 def test_names_are_the_decoders_own_objects() -> None:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import (
     Cooker,
@@ -37,7 +38,6 @@ from megatron_energon_lite.errors import AuxFileNotFoundError, ConfigError, Data
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.metadataset import traverse_metadataset
 from megatron_energon_lite.source_info import SourceInfo
-from megatron_energon_lite.synthetic import write_tar
 
 CRUDE = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 N = 12

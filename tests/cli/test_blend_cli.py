@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import generate_jsonl, generate_text_dataset
 
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.format.metadataset import load_blend_plan
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_jsonl, generate_text_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_val_dataset
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.format.dataset_config import render_dataset_yaml
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import write_tar
 from megatron_energon_lite.tools.checkpoint import command_redist
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")]

@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import make_jpeg, write_tar
 
 from megatron_energon_lite.cli.main import cli
-from megatron_energon_lite.synthetic import make_jpeg, write_tar
 
 
 def _run(*args: str, input: str | None = None):

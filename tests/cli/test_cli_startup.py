@@ -13,12 +13,12 @@ from pathlib import Path
 
 import click
 import pytest
-
-from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import (
+from energon_lite_dev.synthetic import (
     generate_captioning_dataset,
     generate_text_dataset,
 )
+
+from megatron_energon_lite.format.prepare import prepare_dataset
 
 #: What no command here may import: torch, and PyAV (a video dataset needs it, these do not).
 HEAVY = ("torch", "av")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import make_jpeg, write_tar
 
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.samples import registered_sample_types
-from megatron_energon_lite.synthetic import make_jpeg, write_tar
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::ResourceWarning")]
 

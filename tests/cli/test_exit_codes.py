@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite.cli.main import cli
-from megatron_energon_lite.synthetic import write_tar
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::ResourceWarning")]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import WorkerConfig, get_loader, get_val_dataset
 from megatron_energon_lite.cli.fix_duplicates import scan_for_duplicates
 from megatron_energon_lite.cli.main import cli
-from megatron_energon_lite.synthetic import write_tar
 
 P = ("--non-interactive", "--no-progress", "--num-workers", "1", "--split-ratio", "1,0,0", "--sample-type", "TextSample", "--field-map", '{"text": "txt"}')
 

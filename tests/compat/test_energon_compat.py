@@ -41,12 +41,12 @@ energon = pytest.importorskip("megatron.energon")
 import torch  # noqa: E402  (after the skip: torch comes with Energon's environment)
 from braceexpand import braceexpand  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
+from energon_lite_dev.synthetic import make_jpeg, make_png, write_tar  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from megatron_energon_lite.cli.main import cli as lite_cli  # noqa: E402
 from megatron_energon_lite.decode import SampleDecoder  # noqa: E402
 from megatron_energon_lite.pipeline.load import SampleLoader  # noqa: E402
-from megatron_energon_lite.synthetic import make_jpeg, make_png, write_tar  # noqa: E402
 
 pytestmark = pytest.mark.energon
 

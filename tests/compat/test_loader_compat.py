@@ -9,9 +9,10 @@ import pytest
 
 energon = pytest.importorskip("megatron.energon")
 
+from energon_lite_dev.synthetic import write_tar  # noqa: E402
+
 import megatron_energon_lite as lite  # noqa: E402
 from megatron_energon_lite.format.prepare import prepare_dataset  # noqa: E402
-from megatron_energon_lite.synthetic import write_tar  # noqa: E402
 
 pytestmark = [
     pytest.mark.energon,

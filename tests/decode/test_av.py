@@ -11,6 +11,7 @@ import av
 import numpy as np
 import pytest
 import torch
+from energon_lite_dev.synthetic import make_audio, make_tone, make_video
 
 from megatron_energon_lite import DecodeError, SampleDecoder
 from megatron_energon_lite.decode.av import (
@@ -19,7 +20,6 @@ from megatron_energon_lite.decode.av import (
     get_clips_uniform,
     get_single_frames_uniform,
 )
-from megatron_energon_lite.synthetic import make_audio, make_tone, make_video
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+from energon_lite_dev.synthetic import make_audio
 
 from megatron_energon_lite import DecodeError, SampleDecoder
 from megatron_energon_lite.decode import av as av_module
 from megatron_energon_lite.decode.av import AVDecoder, backend
-from megatron_energon_lite.synthetic import make_audio
 
 RANGES = [(0.0, 0.25), (0.1, 0.3333), (0.9, 2.0), (0.999, 1.5), (1.0, 1.5), (5.0, 6.0)]
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 
 def _free_port() -> int:

@@ -6,6 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from energon_lite_dev.synthetic import (
+    generate_captioning_dataset,
+    generate_jsonl,
+    generate_text_dataset,
+)
 
 from megatron_energon_lite import (
     BatchDataset,
@@ -28,11 +33,6 @@ from megatron_energon_lite.dataset_config import get_dataset_from_config
 from megatron_energon_lite.flavors import BaseWebdatasetFactory
 from megatron_energon_lite.format.metadata import read_info
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import (
-    generate_captioning_dataset,
-    generate_jsonl,
-    generate_text_dataset,
-)
 
 NO_WORKERS = WorkerConfig(rank=0, world_size=1, num_workers=0)
 CAPTION_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\nsubflavors:\n  from_yaml: 1\n"

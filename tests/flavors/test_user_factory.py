@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from energon_lite_dev.synthetic import generate_text_dataset
 
 from megatron_energon_lite import (
     CaptioningSample,
@@ -25,7 +26,6 @@ from megatron_energon_lite import (
 from megatron_energon_lite.dataset_config import get_dataset_from_config
 from megatron_energon_lite.flavors.webdataset import DefaultDecoderWebdatasetFactory
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_text_dataset
 
 NO_WORKERS = WorkerConfig(rank=0, world_size=1, num_workers=0)
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import make_jpeg, make_png, write_tar
 
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.errors import ConfigError, MissingDependencyError
@@ -35,7 +36,6 @@ from megatron_energon_lite.format.media_metadata import (
     sniff_media_type,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import make_jpeg, make_png, write_tar
 
 av = pytest.importorskip("av")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from energon_lite_dev.synthetic import write_tar
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,7 +15,6 @@ from megatron_energon_lite.errors import ConfigError, DatasetError, EmptyDataset
 from megatron_energon_lite.format.metadata import read_info, read_split_config
 from megatron_energon_lite.format.prepare import prepare_dataset, split_counts_by_ratio
 from megatron_energon_lite.format.tar_index import read_tar_index
-from megatron_energon_lite.synthetic import write_tar
 
 from conftest import tar_members, text_samples
 

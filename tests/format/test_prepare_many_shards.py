@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+from energon_lite_dev.synthetic import make_text, write_tar
 
 from megatron_energon_lite.format import prepare as prepare_module
 from megatron_energon_lite.format.metadata import (
@@ -30,7 +31,6 @@ from megatron_energon_lite.format.metadata import (
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.sqlite_index import DuplicateSampleKeyError
 from megatron_energon_lite.format.tar_index import index_name
-from megatron_energon_lite.synthetic import make_text, write_tar
 
 SHARDS = 240
 FOLDERS = ("a", "b/c", "é ü", "z")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import text_samples
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite.epathlib import EPath
 from megatron_energon_lite.errors import ConfigError, DatasetError
@@ -20,7 +21,6 @@ from megatron_energon_lite.format.sqlite_index import (
     IndexSamplePart,
     SqliteIndexWriter,
 )
-from megatron_energon_lite.synthetic import write_tar
 
 
 def samples(tar_file_id: int, keys: list[str], start: int = 0) -> list[IndexSample]:

@@ -4,6 +4,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import write_tar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,6 @@ from megatron_energon_lite.format.tar_reader import (
     parse_sample,
     split_name,
 )
-from megatron_energon_lite.synthetic import write_tar
 
 from conftest import add_raw_member, tar_members
 

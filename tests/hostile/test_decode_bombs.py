@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from energon_lite_dev.synthetic import write_tar
 from PIL import Image
 
 from megatron_energon_lite import (
@@ -39,7 +40,6 @@ from megatron_energon_lite.errors import (
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.pipeline import guard
-from megatron_energon_lite.synthetic import write_tar
 
 REPO = Path(__file__).resolve().parents[2]
 PILLOW_DEFAULT = 89_478_485  # PIL.Image.MAX_IMAGE_PIXELS as Pillow ships it

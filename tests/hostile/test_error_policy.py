@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import (
     DatasetError,
@@ -16,7 +17,6 @@ from megatron_energon_lite import (
     get_val_dataset,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 CAPTION_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
 

@@ -121,6 +121,7 @@ def _check_error(exc: BaseException, names: tuple[str, ...]) -> None:
 
 def _run_targets(workdir: Path) -> None:
     import numpy as np
+    from energon_lite_dev.synthetic import write_tar
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
@@ -132,7 +133,6 @@ def _run_targets(workdir: Path) -> None:
         iter_members,
         parse_sample,
     )
-    from megatron_energon_lite.synthetic import write_tar
 
     def fuzz_settings(examples: int):
         return settings(

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.errors import ConfigError, DatasetError
@@ -25,7 +26,6 @@ from megatron_energon_lite.format.metadata import read_info, read_split_config
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.format.tar_index import index_path, read_tar_index
-from megatron_energon_lite.synthetic import write_tar
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -173,9 +173,10 @@ def test_reprepare_over_a_corrupt_index_rescans(prepared: Path, damage: str, cap
 
 
 def test_info_on_a_corrupt_index_sqlite_names_the_file(tmp_path: Path) -> None:
+    from energon_lite_dev.synthetic import generate_text_dataset
+
     from megatron_energon_lite.errors import DatasetError
     from megatron_energon_lite.format.media_metadata import media_counts
-    from megatron_energon_lite.synthetic import generate_text_dataset
 
     root = tmp_path / "texts"
     generate_text_dataset(root, num_shards=1, samples_per_shard=4, seed=1)

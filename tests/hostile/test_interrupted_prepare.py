@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.errors import StorageError
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.storage import atomic_write_bytes
 from megatron_energon_lite.storage.local import STALE_TEMPORARY_SECONDS
-from megatron_energon_lite.synthetic import write_tar
 
 CLI = ("--non-interactive", "--no-progress", "--num-workers", "1", "--split-ratio", "1,0,0", "--sample-type", "TextSample", "--field-map", '{"text": "txt"}')
 

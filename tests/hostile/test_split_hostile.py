@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import energon_mode
 from megatron_energon_lite.errors import ConfigError
@@ -23,7 +24,6 @@ from megatron_energon_lite.format.metadata import (
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.split_reader import SplitReader
-from megatron_energon_lite.synthetic import write_tar
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.errors import StateError
@@ -29,7 +30,6 @@ from megatron_energon_lite.pipeline.node import Node
 from megatron_energon_lite.pipeline.pack import PackNode
 from megatron_energon_lite.pipeline.repeat import RepeatNode
 from megatron_energon_lite.pipeline.shuffle import ShuffleBufferNode
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 
 def _pipeline_test_helpers():

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import WorkerConfig, get_loader, get_train_dataset
 from megatron_energon_lite.cli.main import cli
@@ -22,7 +23,6 @@ from megatron_energon_lite.errors import DatasetError
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.format.tar_reader import TarFormatError, iter_members
-from megatron_energon_lite.synthetic import write_tar
 
 pytestmark = pytest.mark.timeout(60)  # a regression hangs: fail instead of waiting 300 s
 

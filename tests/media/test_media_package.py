@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from energon_lite_dev.synthetic import make_audio, make_video
 from PIL import Image
 
 from megatron_energon_lite.errors import ConfigError, DatasetError
@@ -19,7 +20,6 @@ from megatron_energon_lite.media import (
 )
 from megatron_energon_lite.media.extractor import MediaFilterConfig, MediaFilterStrategy
 from megatron_energon_lite.media.metadata import extract_media_metadata
-from megatron_energon_lite.synthetic import make_audio, make_video
 
 
 def png(width: int = 6, height: int = 4) -> bytes:

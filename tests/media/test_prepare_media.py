@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import make_jpeg, write_tar
 from PIL import Image
 
 from megatron_energon_lite.cli.main import cli
@@ -29,7 +30,6 @@ from megatron_energon_lite.media.filesystem_prepare import (
     prepare_filesystem_dataset,
     prepare_media_folder,
 )
-from megatron_energon_lite.synthetic import make_jpeg, write_tar
 
 EXTENSION = MediaFilter.by_extension()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import generate_text_dataset
 
 from megatron_energon_lite import (
     ConfigError,
@@ -21,7 +22,6 @@ from megatron_energon_lite.epathlib import EPath
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.metadataset import DatasetLoader, MetadatasetV2
 from megatron_energon_lite.metadataset.loader_interface import DatasetBlendMode
-from megatron_energon_lite.synthetic import generate_text_dataset
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\nsubflavors:\n  yaml: true\n"
 WC = WorkerConfig(rank=0, world_size=1, num_workers=0)

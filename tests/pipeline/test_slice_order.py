@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import generate_text_dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,6 @@ from megatron_energon_lite.pipeline.sharding import (
     worker_slices,
 )
 from megatron_energon_lite.pipeline.source import SliceSource
-from megatron_energon_lite.synthetic import generate_text_dataset
 
 FAST = settings(max_examples=100, deadline=None)
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from energon_lite_dev.synthetic import write_tar
 from resume import check_resume_at_every_step
 
 from megatron_energon_lite.errors import FatalSampleError
@@ -11,7 +12,6 @@ from megatron_energon_lite.pipeline.guard import SampleGuard
 from megatron_energon_lite.pipeline.load import SampleLoader
 from megatron_energon_lite.pipeline.repeat import RepeatNode
 from megatron_energon_lite.pipeline.source import SliceSource
-from megatron_energon_lite.synthetic import write_tar
 
 
 def _random_order(num_slices: int, epoch: int) -> list[int]:

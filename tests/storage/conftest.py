@@ -6,7 +6,7 @@
 * ``fault_proxy``: factory ``fault_proxy(**FaultProxy kwargs) -> FaultProxy`` in front of
   ``s3_server``; every proxy is closed at the end of the test.
 
-moto's state is process-global (see ``megatron_energon_lite.testing.s3server``): do not use
+moto's state is process-global (see ``energon_lite_dev.s3server``): do not use
 ``moto.mock_aws`` in this process, and keep each test's data under its own prefix.
 """
 
@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from megatron_energon_lite.testing.s3server import FaultProxy, LocalS3Server  # noqa: E402
+from energon_lite_dev.s3server import FaultProxy, LocalS3Server  # noqa: E402
 
 S3_BUCKET = "energon-lite-test"
 

@@ -19,12 +19,12 @@ pytest.importorskip("multistorageclient")
 pytest.importorskip("boto3")  # MSC's S3 provider (the ``boto3`` extra of multi-storage-client)
 
 import multistorageclient.shortcuts as msc_shortcuts  # noqa: E402
+from energon_lite_dev.synthetic import generate_captioning_dataset  # noqa: E402
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_val_dataset  # noqa: E402
 from megatron_energon_lite.format.prepare import prepare_dataset  # noqa: E402
 from megatron_energon_lite.format.split_reader import SplitReader  # noqa: E402
 from megatron_energon_lite.storage import RemotePath, list_files  # noqa: E402
-from megatron_energon_lite.synthetic import generate_captioning_dataset  # noqa: E402
 
 DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
 PROFILE = "lite"

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.s3server import FaultProxy
+from energon_lite_dev.synthetic import make_jpeg
 from PIL import Image
 
 from megatron_energon_lite.cache import SystemFileStore
@@ -26,8 +28,6 @@ from megatron_energon_lite.media.filesystem_prepare import (
     prepare_media_folder,
 )
 from megatron_energon_lite.storage import RemotePath, configure_storage
-from megatron_energon_lite.synthetic import make_jpeg
-from megatron_energon_lite.testing.s3server import FaultProxy
 
 EXTENSION = MediaFilter.by_extension()
 HEADER = MediaFilter.by_header()
@@ -72,7 +72,7 @@ def _make_folder(root: Path) -> None:
     _write(root, "notes.txt", b"not media")
     _write(root, "sub/.nv-meta/skipped.png", _png((2, 2)))  # never read, locally or remotely
     if HAVE_AV:
-        from megatron_energon_lite.synthetic import make_video
+        from energon_lite_dev.synthetic import make_video
 
         _write(root, "clip.mp4", make_video(frames=12, fps=4, size=(32, 24)))
 

@@ -6,10 +6,10 @@ import tempfile
 from pathlib import Path
 
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.storage import configure_storage
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 P = ("--non-interactive", "--no-progress", "--num-workers", "1", "--split-ratio", "1,0,0", "--skip-dataset-yaml")
 

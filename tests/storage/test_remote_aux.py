@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.s3server import FaultProxy
+from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite import (
     Cooker,
@@ -30,8 +32,6 @@ from megatron_energon_lite.cache import FileStoreCachePool, SystemFileStore
 from megatron_energon_lite.errors import AuxFileNotFoundError
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.storage import configure_storage, read_counters
-from megatron_energon_lite.synthetic import write_tar
-from megatron_energon_lite.testing.s3server import FaultProxy
 
 CRUDE = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 N = 12

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import (
     WorkerConfig,
@@ -31,7 +32,6 @@ from megatron_energon_lite.storage import (
     configure_storage,
     read_counters,
 )
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from energon_lite_dev.s3server import FaultProxy
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
 from megatron_energon_lite.errors import StorageError
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.storage import configure_storage
-from megatron_energon_lite.synthetic import generate_captioning_dataset
-from megatron_energon_lite.testing.s3server import FaultProxy
 
 DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
 

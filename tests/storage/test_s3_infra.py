@@ -1,6 +1,6 @@
 """The local S3 test infrastructure, and what s3fs does with each fault the proxy injects.
 
-``megatron_energon_lite.testing.s3server``'s module docstring describes the client's view in
+``energon_lite_dev.s3server``'s module docstring describes the client's view in
 prose; these tests pin it down (s3fs 2026.9, aiobotocore 3.10, botocore 1.43 legacy retry mode,
 aiohttp 3.14), so an upgrade that changes it fails here first:
 
@@ -31,8 +31,7 @@ from pathlib import Path
 import aiohttp
 import botocore.exceptions
 import pytest
-
-from megatron_energon_lite.testing.s3server import FaultProxy, LocalS3Server, _uniforms
+from energon_lite_dev.s3server import FaultProxy, LocalS3Server, _uniforms
 
 NO_BOTOCORE_RETRY = {"retries": {"total_max_attempts": 1}}
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import (
     WorkerConfig,
@@ -21,7 +22,6 @@ from megatron_energon_lite import (
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.pipeline import watchdog as pipeline_watchdog
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 from megatron_energon_lite.wrappers import MapDataset
 from megatron_energon_lite.wrappers.watchdog_dataset import (
     WatchdogDataset,

@@ -6,11 +6,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import DefaultTaskEncoder, WorkerConfig, generic_batch, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.synthetic import generate_captioning_dataset
 from megatron_energon_lite.wrappers import (
     BatchDataset,
     BlendDataset,

@@ -25,7 +25,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .errors import ConfigError, format_message
+from megatron_energon_lite.errors import ConfigError, format_message
 
 __all__ = [
     "WORDS",
