@@ -7,7 +7,9 @@
    mirror (``git archive``) into a scratch folder outside this project (a temporary folder unless
    ``--scratch`` names one), so no Energon code ever lands in the project tree.
 2. Makes a second copy in which only ``megatron.energon`` is renamed to ``megatron_energon_lite``
-   in the test files (``*.py``): the rename-only shim. Data files are left as they are.
+   in the test files (``*.py``): the rename-only shim. Data files are left as they are, and so is
+   data the tests write: ``__module__: megatron.energon`` in the YAML text of a dataset.yaml or
+   metadataset is Energon's file format (which this package reads as it is), not an import.
 3. Runs pytest on each test file on its own, in a subprocess, once for the original tests (against
    the installed Energon) and once for the renamed copy (against us), with ``--timeout``,
    ``-p no:cacheprovider -q -rA`` and an empty pytest config (this project's settings, such as
@@ -19,6 +21,14 @@
 
 ``--only FILE`` (repeatable) runs some files; ``--ours-only`` skips the Energon runs and reuses
 their results from ``results.json`` in ``--out``.
+
+``--switch`` runs our side differently: the original, unrenamed tests with the one-line switch
+``megatron_energon_lite.as_energon`` loaded first (``pytest -p megatron_energon_lite.as_energon``),
+so ``megatron.energon`` is this package and the behaviours where Energon and this package differ
+on principle (unpickling dataset parts, importing dataset code) follow Energon, as they do for a
+user of the switch.  The plain rename keeps this package's own rules (for example, pickle parts
+need ``ENERGON_LITE_TRUST_PICKLE=1``).  Switch results are kept apart (``logs/switch/``, the
+``switch`` entry of ``results.json``).
 """
 
 from __future__ import annotations
@@ -41,9 +51,12 @@ logger = logging.getLogger("energon_suite")
 
 RESULTS = "results.json"
 REPORT = "report.md"
-SIDES = ("energon", "ours")
+SIDES = ("energon", "ours", "switch")
+#: The pytest plugin our side loads with --switch: importing it is the switch.
+SWITCH_PLUGIN = "megatron_energon_lite.as_energon"
 
-_ENERGON_NAME = re.compile(r"\bmegatron\.energon\b")
+# Every ``megatron.energon`` name except the value of a YAML ``__module__:`` line (file format data).
+_ENERGON_NAME = re.compile(r"(?<!__module__: )\bmegatron\.energon\b")
 # `-rA` summary lines: "PASSED tests/test_x.py::Class::test_y", "FAILED tests/... - reason",
 # "ERROR tests/test_x.py - reason" (a collection error), "XPASS ...", "XFAIL ...".
 _OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S+)(?: - (.*))?$")
@@ -101,8 +114,11 @@ def parse_log(text: str) -> dict:
     return {"passed": sorted(set(passed)), "failed": sorted(set(failed)), "errors": sorted(set(errors)), "skipped": skipped, "summary": summary}
 
 
-def run_file(python: str, root: Path, test_file: str, timeout: int, file_timeout: int, log: Path) -> dict:
-    """Runs pytest on one file with ``root`` as the working folder; returns the parsed outcome."""
+def run_file(
+    python: str, root: Path, test_file: str, timeout: int, file_timeout: int, log: Path, plugins: tuple[str, ...] = ()
+) -> dict:
+    """Runs pytest on one file with ``root`` as the working folder (loading ``plugins`` first);
+    returns the parsed outcome."""
     config = root / "suite_pytest.ini"
     if not config.exists():
         config.write_text("[pytest]\n")
@@ -110,6 +126,7 @@ def run_file(python: str, root: Path, test_file: str, timeout: int, file_timeout
         python, "-m", "pytest", test_file,
         f"--timeout={timeout}", "-p", "no:cacheprovider", "-q", "-rA",
         "-c", str(config), "--rootdir", str(root),
+        *(arg for plugin in plugins for arg in ("-p", plugin)),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     started = time.monotonic()
@@ -133,14 +150,14 @@ def short_name(test_id: str) -> str:
     return test_id.split("::", 1)[1] if "::" in test_id else test_id
 
 
-def table(results: dict, files: list[str]) -> str:
+def table(results: dict, files: list[str], side: str = "ours") -> str:
     lines = [
         "| test file | passing on Energon | passing here | passing on Energon, failing here |",
         "|---|---:|---:|---|",
     ]
     totals = [0, 0]
     for name in files:
-        theirs, ours = results["energon"].get(name), results["ours"].get(name)
+        theirs, ours = results["energon"].get(name), results[side].get(name)
         if theirs is None or ours is None:
             continue
         lost = [short_name(t) for t in theirs["passed"] if t not in set(ours["passed"])]
@@ -169,16 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-timeout", type=int, default=3600, help="wall-clock limit per test file run (default 3600)")
     parser.add_argument("--python", default=sys.executable, help="interpreter with pytest, Energon and this package")
     parser.add_argument("--scratch", type=Path, help="where to extract the tests (default: a temporary folder, removed after)")
+    parser.add_argument(
+        "--switch", action="store_true", help=f"run our side as the original tests with the as_energon switch (pytest -p {SWITCH_PLUGIN})"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     previous = json.loads((out / RESULTS).read_text()) if (out / RESULTS).exists() else {}
-    results = {"tag": args.tag, "energon": dict(previous.get("energon", {})), "ours": dict(previous.get("ours", {}))}
+    results = {"tag": args.tag, **{side: dict(previous.get(side, {})) for side in SIDES}}
     if previous.get("tag") not in (None, args.tag):
         logger.warning("results.json holds tag %s; this run is %s: stale Energon results are dropped", previous["tag"], args.tag)
-        results["energon"], results["ours"] = {}, {}
+        results.update({side: {} for side in SIDES})
+    our_side = "switch" if args.switch else "ours"
 
     scratch = args.scratch.resolve() if args.scratch else Path(tempfile.mkdtemp(prefix="energon_suite_"))
     try:
@@ -201,12 +222,13 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 parser.error(f"--ours-only needs Energon results in {out / RESULTS} for: {', '.join(missing)}; run once without it")
 
+        runs = [] if args.ours_only else [("energon", original, ())]
+        runs.append((our_side, original, (SWITCH_PLUGIN,)) if args.switch else ("ours", renamed, ()))
         for name in files:
-            for side, root in zip(SIDES, (original, renamed)):
-                if side == "energon" and args.ours_only:
-                    continue
+            for side, root, plugins in runs:
                 logger.info("%s: %s ...", side, name)
-                result = run_file(args.python, root, f"tests/{name}", args.timeout, args.file_timeout, out / "logs" / side / f"{name}.log")
+                log = out / "logs" / side / f"{name}.log"
+                result = run_file(args.python, root, f"tests/{name}", args.timeout, args.file_timeout, log, plugins)
                 results[side][name] = result
                 logger.info("%s: %s: %s (%.0f s)", side, name, result["summary"] or f"exit {result['returncode']}", result["seconds"])
                 (out / RESULTS).write_text(json.dumps(results, indent=1, sort_keys=True))
@@ -214,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    report = f"Energon {args.tag} test suite: original tests on the installed Energon vs. rename-only shim on megatron_energon_lite\n\n"
-    report += table(results, files)
+    ours = f"the as_energon switch ({SWITCH_PLUGIN})" if args.switch else "rename-only shim"
+    report = f"Energon {args.tag} test suite: original tests on the installed Energon vs. {ours} on megatron_energon_lite\n\n"
+    report += table(results, files, our_side)
     (out / REPORT).write_text(report + "\n")
     print(report)
     return 0

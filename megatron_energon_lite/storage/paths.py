@@ -31,12 +31,17 @@ AnyPath = Union[Path, RemotePath]
 # Prepare copies a remote tar to local disk in pieces of this size (retries resume per piece).
 DOWNLOAD_PIECE = 64 << 20
 
+# Energon's dataset-cache URLs: not an fsspec protocol but a folder in NVDATASET_CACHE_DIR.
+DSS_PREFIX = "dss://"
+
 
 def as_path(value: Any, storage_options: Mapping[str, Any] | None = None, settings: RemoteSettings | None = None) -> AnyPath:
     """``s3://…``, ``msc://…`` and other URLs -> :class:`RemotePath`; anything else -> ``Path``.
 
     A :class:`RemotePath` passes through unchanged (it keeps its own options); ``file://`` URLs
-    are local paths.
+    are local paths.  ``dss://NAME@VERSION/path`` (Energon's dataset-cache URL) is the folder
+    ``NAME/VERSION/path`` in ``NVDATASET_CACHE_DIR``, local or remote as that folder is; without
+    the variable it is a :class:`~megatron_energon_lite.errors.ConfigError`.
     """
     if isinstance(value, RemotePath):
         return value
@@ -46,6 +51,11 @@ def as_path(value: Any, storage_options: Mapping[str, Any] | None = None, settin
     if callable(storage_path):  # an EPath: local or remote, it knows its storage-layer path
         return storage_path()
     text = os.fspath(value)
+    if text.startswith(DSS_PREFIX):
+        # Imported here: epathlib builds on this module.
+        from ..epathlib.epath import EPath
+
+        return EPath(text).storage_path()
     if is_url(text):
         return RemotePath(text, storage_options, settings)
     if text.startswith("file://"):
