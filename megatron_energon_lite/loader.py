@@ -157,7 +157,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[Any, int, dict | None, tuple]]:
         info = torch.utils.data.get_worker_info()
-        physical = info.id if info is not None else 0
+        physical = self.worker_config.current_worker_id("the loader's dataset")
         logical = (physical + self._rotation) % self.worker_config.workers_per_rank
         activate_cache_pool(self.cache_pool)  # before a restore replays cookers
         pipeline = self._pipeline(logical)

@@ -105,6 +105,38 @@ class WorkerConfig:
     def num_global_workers(self) -> int:
         return self.workers_per_rank * self.world_size
 
+    def current_worker_id(self, reader: str = "the dataset") -> int:
+        """The local worker id of this process, checked against the topology ``reader`` was built
+        for: a DataLoader with another number of workers would read some shares twice or never,
+        and iterating a plan for several workers in the main process reads worker 0's share only
+        (Energon asserts both)."""
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        built_for = f"WorkerConfig(rank={self.rank}, world_size={self.world_size}, num_workers={self.num_workers})"
+        if info is None:
+            if self.workers_per_rank > 1:
+                raise ConfigError(
+                    format_message(
+                        f"{reader} was built for {self.num_workers} workers per rank but is iterated outside a DataLoader worker",
+                        expected=f"iteration inside the {self.num_workers} workers of a DataLoader ({built_for})",
+                        found="iteration in the main process: only worker 0's share of the samples would be read",
+                        fix="read it through get_loader(dataset) or get_savable_loader(dataset), or build it with num_workers=0",
+                    )
+                )
+            return 0
+        if info.num_workers != self.workers_per_rank:
+            raise ConfigError(
+                format_message(
+                    f"{reader} was built for another number of workers than the DataLoader running it",
+                    expected=f"a DataLoader with {self.workers_per_rank} worker(s): it was built with {built_for}",
+                    found=f"a DataLoader with {info.num_workers} worker(s) (worker {info.id} is reading)",
+                    fix="read it through get_loader(dataset), which starts the right number of workers, or rebuild "
+                    "the dataset with WorkerConfig(num_workers=...) equal to the DataLoader's",
+                )
+            )
+        return info.id
+
     def global_worker_id(self, local_worker_id: int = 0) -> int:
         return self.rank * self.workers_per_rank + local_worker_id
 

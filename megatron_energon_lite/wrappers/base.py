@@ -78,7 +78,7 @@ class SavableDataset(torch.utils.data.IterableDataset, Generic[T]):
         return True
 
     def __iter__(self) -> Iterator[T]:
-        return iter(self.build_worker(0))
+        return iter(self.build_worker(self.worker_config.current_worker_id(type(self).__name__)))
 
     # --- for wrappers -------------------------------------------------------------------------
     def _stage_fn(self, fn: Callable[..., Any], local_worker_id: int, *, batch: bool = False) -> Callable[[Any, int], Any]:
