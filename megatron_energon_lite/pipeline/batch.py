@@ -7,13 +7,13 @@ from typing import Any, Callable, ContextManager
 
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard
-from .node import Node, State, as_key, get_restore_key, set_restore_key
+from .node import Node, OneSourceNode, State, as_key, get_restore_key, set_restore_key
 from .state_check import check_count, nested
 
 __all__ = ["BatchNode"]
 
 
-class BatchNode(Node[Any]):
+class BatchNode(OneSourceNode[Any]):
     """Pulls ``batch_size`` items from ``source`` and returns ``batcher(items, batch_index)``.
 
     The last partial batch is emitted unless ``drop_last``.  A batcher that fails drops the whole
@@ -47,7 +47,7 @@ class BatchNode(Node[Any]):
     ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(format_message("invalid batch_size", expected="an integer >= 1", found=repr(batch_size)))
-        self.source = source
+        super().__init__(source)
         self.batch_size = batch_size
         self.batcher = batcher
         self.drop_last = drop_last

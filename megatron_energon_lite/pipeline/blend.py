@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import ConfigError, DatasetError, StateError, format_message
 from ..rng import UniformStream
-from .node import Node, State, as_key, get_restore_key, set_restore_key
+from .node import FORWARDS_EPOCHS, Node, State, as_key, get_restore_key, set_restore_key
 from .state_check import (
     check_bool,
     check_count,
@@ -162,9 +162,8 @@ class ExactSchedule:
 class BlendNode(Node[Any]):
     """Mixes ``sources`` by ``weights`` (random draws, or an :class:`ExactSchedule`)."""
 
-    #: start_epoch is passed on to the source(s) (see repeat.starts_epochs).
-    forwards_epochs = True
     tag = "Blend"
+    epochs = FORWARDS_EPOCHS  # every source starts its next epoch, and the blend its draws
 
     def __init__(
         self,
@@ -209,12 +208,11 @@ class BlendNode(Node[Any]):
         if self.schedule is not None:
             self.schedule.reset()
 
+    def inputs(self) -> Sequence[Node[Any]]:
+        return tuple(self.sources)
+
     def start_epoch(self, epoch: int) -> None:
-        for source in self.sources:
-            start_epoch = getattr(source, "start_epoch", None)
-            if start_epoch is None:
-                raise ConfigError(format_message("a blended source cannot start a new epoch", found=type(source).__name__))
-            start_epoch(epoch)
+        super().start_epoch(epoch)
         self._start(epoch)
 
     def reset(self, state: State | None = None) -> None:

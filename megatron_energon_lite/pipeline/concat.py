@@ -31,6 +31,9 @@ class ConcatNode(Node[Any]):
             raise ConfigError(format_message("ConcatNode needs at least one source", found="an empty list"))
         self._current = 0
 
+    def inputs(self) -> Sequence[Node[Any]]:
+        return tuple(self.sources)
+
     def next(self) -> Any:
         while self._current < len(self.sources):
             try:

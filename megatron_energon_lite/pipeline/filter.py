@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .guard import DROPPED, SampleGuard
-from .map import forward_start_epoch
-from .node import Node, State
+from .node import FORWARDS_EPOCHS, Node, PassThroughNode, State
 from .state_check import check_count, nested
 
 __all__ = ["FilterNode"]
 
 
-class FilterNode(Node[Any]):
+class FilterNode(PassThroughNode[Any]):
     """Passes on the items of ``source`` for which ``predicate(item, index)`` is true.
 
     ``index`` counts this stage's inputs (kept and dropped).  A predicate that raises goes through
@@ -27,12 +26,11 @@ class FilterNode(Node[Any]):
         ``source``: the source's state.
     """
 
-    #: start_epoch is passed on to the source(s) (see repeat.starts_epochs).
-    forwards_epochs = True
     tag = "Filter"
+    epochs = FORWARDS_EPOCHS  # the index keeps counting across epochs
 
     def __init__(self, source: Node[Any], predicate: Callable[[Any, int], bool], *, guard: SampleGuard | None = None) -> None:
-        self.source = source
+        super().__init__(source)
         self.predicate = predicate
         self.guard = guard if guard is not None else SampleGuard(stage=f"Filter({getattr(predicate, '__qualname__', predicate)})")
         self._index = 0
@@ -48,10 +46,6 @@ class FilterNode(Node[Any]):
             self.guard.passed()
             if keep:
                 return item
-
-    def start_epoch(self, epoch: int) -> None:
-        """Forwards a new epoch to the source (see ``repeat.Epochal``); the index keeps counting."""
-        forward_start_epoch(self, epoch)
 
     def get_state(self) -> State:
         return {"stage": self.tag, "index": self._index, "failures": self.guard.failures, "source": self.source.get_state()}
@@ -69,6 +63,3 @@ class FilterNode(Node[Any]):
             self.source.reset(state["source"])
         self._index = index
         self.guard.reset(failures)
-
-    def restore(self, restore_key: tuple) -> Any:
-        return self.source.restore(restore_key)

@@ -40,7 +40,15 @@ from typing import Any, Callable, Hashable
 
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard, describe_item
-from .node import Node, State, as_key, get_restore_key, key_to_json, set_restore_key
+from .node import (
+    Node,
+    OneSourceNode,
+    State,
+    as_key,
+    get_restore_key,
+    key_to_json,
+    set_restore_key,
+)
 from .state_check import check_count, check_list, invalid, nested
 
 __all__ = ["GroupBatchNode"]
@@ -58,7 +66,7 @@ def _group_key(value: Any) -> Hashable:
     return tuple(_group_key(v) for v in value) if isinstance(value, list) else value
 
 
-class GroupBatchNode(Node[Any]):
+class GroupBatchNode(OneSourceNode[Any]):
     tag = "Group"
 
     def __init__(
@@ -73,7 +81,7 @@ class GroupBatchNode(Node[Any]):
         guard: SampleGuard | None = None,
         criterion_guard: SampleGuard | None = None,
     ) -> None:
-        self.source = source
+        super().__init__(source)
         self.criterion = criterion
         self.batcher = batcher
         self.batch_size = batch_size

@@ -5,32 +5,26 @@ from __future__ import annotations
 from types import GeneratorType
 from typing import Any, Callable
 
-from ..errors import ConfigError, StateError, format_message
+from ..errors import StateError, format_message
 from .guard import DROPPED, SampleGuard
-from .node import Node, State, as_key, get_restore_key, key_to_json, set_restore_key
+from .node import (
+    FORWARDS_EPOCHS,
+    Node,
+    OneSourceNode,
+    State,
+    as_key,
+    get_restore_key,
+    key_to_json,
+    set_restore_key,
+)
 from .state_check import check_count, check_list, invalid, nested
 
-__all__ = ["MapNode", "forward_start_epoch"]
+__all__ = ["MapNode"]
 
 _END: Any = object()
 
 
-def forward_start_epoch(node: Any, epoch: int) -> None:
-    """``start_epoch`` of a stage that passes epochs through (map, filter): asks its source."""
-    start_epoch = getattr(node.source, "start_epoch", None)
-    if start_epoch is None:
-        raise ConfigError(
-            format_message(
-                f"{node.tag} stage cannot start a new epoch: its source cannot",
-                expected="a source with start_epoch(epoch), such as the dataset source node",
-                found=type(node.source).__name__,
-                fix="put the Repeat stage directly above the source",
-            )
-        )
-    start_epoch(epoch)
-
-
-class MapNode(Node[Any]):
+class MapNode(OneSourceNode[Any]):
     """Applies ``fn(item, index)`` to each item of ``source``; ``index`` counts this stage's inputs.
 
     ``fn`` returns the output, raises ``SkipSample`` to drop the item, or returns a generator that
@@ -57,9 +51,8 @@ class MapNode(Node[Any]):
         ``source``: the source's state.
     """
 
-    #: start_epoch is passed on to the source(s) (see repeat.starts_epochs).
-    forwards_epochs = True
     tag = "Map"
+    epochs = FORWARDS_EPOCHS  # the index keeps counting across epochs, as in Energon
 
     def __init__(
         self,
@@ -69,7 +62,7 @@ class MapNode(Node[Any]):
         guard: SampleGuard | None = None,
         tag: str = "Map",
     ) -> None:
-        self.source = source
+        super().__init__(source)
         self.fn = fn
         self.tag = tag
         self.guard = guard if guard is not None else SampleGuard(stage=f"{tag}({getattr(fn, '__qualname__', fn)})")
@@ -115,10 +108,6 @@ class MapNode(Node[Any]):
         self._emitted += 1
         self.guard.passed()
         return set_restore_key(out, (self.tag, self._gen_index, sub_index) + self._gen_key)
-
-    def start_epoch(self, epoch: int) -> None:
-        """Forwards a new epoch to the source (see ``repeat.Epochal``); the index keeps counting."""
-        forward_start_epoch(self, epoch)
 
     def get_state(self) -> State:
         in_generator = self._gen is not None

@@ -8,7 +8,11 @@ A stage is an iterator with exactly these methods:
   pickles or RNG objects;
 * ``reset(state=None)`` -> start over (``None``) or continue exactly where ``state`` was taken;
 * ``restore(restore_key)`` -> rebuild one item from its ``__restore_key__`` by random access, so a
-  buffer can save keys instead of samples.
+  buffer can save keys instead of samples;
+* ``inputs()`` -> the stages it reads from, and ``epochs``, how it takes part in epochs: it starts
+  its next epoch itself (``OWNS_EPOCHS``: the dataset source, a repeat), passes ``start_epoch`` on
+  to its inputs (``FORWARDS_EPOCHS``: map, filter, blend), or cannot (``None``: a repeat above it
+  resets it instead).  Where a pass ends is :mod:`.passes`' job alone.
 
 A restore key is a tuple built outward: each stage that changes an item prepends its tag and its
 own indices to the key of its input (``("Map", 7, "Webdataset", 1234)``).  Stages that pass items
@@ -20,14 +24,19 @@ state never needs an RNG blob.
 
 from __future__ import annotations
 
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Any, ClassVar, Generic, Iterator, Sequence, TypeVar
 
-from ..errors import StateError, format_message
+from ..errors import ConfigError, StateError, format_message
 from .state_check import state_path
 
 T = TypeVar("T")
 
 State = dict[str, Any]
+
+#: ``Node.epochs``: the stage starts its next epoch itself (a new slice order, a new repeat pass).
+OWNS_EPOCHS = "owns"
+#: ``Node.epochs``: the stage passes ``start_epoch`` on to its inputs (it keeps no epoch of its own).
+FORWARDS_EPOCHS = "forwards"
 
 
 class Node(Generic[T]):
@@ -35,6 +44,47 @@ class Node(Generic[T]):
 
     #: Tag written into states and restore keys; subclasses set their own.
     tag = "Node"
+    #: How the stage takes part in epochs: ``OWNS_EPOCHS``, ``FORWARDS_EPOCHS`` or None (it cannot
+    #: start one in place: batches, buffers, user wrappers; a repeat above it resets it instead).
+    epochs: ClassVar[str | None] = None
+
+    def inputs(self) -> Sequence[Node[Any]]:
+        """The stages this one reads from (none for a source)."""
+        return ()
+
+    def starts_epochs(self) -> bool:
+        """Whether :meth:`start_epoch` works here: the stage owns its epochs, or forwards them to
+        inputs that all do."""
+        if self.epochs == OWNS_EPOCHS:
+            return True
+        inputs = self.inputs()
+        return self.epochs == FORWARDS_EPOCHS and bool(inputs) and all(source.starts_epochs() for source in inputs)
+
+    def ends_passes(self) -> bool:
+        """Whether the stage decides where a pass ends (``passes.PassNode``; a stage that is
+        transparent to states answers for its source)."""
+        return False
+
+    def pass_was_over(self) -> None:
+        """For stages that end passes: the state just restored was saved after the loop over the
+        loader ended (see ``passes.PassNode.pass_was_over``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not end passes")
+
+    def start_epoch(self, epoch: int) -> None:
+        """Begins epoch ``epoch`` in place (after ``StopIteration`` ended epoch ``epoch - 1``); the
+        next ``next()`` yields it.  This default serves stages that forward epochs: it starts the
+        epoch on every input."""
+        if not self.starts_epochs():
+            raise ConfigError(
+                format_message(
+                    f"{self.tag} stage cannot start a new epoch in place",
+                    expected="stages between a repeat and the dataset source that pass epochs on (map, filter, blend)",
+                    found=" <- ".join(_chain(self)),
+                    fix="put the repeat directly above the source, or let it reset the stages below instead",
+                )
+            )
+        for source in self.inputs():
+            source.start_epoch(epoch)
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -70,6 +120,33 @@ class Node(Generic[T]):
                 )
             )
         return state
+
+
+def _chain(node: Node[Any]) -> list[str]:
+    """The tags from ``node`` down to its first input that cannot start epochs."""
+    tags = [node.tag]
+    while node.epochs == FORWARDS_EPOCHS and node.inputs():
+        node = next((source for source in node.inputs() if not source.starts_epochs()), node.inputs()[0])
+        tags.append(node.tag)
+    return tags
+
+
+class OneSourceNode(Node[T]):
+    """A stage that reads one ``source``."""
+
+    def __init__(self, source: Node[Any]) -> None:
+        self.source = source
+
+    def inputs(self) -> Sequence[Node[Any]]:
+        return (self.source,)
+
+
+class PassThroughNode(OneSourceNode[T]):
+    """A stage whose items come out as they went in (shuffle, filter, repeat, passes): their
+    restore keys are the source's, and so is rebuilding them."""
+
+    def restore(self, restore_key: tuple) -> T:
+        return self.source.restore(restore_key)
 
 
 class KeyedDict(dict):

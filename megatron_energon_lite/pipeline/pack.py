@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SYSTEM_EXCEPTIONS, SampleGuard, describe_item
-from .node import Node, State, as_key, get_restore_key, set_restore_key
+from .node import Node, OneSourceNode, State, as_key, get_restore_key, set_restore_key
 from .state_check import check_bool, check_count, invalid, nested
 
 __all__ = ["PackNode"]
@@ -64,7 +64,7 @@ logger = logging.getLogger(__name__)
 _END: Any = object()
 
 
-class PackNode(Node[Any]):
+class PackNode(OneSourceNode[Any]):
     tag = "Pack"
 
     def __init__(
@@ -81,7 +81,7 @@ class PackNode(Node[Any]):
     ) -> None:
         if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size < 1:
             raise ConfigError(format_message("invalid packing_buffer_size", expected="an integer >= 1", found=repr(buffer_size)))
-        self.source = source
+        super().__init__(source)
         self.buffer_size = buffer_size
         self.select = select
         self.pack = pack

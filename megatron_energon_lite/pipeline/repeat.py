@@ -1,41 +1,23 @@
-"""RepeatNode: runs its source for several epochs (or forever) through the ``Epochal`` protocol."""
+"""RepeatNode: runs its source for several epochs (or forever): ``start_epoch`` on sources that
+own their epochs (see ``Node.epochs``), a reset on others."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from ..errors import ConfigError, format_message
-from .node import Node, State
+from .node import OWNS_EPOCHS, Node, PassThroughNode, State
 from .state_check import check_count, nested
 
-__all__ = ["Epochal", "RepeatNode", "starts_epochs"]
+__all__ = ["RepeatNode"]
 
 
-@runtime_checkable
-class Epochal(Protocol):
-    """A source that can start another epoch (for example a new slice order) in place.
-
-    ``start_epoch(epoch)`` is called after the source raised ``StopIteration`` at the end of epoch
-    ``epoch - 1``; afterwards ``next()`` yields epoch ``epoch`` and ``get_state()`` describes it.
-    ``MapNode`` and ``FilterNode`` forward it to their own source.
-    """
-
-    def start_epoch(self, epoch: int) -> None: ...
-
-
-def starts_epochs(node: Any) -> bool:
-    """Whether ``node.start_epoch`` reaches sources that start epochs (maps, filters and blends pass it on)."""
-    if getattr(type(node), "forwards_epochs", False):
-        return all(starts_epochs(source) for source in getattr(node, "sources", None) or [node.source])
-    return isinstance(node, Epochal)
-
-
-class RepeatNode(Node[Any]):
+class RepeatNode(PassThroughNode[Any]):
     """Repeats ``source`` for ``repeats`` epochs, or forever when ``repeats`` is ``None``.
 
     At the end of each epoch it calls ``source.start_epoch(epoch + 1)``; the source's epoch number
-    only grows, so every epoch gets its own slice order.  A source without ``start_epoch`` is
+    only grows, so every epoch gets its own slice order.  A source that cannot start epochs is
     reset instead and repeats the same order.  A fractional ``repeats`` (``2.5``) ends
     with a partial epoch of ``floor(worker_samples * 0.5)`` items, as Energon's ``RepeatDataset``
     (``worker_samples``: the items one epoch of the source holds on this worker).  After the last
@@ -53,15 +35,16 @@ class RepeatNode(Node[Any]):
     """
 
     tag = "Repeat"
+    epochs = OWNS_EPOCHS  # start_epoch begins the next pass of repeats
 
     def __init__(self, source: Node[Any], repeats: float | None = None, *, worker_samples: int | None = None) -> None:
         self.check_repeats(repeats)
         if repeats is not None and repeats != int(repeats) and worker_samples is None:
             raise ConfigError(format_message("a fractional repeats needs worker_samples", found=repr(repeats)))
-        self.source = source
+        super().__init__(source)
         # A source that cannot start a new epoch (a batched pipeline, a user's wrapper) starts
         # over instead: the same order again, as Energon's RepeatDataset restarts its dataset.
-        self.epochal = starts_epochs(source)
+        self.epochal = source.starts_epochs()
         self.repeats = repeats
         self.full_epochs = None if repeats is None else math.floor(repeats)
         # Items of the final, partial epoch (0: there is none).
@@ -136,6 +119,3 @@ class RepeatNode(Node[Any]):
         with nested("source"):
             self.source.reset(state["source"])
         self._epoch, self._repetition, self._taken = epoch, repetition, taken
-
-    def restore(self, restore_key: tuple) -> Any:
-        return self.source.restore(restore_key)

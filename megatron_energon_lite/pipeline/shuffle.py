@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..rng import UniformStream
-from .node import Node, State, as_key, get_restore_key, key_to_json
+from .node import Node, PassThroughNode, State, as_key, get_restore_key, key_to_json
 from .state_check import check_count, check_list, invalid, nested
 
 
@@ -26,11 +26,11 @@ class _Pending:
         self.key = key
 
 
-class ShuffleBufferNode(Node):
+class ShuffleBufferNode(PassThroughNode):
     tag = "Shuffle"
 
     def __init__(self, source: Node, size: int, *, seed: int) -> None:
-        self.source = source
+        super().__init__(source)
         self.size = size
         self.seed = seed
         self._stream = UniformStream(seed, "shuffle")
@@ -84,5 +84,3 @@ class ShuffleBufferNode(Node):
             item = self.source.restore(item.key)
         return item
 
-    def restore(self, restore_key: tuple):
-        return self.source.restore(restore_key)

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from ..rng import UniformStream
 from .guard import DROPPED, SampleGuard
 from .load import RESTORE_TAG, SampleLoader
-from .node import Node, State
+from .node import OWNS_EPOCHS, Node, State
 from .state_check import check_count, check_index, check_list, invalid
 
 
@@ -34,6 +34,7 @@ class SliceSource(Node):
     """Yields the samples of ``slices`` (``[start, end)`` split indices) of one dataset."""
 
     tag = "Source"
+    epochs = OWNS_EPOCHS
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..fork_hook import ForkMixin
-from .node import Node, State
+from .node import Node, PassThroughNode, State
 
 if TYPE_CHECKING:
     from ..wrappers.watchdog_dataset import WatchdogDataset
@@ -51,7 +51,7 @@ _LOCALS_FRAMES = 10
 _report_sink: Callable[[str], None] | None = None
 
 
-class WatchdogNode(ForkMixin, Node[T]):
+class WatchdogNode(ForkMixin, PassThroughNode[T]):
     """Passes items, states and restores through; watches how long each ``next()`` takes.
 
     Fields the monitor thread reads (single writes, safe under the GIL): ``_calls`` counts
@@ -75,7 +75,6 @@ class WatchdogNode(ForkMixin, Node[T]):
         initial_timeout: float | None,
         where: str,
     ) -> None:
-        self.source = source
         self.owner = owner
         self.timeout = timeout
         self.initial_timeout = timeout if initial_timeout is None else initial_timeout
@@ -88,7 +87,7 @@ class WatchdogNode(ForkMixin, Node[T]):
         self._caller = 0
         self._lock = threading.Lock()
         self._monitoring = False
-        super().__init__()  # ForkMixin: a forked copy starts its own monitor thread
+        super().__init__(source)  # ForkMixin: a forked copy starts its own monitor thread
 
     def next(self) -> T:
         self._caller = threading.get_ident()
@@ -107,6 +106,7 @@ class WatchdogNode(ForkMixin, Node[T]):
         finally:
             self._deadline = None
 
+    # Transparent: the source's state, passes and restore keys.
     def get_state(self) -> State:
         return self.source.get_state()
 
@@ -114,8 +114,11 @@ class WatchdogNode(ForkMixin, Node[T]):
         self._first = True
         self.source.reset(state)
 
-    def restore(self, restore_key: tuple) -> T:
-        return self.source.restore(restore_key)
+    def ends_passes(self) -> bool:
+        return self.source.ends_passes()
+
+    def pass_was_over(self) -> None:
+        self.source.pass_was_over()
 
     def __after_in_child_fork__(self) -> None:
         # Threads do not survive a fork (and a lock held by one would stay held): the copy

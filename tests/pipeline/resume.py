@@ -11,7 +11,7 @@ import json
 from typing import Any, Callable
 
 from megatron_energon_lite.errors import StateError
-from megatron_energon_lite.pipeline.node import Node, get_restore_key
+from megatron_energon_lite.pipeline.node import OWNS_EPOCHS, Node, get_restore_key
 
 #: Recorded in a stream where ``next()`` raised ``StopIteration`` (the end of a pass).
 END = "<END>"
@@ -29,6 +29,7 @@ class ListSource(Node[dict]):
     """
 
     tag = "List"
+    epochs = OWNS_EPOCHS
 
     def __init__(self, values: list[Any]) -> None:
         self.values = list(values)
