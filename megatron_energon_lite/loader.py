@@ -1,5 +1,6 @@
 """Energon's entry points: ``get_train_dataset``, ``get_val_dataset``, ``get_loader``,
-``get_savable_loader``; and the only place that knows about dataloader workers and epochs.
+``get_savable_loader``; and the only place that knows about dataloader workers (where a pass ends
+and how the next begins is ``pipeline/passes.py``'s; the state format is ``rank_state.py``'s).
 
 State plumbing (DESIGN.md, State rule 6): every worker sends its pipeline state along with each
 item it yields.  The main process keeps the last state it *consumed* from each worker and whose
@@ -18,7 +19,6 @@ from typing import Any, Iterator, Mapping
 import torch
 import torch.utils.data
 
-from ._version import __version__
 from .cache.base import CachePool
 from .errors import (
     SKIP_REPORT_LIMIT,
@@ -49,8 +49,10 @@ from .pipeline.build import (
     worker_lengths,
 )
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
-from .pipeline.state_check import check_bool, check_index, check_list, invalid, nested
+from .pipeline.passes import PassNode, on_top
+from .pipeline.state_check import nested
 from .pipeline.watchdog import StuckReports
+from .rank_state import RankState
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
@@ -59,7 +61,6 @@ from .wrappers.compose import DatasetBlendMode, loaded_datasets, overrides_build
 
 logger = logging.getLogger(__name__)
 
-STATE_VERSION = 1
 # Items leaving a worker get ("Worker", local worker id) in front of their restore key, so that
 # restore_sample rebuilds them in the right worker's pipeline (hooks see worker-specific indices).
 WORKER_TAG = "Worker"
@@ -110,13 +111,12 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         super().__init__()
         self.recipe = dataset
         self.worker_config = dataset.worker_config
-        self._pipelines: dict[int, Node] = {}
-        self._ended: set[int] = set()
-        self._fresh_restore: set[int] = set()
-        self._restore_states: list[dict | None] | None = None
-        self._passes_continue = dataset.passes_continue
+        self._pipelines: dict[int, PassNode] = {}
+        self._restored: RankState | None = None
+        # Between passes a pipeline starts over, unless its passes continue one stream (virtual
+        # epochs, limits): then the stage that cuts the stream owns the boundary.
+        self._restart_passes = not dataset.passes_continue
         self._rotation = 0
-        self._restart_exhausted = True
         #: Set by the loader when it runs worker processes: their watchdog reports reach it.
         self.stuck_reports: StuckReports | None = None
         #: Set by the loader: the cache pool its cookers get (active while a pipeline runs).
@@ -125,34 +125,23 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
 
-    def restore(self, states: list[dict | None], rotation: int, *, pass_ended: bool = True) -> None:
-        """Build the pipelines anew from ``states`` (one per logical worker), ``rotation`` first.
-
-        ``pass_ended``: the state was saved after the loop over the loader had ended, so a worker
-        found at the end of its pass starts the next one; otherwise (saved right after the last
-        item) the restored pass has nothing left, as in Energon."""
-        self._restore_states = states
-        self._rotation = rotation
-        self._restart_exhausted = pass_ended
+    def restore(self, state: RankState) -> None:
+        """Build the pipelines anew from ``state``, the worker whose turn it is first."""
+        self._restored = state
+        self._rotation = state.next_worker
         self._pipelines.clear()
-        self._ended.clear()
 
-    def _pipeline(self, logical: int) -> Node:
+    def _pipeline(self, logical: int) -> PassNode:
         pipeline = self._pipelines.get(logical)
         if pipeline is None:
-            pipeline = self.recipe.build_worker(logical)
-            states = self._restore_states
-            if states is not None and states[logical] is not None:
+            pipeline = on_top(self.recipe.build_worker(logical), restart=self._restart_passes)
+            restored = self._restored
+            if restored is not None and restored.worker_states[logical] is not None:
                 with nested("worker_states", logical):  # names the field of a bad value (state_check)
-                    pipeline.reset(copy.deepcopy(states[logical]))
-                self._fresh_restore.add(logical)
+                    pipeline.reset(copy.deepcopy(restored.worker_states[logical]))
+                if restored.pass_ended:
+                    pipeline.pass_was_over()
             self._pipelines[logical] = pipeline
-        elif logical in self._ended:
-            # A finished pass: virtual epochs and val limits continue by themselves, anything
-            # else starts the next pass from the beginning.
-            self._ended.discard(logical)
-            if not self._passes_continue:
-                pipeline.reset(None)
         return pipeline
 
     def __iter__(self) -> Iterator[tuple[Any, int, dict | None, tuple]]:
@@ -168,21 +157,11 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         while True:
             try:
                 item = pipeline.next()
-            except StopIteration:
+            except StopIteration:  # this worker's pass is over; the next call begins the next
                 skips = take_skip_reports()
                 if skips[0] or skips[1]:  # skipped after this worker's last item
                     yield SKIPS_ONLY, logical, None, skips
-                if logical in self._fresh_restore:
-                    self._fresh_restore.discard(logical)
-                    if self._restart_exhausted:
-                        # Saved after the loop over the loader ended: that pass is over, and the
-                        # restored loader goes on with the next one, as the uninterrupted run would.
-                        if not self._passes_continue:
-                            pipeline.reset(None)
-                        continue
-                self._ended.add(logical)
                 return
-            self._fresh_restore.discard(logical)
             item = set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
             if self._debug_log is not None:
                 self._debug_log.yielded(item, logical)
@@ -311,6 +290,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
     def __iter__(self):
         self._started = True
         if self._stream is None:
+            if self._pass_ended and self._first_worker != 0:
+                self._unrotate_workers()
             if self._stuck_reports is not None:
                 self._stuck_reports.start()
             self._stream = super().__iter__()
@@ -352,6 +333,16 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 debug_log.yielded(item, logical)
             yield item
 
+    def _unrotate_workers(self) -> None:
+        """After the first pass of a restored loader, whose workers were rotated so that the one
+        whose turn it was went first: the next passes start with worker 0, as they do in the
+        uninterrupted run, so the workers start again unrotated, each from its last state."""
+        self.dataset.restore(RankState(worker_states=tuple(self._worker_states), next_worker=0, pass_ended=True, config=self.savable_dataset.config()))
+        self._next_worker = self._first_worker = 0
+        if self._iterator is not None:  # persistent workers hold the rotated pipelines
+            self._iterator._shutdown_workers()
+            self._iterator = None
+
     def _raise_if_stuck(self, exc: RuntimeError) -> None:
         """A worker that exited after its watchdog report (``fail_on_timeout``): raise with its stack."""
         if self._stuck_reports is None or "DataLoader worker" not in str(exc):
@@ -378,19 +369,13 @@ class SavableDataLoader(torch.utils.data.DataLoader):
 
     # --- state ---------------------------------------------------------------------------------
     def save_state_rank(self) -> dict:
-        """This rank's position: plain JSON, small, exact at every step."""
-        return {
-            "version": STATE_VERSION,
-            "writer": f"megatron-energon-lite {__version__}",
-            "config": self.savable_dataset.config(),
-            # No copy needed: a worker's state object is replaced, never changed, when the next
-            # item arrives (and stages build a new state dict on every get_state()).
-            "worker_states": list(self._worker_states),
-            "next_worker": self._next_worker,
-            # Saved after the loop ended: a restored loader starts the next pass; saved right
-            # after the last item, it has nothing left of this one (Energon's behaviour).
-            "pass_ended": self._pass_ended,
-        }
+        """This rank's position: plain JSON (see :class:`RankState`), small, exact at every step."""
+        return RankState(
+            worker_states=tuple(self._worker_states),
+            next_worker=self._next_worker,
+            pass_ended=self._pass_ended,
+            config=self.savable_dataset.config(),
+        ).to_json()
 
     def restore_state_rank(self, state: dict | None) -> None:
         """Continue from ``state`` (from :meth:`save_state_rank`); only before iterating."""
@@ -398,13 +383,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
-        _check_state(state, self.savable_dataset.config(), self.worker_config)
-        states, next_worker, pass_ended = _check_rank_fields(state, self.worker_config.workers_per_rank)
-        # States written before "pass_ended" existed restart an exhausted pass, as they did then.
-        self.dataset.restore(states, next_worker, pass_ended=pass_ended)
-        self._worker_states = states
-        self._next_worker = self._first_worker = next_worker
-        self._pass_ended = pass_ended
+        restored = RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config)
+        self.dataset.restore(restored)
+        self._worker_states = list(restored.worker_states)
+        self._next_worker = self._first_worker = restored.next_worker
+        self._pass_ended = restored.pass_ended
 
     def save_state_global(self, global_dst_rank: int) -> list[dict] | None:
         """Gathers every rank's state on ``global_dst_rank`` (None on the other ranks)."""
@@ -497,33 +480,6 @@ def blend_report(states: dict | list[dict]) -> list[dict[str, Any]]:
             row["cost"] = cost
             row["cost_share"] = cost / sum(costs) if sum(costs) else 0.0
     return rows
-
-
-def _check_state(state: Any, current: dict, worker_config: WorkerConfig) -> None:
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "worker_states" not in state:
-        found = state.get("version") if isinstance(state, dict) else type(state).__name__
-        raise StateError(format_message("not a loader state of this version", expected=f"a dict from save_state_rank() with version {STATE_VERSION}", found=f"version {found!r}", fix="restore a state saved by this version of megatron-energon-lite"))
-    saved = state.get("config", {})
-    differences = [(k, saved.get(k, "<missing>"), current.get(k, "<missing>")) for k in sorted(set(saved) | set(current)) if saved.get(k, "<missing>") != current.get(k, "<missing>")]
-    if differences:
-        lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in differences)
-        raise StateError(format_message("the saved state belongs to a different loader configuration", found="\n" + lines, fix="build the loader with the saved values (elastic resume across world sizes is not available yet)"))
-    if not isinstance(state["worker_states"], list):
-        raise invalid(("worker_states",), "a list of worker states, one per worker", state["worker_states"])
-    if len(state["worker_states"]) != worker_config.workers_per_rank:
-        raise StateError(format_message("the saved state has a different number of workers", expected=str(worker_config.workers_per_rank), found=str(len(state["worker_states"]))))
-
-
-def _check_rank_fields(state: dict, workers: int) -> tuple[list[dict | None], int, bool]:
-    """The worker states, ``next_worker`` and ``pass_ended`` of a rank's state, checked (the stages
-    check their own values when a worker's pipeline is restored)."""
-    states = check_list(state["worker_states"], "worker_states", length=workers, of="worker states, one per worker")
-    for i, worker_state in enumerate(states):
-        if worker_state is not None and not isinstance(worker_state, dict):
-            raise invalid(("worker_states", i), "a pipeline state (a dict), or null for a worker that has not yielded yet", worker_state)
-    next_worker = check_index(state["next_worker"], workers, "next_worker", of="workers on this rank")
-    pass_ended = check_bool(state.get("pass_ended", True), "pass_ended")
-    return list(states), next_worker, pass_ended
 
 
 def _plan(path, split_part: str, *, training: bool) -> tuple[str, BlendPlan]:

@@ -37,15 +37,14 @@ from .aux_sources import aux_stores
 from .batch import BatchNode
 from .blend import BlendNode
 from .concat import ConcatNode
-from .epochize import EpochizeNode
 from .group import GroupBatchNode
 from .guard import SampleGuard
 from .hooks import batch_member_context, hook_spec, stage_hook
-from .limit import LimitNode
 from .load import JoinLoader, SampleLoader
 from .map import MapNode
 from .node import Node
 from .pack import PackNode
+from .passes import PassNode
 from .repeat import RepeatNode
 from .sharding import epoch_slice_order, rotation_offset_for, worker_slices
 from .shuffle import ShuffleBufferNode
@@ -442,7 +441,7 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
         if hooks.batch_encoder:
             node = MapNode(node, hook(te.encode_batch, batch=True), guard=guard(stage="encode_batch", tolerance=hooks.tolerance("encode_batch")), tag="EncodeBatch")
     if spec.training and spec.virtual_epoch_length > 0:
-        node = EpochizeNode(node, share(spec.virtual_epoch_length, wc.workers_per_rank, local_worker_id))
+        node = PassNode(node, share(spec.virtual_epoch_length, wc.workers_per_rank, local_worker_id), what="items per virtual epoch")
     if not spec.training and spec.limit is not None:
-        node = LimitNode(node, share(spec.limit, wc.workers_per_rank, local_worker_id))
+        node = PassNode(node, share(spec.limit, wc.workers_per_rank, local_worker_id), restart=True, what="the limit of items per pass")
     return node

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError, format_message
-from ..pipeline.epochize import EpochizeNode
 from ..pipeline.node import Node
+from ..pipeline.passes import PassNode
 from ..worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset, share
 
@@ -24,7 +24,7 @@ class EpochizeDataset(BaseWrapperDataset[Any]):
         self.length = length
 
     def build_worker(self, local_worker_id: int) -> Node:
-        return EpochizeNode(self.dataset.build_worker(local_worker_id), share(self.length, self.worker_config.workers_per_rank, local_worker_id))
+        return PassNode(self.dataset.build_worker(local_worker_id), share(self.length, self.worker_config.workers_per_rank, local_worker_id), what="items per virtual epoch")
 
     def worker_length(self, local_worker_id: int) -> int:
         return share(self.length, self.worker_config.workers_per_rank, local_worker_id)

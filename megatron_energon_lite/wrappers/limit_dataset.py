@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError, format_message
-from ..pipeline.limit import LimitNode
 from ..pipeline.node import Node
+from ..pipeline.passes import PassNode
 from ..worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset, share
 
@@ -18,7 +18,8 @@ class LimitDataset(BaseWrapperDataset[Any]):
 
     Each worker yields its share of ``length`` per pass. With ``reset_after_epoch`` every pass
     starts the dataset over (the same items each time, as validation wants); without it the next
-    pass continues where this one stopped.
+    pass continues where this one stopped.  A dataset that ends before the limit ends the pass and
+    starts over in the next (Energon 7.4 resets it after every pass, whatever reset_after_epoch).
     """
 
     def __init__(self, dataset: SavableDataset[Any], length: int, *, reset_after_epoch: bool = False, worker_config: WorkerConfig) -> None:
@@ -29,7 +30,7 @@ class LimitDataset(BaseWrapperDataset[Any]):
         self.reset_after_epoch = reset_after_epoch
 
     def build_worker(self, local_worker_id: int) -> Node:
-        return LimitNode(self.dataset.build_worker(local_worker_id), self._share(local_worker_id), self.reset_after_epoch)
+        return PassNode(self.dataset.build_worker(local_worker_id), self._share(local_worker_id), restart=self.reset_after_epoch, what="the limit of items per pass")
 
     def _share(self, local_worker_id: int) -> int:
         return share(self.length, self.worker_config.workers_per_rank, local_worker_id)

@@ -21,13 +21,12 @@ from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.pipeline.batch import BatchNode
 from megatron_energon_lite.pipeline.blend import BlendNode
 from megatron_energon_lite.pipeline.concat import ConcatNode
-from megatron_energon_lite.pipeline.epochize import EpochizeNode
 from megatron_energon_lite.pipeline.filter import FilterNode
 from megatron_energon_lite.pipeline.group import GroupBatchNode
-from megatron_energon_lite.pipeline.limit import LimitNode
 from megatron_energon_lite.pipeline.map import MapNode
 from megatron_energon_lite.pipeline.node import Node
 from megatron_energon_lite.pipeline.pack import PackNode
+from megatron_energon_lite.pipeline.passes import PassNode
 from megatron_energon_lite.pipeline.repeat import RepeatNode
 from megatron_energon_lite.pipeline.shuffle import ShuffleBufferNode
 
@@ -79,13 +78,14 @@ def saved(dataset: Path) -> dict:
     for _ in range(3):
         next(it)
     state = loader.save_state_rank()
-    # The pipeline this test expects: Batch > Shuffle > Repeat > Source.
-    source = state["worker_states"][0]["source"]["source"]["source"]
+    # The pipeline this test expects: Pass > Batch > Shuffle > Repeat > Source.
+    assert state["worker_states"][0]["stage"] == "Pass"
+    source = state["worker_states"][0]["source"]["source"]["source"]["source"]
     assert source["stage"] == "Source" and len(source["open"]) >= 2, state
     return state
 
 
-WORKER = "$.worker_states[0]"
+WORKER = "$.worker_states[0].source"  # the batch stage, below the loader's Pass stage
 SHUFFLE, REPEAT, SOURCE = f"{WORKER}.source", f"{WORKER}.source.source", f"{WORKER}.source.source.source"
 
 
@@ -104,7 +104,7 @@ def _assert_names(exc: pytest.ExceptionInfo, path: str, found: Any) -> None:
     assert "expected:" in message and f"found: {repr(found)[:40]}" in message, message
 
 
-W = ("worker_states", 0)
+W = ("worker_states", 0, "source")
 SRC = (*W, "source", "source", "source")
 
 
@@ -165,7 +165,7 @@ def test_a_worker_process_reports_the_path_too(dataset: Path) -> None:
     saved = loader.save_state_rank()
     loader = _loader(dataset, workers=1)
     loader.restore_state_rank(_changed(saved, (*SRC, "open", 0, 0), 10**6))
-    with pytest.raises(StateError, match=r"\$\.worker_states\[0\]\.source\.source\.source\.open\[0\]\[0\]"):
+    with pytest.raises(StateError, match=r"\$\.worker_states\[0\]\.source\.source\.source\.source\.open\[0\]\[0\]"):
         next(iter(loader))
 
 
@@ -205,8 +205,8 @@ def _twice(item: dict, index: int):
 
 
 STAGES: dict[str, Callable[[], Node]] = {
-    "limit": lambda: LimitNode(ListSource(WORDS), 5),
-    "epochize": lambda: EpochizeNode(ListSource(WORDS), 4),
+    "limit": lambda: PassNode(ListSource(WORDS), 5, restart=True),
+    "epochize": lambda: PassNode(ListSource(WORDS), 4),
     "concat": lambda: ConcatNode([ListSource(WORDS[:3]), ListSource(WORDS[3:])]),
     "map": lambda: MapNode(ListSource(WORDS), _twice),
     "plainmap": lambda: MapNode(ListSource(WORDS), lambda item, index: item),
@@ -214,7 +214,7 @@ STAGES: dict[str, Callable[[], Node]] = {
     "batch": lambda: BatchNode(ListSource(WORDS), 3, lambda items, index: [i["value"] for i in items]),
     "shuffle": lambda: ShuffleBufferNode(ListSource(WORDS), 4, seed=1),
     "repeat": lambda: RepeatNode(ListSource(WORDS), 1.5, worker_samples=len(WORDS)),
-    "blend": lambda: BlendNode([LimitNode(ListSource(WORDS), 5), LimitNode(ListSource(WORDS), 5)], [1, 1], seed=3),
+    "blend": lambda: BlendNode([PassNode(ListSource(WORDS), 5, restart=True), PassNode(ListSource(WORDS), 5, restart=True)], [1, 1], seed=3),
     "exact": lambda: BlendNode([ListSource(WORDS), ListSource(WORDS)], [2, 1], seed=3, mode="exact"),
     "pack": lambda: PackNode(ListSource(WORDS), 4, _pairs, _join),
     "genpack": lambda: PackNode(ListSource(WORDS), 4, _pairs, _explode),

@@ -5,9 +5,9 @@ from resume import END, ListSource, check_resume_at_every_step, list_item, run
 
 from megatron_energon_lite.errors import FatalSampleError, SkipSample, StateError
 from megatron_energon_lite.pipeline.guard import SampleGuard
-from megatron_energon_lite.pipeline.limit import LimitNode
 from megatron_energon_lite.pipeline.map import MapNode
 from megatron_energon_lite.pipeline.node import as_key, key_to_json
+from megatron_energon_lite.pipeline.passes import PassNode
 
 VALUES = [3, 0, 2, 5, 1, 0, 4]
 
@@ -101,7 +101,7 @@ def test_failure_counter_survives_a_restore() -> None:
         return item
 
     def make() -> MapNode:
-        return MapNode(LimitNode(ListSource([1, 2, 3, 5]), 4), fail_on_odd, guard=silent_guard(tolerance=3))
+        return MapNode(PassNode(ListSource([1, 2, 3, 5]), 4, restart=True), fail_on_odd, guard=silent_guard(tolerance=3))
 
     node = make()
     assert run(node, 2) == [(("Map", 1, "List", 1), {**list_item([1, 2, 3, 5], 1), "__restore_key__": ("Map", 1, "List", 1)}), END]

@@ -1,0 +1,100 @@
+"""One rank's loader state: what ``save_state_rank`` writes and ``restore_state_rank`` reads.
+
+Plain JSON on disk, a checked :class:`RankState` in memory: the loader builds one from its own
+counters to save, and parses (and checks) one to restore, so no other class's fields are written
+from outside.  Version 2 (this one) puts a ``Pass`` stage (``pipeline/passes.py``) on top of every
+worker pipeline that had none; version 1 states are upgraded on load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._version import __version__
+from .errors import StateError, format_message
+from .pipeline.passes import upgrade_v1_worker_state
+from .pipeline.state_check import check_bool, check_index, check_list, invalid
+from .worker import WorkerConfig
+
+__all__ = ["STATE_VERSION", "RankState"]
+
+STATE_VERSION = 2
+#: Versions this one reads (older ones are upgraded).
+READABLE_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """A rank's position: each worker's pipeline state (None: the worker has not yielded yet),
+    whose turn is next, and whether the loop over the loader had ended when it was saved."""
+
+    #: ``Node.get_state()`` of each logical worker's pipeline after the last item it yielded.
+    worker_states: tuple[dict | None, ...]
+    #: The logical worker that yields next (restored loaders rotate workers so it goes first).
+    next_worker: int
+    #: Saved after the loop over the loader ended: a restored loader starts the next pass; saved
+    #: right after the last item, the restored pass has nothing left (Energon's behaviour).
+    pass_ended: bool
+    #: The loader's configuration fingerprint (``SavableDataset.config()``).
+    config: dict
+
+    def to_json(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "writer": f"megatron-energon-lite {__version__}",
+            "config": self.config,
+            # No copy needed: a worker's state object is replaced, never changed, when its next
+            # item arrives (and stages build a new state dict on every get_state()).
+            "worker_states": list(self.worker_states),
+            "next_worker": self.next_worker,
+            "pass_ended": self.pass_ended,
+        }
+
+    @classmethod
+    def from_json(cls, state: Any, *, config: dict, worker_config: WorkerConfig) -> RankState:
+        """Checks ``state`` against the loader that restores it (configuration and workers);
+        every error names the field and what was expected."""
+        if not isinstance(state, dict) or state.get("version") not in READABLE_VERSIONS or "worker_states" not in state:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise StateError(
+                format_message(
+                    "not a loader state of a version this one reads",
+                    expected=f"a dict from save_state_rank() with version {' or '.join(map(str, READABLE_VERSIONS))}",
+                    found=f"version {found!r}",
+                    fix="restore a state saved by megatron-energon-lite",
+                )
+            )
+        _check_config(state.get("config", {}), config)
+        workers = worker_config.workers_per_rank
+        if not isinstance(state["worker_states"], list):
+            raise invalid(("worker_states",), "a list of worker states, one per worker", state["worker_states"])
+        if len(state["worker_states"]) != workers:
+            raise StateError(format_message("the saved state has a different number of workers", expected=str(workers), found=str(len(state["worker_states"]))))
+        states = check_list(state["worker_states"], "worker_states", length=workers, of="worker states, one per worker")
+        for i, worker_state in enumerate(states):
+            if worker_state is not None and not isinstance(worker_state, dict):
+                raise invalid(("worker_states", i), "a pipeline state (a dict), or null for a worker that has not yielded yet", worker_state)
+        if state["version"] == 1:
+            states = [None if s is None else upgrade_v1_worker_state(s) for s in states]
+        return cls(
+            worker_states=tuple(states),
+            next_worker=check_index(state["next_worker"], workers, "next_worker", of="workers on this rank"),
+            pass_ended=check_bool(state.get("pass_ended", True), "pass_ended"),
+            config=config,
+        )
+
+
+def _check_config(saved: Any, current: dict) -> None:
+    saved = saved if isinstance(saved, dict) else {}
+    keys = sorted(set(saved) | set(current))
+    differences = [(k, saved.get(k, "<missing>"), current.get(k, "<missing>")) for k in keys if saved.get(k, "<missing>") != current.get(k, "<missing>")]
+    if differences:
+        lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in differences)
+        raise StateError(
+            format_message(
+                "the saved state belongs to a different loader configuration",
+                found="\n" + lines,
+                fix="build the loader with the saved values (elastic resume across world sizes is not available yet)",
+            )
+        )

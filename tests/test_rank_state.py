@@ -1,0 +1,71 @@
+"""Loader states of version 1 (megatron-energon-lite 0.1, before the Pass stage) restore into this
+version and continue exactly as 0.1 did; this version saves version 2.
+
+``data/v1_states.json`` holds states and the batches 0.1 read around them, written by 0.1 itself
+(``data/make_v1_states.py`` says how); the same helpers run here against this version.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_energon_lite import StateError
+
+DATA = Path(__file__).parent / "data"
+_spec = importlib.util.spec_from_file_location("make_v1_states", DATA / "make_v1_states.py")
+v1 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(v1)
+FIXTURE = json.loads((DATA / "v1_states.json").read_text())
+FIXTURE_ROOT = "/tmp/v1_data"  # where 0.1 made the dataset (its path is in the saved config)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return v1.make_dataset(tmp_path_factory.mktemp("v1") / "text")
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE["scenarios"]))
+def test_a_version_1_state_resumes_as_0_1_did(dataset: Path, name: str) -> None:
+    case = FIXTURE["scenarios"][name]
+
+    def loader():
+        return v1.make_loader(dataset, case["train"], case["options"], case["workers"])
+
+    # Iteration order is unchanged: this version reads what 0.1 read, before and after the save.
+    uninterrupted = loader()
+    before, it = v1.read(uninterrupted, case["passes"], case["batches"], case["loop_ended"])
+    assert before == case["before"]
+    assert uninterrupted.save_state_rank()["version"] == 2
+    assert v1.continuation(uninterrupted, it) == case["after"]
+
+    restored = loader()
+    state = json.loads(json.dumps(case["state"]).replace(FIXTURE_ROOT, str(dataset)))
+    assert state["config"] == restored.config()  # the configuration fingerprint did not change
+    restored.restore_state_rank(state)
+    assert v1.continuation(restored, None) == case["after"]
+
+
+def test_a_version_2_state_resumes_exactly_after_a_pass_ended(dataset: Path) -> None:
+    """Saved after the loop ended (pass_ended), restored: the next pass, as the uninterrupted run."""
+    make = lambda: v1.make_loader(dataset, False, {}, 2)  # noqa: E731
+    loader = make()
+    list(loader)
+    state = loader.save_state_rank()
+    assert state["version"] == 2 and state["pass_ended"] is True
+    assert all(worker["stage"] == "Pass" for worker in state["worker_states"])
+    expected = v1.continuation(loader, None)
+    restored = make()
+    restored.restore_state_rank(json.loads(json.dumps(state)))
+    assert v1.continuation(restored, None) == expected
+
+
+def test_an_unknown_state_version_is_refused(dataset: Path) -> None:
+    loader = v1.make_loader(dataset, False, {}, 0)
+    state = loader.save_state_rank()
+    with pytest.raises(StateError, match="version 1 or 2") as raised:
+        loader.restore_state_rank({**state, "version": 3})
+    assert "found: version 3" in str(raised.value)
