@@ -7,13 +7,22 @@ version and continue exactly as 0.1 did; this version saves version 2.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
-from megatron_energon_lite import StateError
+from megatron_energon_lite import (
+    DefaultTaskEncoder,
+    StateError,
+    WorkerConfig,
+    energon_mode,
+    get_savable_loader,
+    get_val_dataset,
+)
 
 DATA = Path(__file__).parent / "data"
 _spec = importlib.util.spec_from_file_location("make_v1_states", DATA / "make_v1_states.py")
@@ -69,3 +78,38 @@ def test_an_unknown_state_version_is_refused(dataset: Path) -> None:
     with pytest.raises(StateError, match="version 1 or 2") as raised:
         loader.restore_state_rank({**state, "version": 3})
     assert "found: version 3" in str(raised.value)
+
+
+class SameText(DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        return sample
+
+
+class UpperText(DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        return dataclasses.replace(sample, text=sample.text.upper())
+
+
+def test_another_task_encoder_is_refused_unless_running_as_energon(dataset: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def loader(encoder):
+        config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+        return get_savable_loader(get_val_dataset(dataset, split_part="train", batch_size=3, worker_config=config, task_encoder=encoder))
+
+    saving = loader(SameText())
+    it = iter(saving)
+    next(it)
+    state = saving.save_state_rank()
+    expected = [list(batch.__key__) for batch in it]
+    with pytest.raises(StateError, match="task_encoder: saved 'SameText', now 'UpperText'"):
+        loader(UpperText()).restore_state_rank(state)
+    energon_mode.enable()
+    try:
+        restored = loader(UpperText())
+        with caplog.at_level(logging.WARNING):
+            restored.restore_state_rank(state)
+        batches = list(restored)
+    finally:
+        energon_mode.disable()
+    assert "restoring a state saved with another task_encoder" in caplog.text
+    assert [list(batch.__key__) for batch in batches] == expected
+    assert all(text == text.upper() for batch in batches for text in batch.text)
