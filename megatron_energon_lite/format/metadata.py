@@ -258,7 +258,8 @@ def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False) -> D
     counts = raw["shard_counts"]
     check_mapping(counts, file=path, key_path="shard_counts", allowed=None)
     # Checked in bulk first (a dataset may list 10,000s of shards); one by one for the error.
-    all_fine = _plain_names(counts) and all(type(count) is int and count >= 0 for count in counts.values())
+    values = list(counts.values())
+    all_fine = _plain_names(counts) and set(map(type, values)) <= {int} and (not values or min(values) >= 0)
     for shard, count in () if all_fine else counts.items():
         check_shard_name(shard, where=f"{path}: shard_counts", allow_outside_root=allow_outside_root)
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -307,8 +308,8 @@ class SplitConfig:
             )
         key_path = f"split_parts.{split_part}"
         patterns = self.split_parts[split_part]
-        if known is not None and not any("{" in p or "}" in p for p in patterns) and len(set(patterns)) == len(patterns) and known.keys() >= set(patterns):
-            return list(patterns)  # the usual split: plain, distinct, indexed names (the loop finds the error otherwise)
+        if known is not None and _plain_distinct_known(patterns, known):
+            return list(patterns)  # the usual split (the loop below finds and names the error otherwise)
         names: dict[str, int] = {}  # shard -> the entry that named it first
         for entry, pattern in enumerate(patterns):
             for name in _expand(pattern, self.path, f"{key_path}[{entry}]"):
@@ -339,6 +340,13 @@ class SplitConfig:
 
     def expanded_excludes(self) -> list[str]:
         return [s for pattern in self.exclude for s in _expand(pattern, self.path, "exclude")]
+
+
+def _plain_distinct_known(patterns: list[str], known: Mapping[str, int]) -> bool:
+    """True when ``patterns`` are plain shard names (no braces), each named once and indexed."""
+    joined = "\n".join(patterns)
+    distinct = set(patterns)
+    return "{" not in joined and "}" not in joined and len(distinct) == len(patterns) and distinct <= known.keys()
 
 
 def _expand(pattern: str, path: Path | None, key_path: str) -> Iterable[str]:
@@ -392,6 +400,8 @@ _PLAIN_VALUE = r"[A-Za-z0-9_][A-Za-z0-9_./{}-]*"
 _PLAIN_ITEM = re.compile(rf"( *)- {_PLAIN_VALUE}")
 #: First characters of plain scalars that YAML may read as something other than a string.
 _TYPED_FIRST = frozenset(c for c in yaml.SafeLoader.yaml_implicit_resolvers if c)
+#: A line (after a newline) that starts with one of those characters.
+_TYPED_LINE_START = re.compile(rf"\n[{re.escape(''.join(sorted(_TYPED_FIRST)))}]")
 
 
 @functools.lru_cache(maxsize=16)
@@ -430,8 +440,12 @@ def _plain_split_yaml(text: str) -> dict[str, Any] | None:
             if owner is None or item_indent is not None or indent < owner_indent:
                 return None  # no list here, or a second run of items at another indent
             run = _item_run(indent).match(text, pos)
-            values = [item[indent + 2 :] for item in text[pos : run.end()].split("\n") if item]
-            if any(value[0] in _TYPED_FIRST and _implicitly_typed(value) for value in values):
+            prefix = " " * indent + "- "
+            # Every line of the run starts with ``prefix``: drop it from each, then split.
+            values = text[pos + len(prefix) : run.end()].replace("\n" + prefix, "\n").split("\n")
+            if not values[-1]:
+                values.pop()  # the run ended with a newline
+            if _TYPED_LINE_START.search("\n" + "\n".join(values)) and any(map(_implicitly_typed, values)):
                 return None
             owner[owner_key] = values
             item_indent = indent
@@ -478,7 +492,7 @@ def _implicitly_typed(value: str) -> bool:
 def _string_list(value: Any, path: Path, key_path: str) -> list[str]:
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not (set(map(type, value)) <= {str} or all(isinstance(v, str) for v in value)):
         raise ConfigError(
             format_message(
                 "expected a list of shard paths",
@@ -525,18 +539,26 @@ class ShardSpec(NamedTuple):
 
 @dataclass
 class ResolvedSplit:
-    """A split's shards in read order and the sample keys excluded inside them."""
+    """A split's shards in read order and the sample keys excluded inside them.
+
+    Names and counts are two lists (every rank of a job makes this for 10,000s of shards; the
+    :class:`ShardSpec` pairs are made only when asked for)."""
 
     root: AnyPath
     split_part: str
-    shards: list[ShardSpec]
+    names: list[str]  # shard paths relative to root, in read order
+    counts: list[int]  # their sample counts
     excluded_keys: dict[str, frozenset[str]]  # shard name -> keys skipped when read
     stats: dict[str, FileStat] = field(default_factory=dict)  # shard and index name -> size and version
 
     @functools.cached_property
+    def shards(self) -> list[ShardSpec]:
+        return list(map(ShardSpec, self.names, self.counts))
+
+    @functools.cached_property
     def shard_starts(self) -> tuple[int, ...]:
         """Split index of the first sample of each shard, then the total."""
-        return tuple(accumulate((shard.count for shard in self.shards), initial=0))
+        return tuple(accumulate(self.counts, initial=0))
 
     @property
     def total_samples(self) -> int:
@@ -578,21 +600,22 @@ def resolve_split(
             )
             continue
         excluded_keys.setdefault(shard, set()).add(entry[len(shard) + 1 :])
-    shards = [ShardSpec(name, known[name]) for name in shard_names if name not in excluded_shards]
+    names = [name for name in shard_names if name not in excluded_shards] if excluded_shards else shard_names
     # Remotely, shards and their indexes come in one listing per folder (the reader reuses the
     # stats).  Locally nothing is looked at here: a shard is stat'ed when it is first read, so a
     # rank of a large job touches only its own shards (10,000 stats on a parallel filesystem,
     # per rank, would cost more than the whole build).
     stats: dict[str, FileStat] = {}
     if isinstance(root, RemotePath):
-        stats = list_files(root, [n for shard in shards for n in (shard.name, index_name(shard.name))])
-        for shard in shards:
-            if shard.name not in stats:
-                raise missing_shard_error(root / shard.name)
+        stats = list_files(root, [n for name in names for n in (name, index_name(name))])
+        for name in names:
+            if name not in stats:
+                raise missing_shard_error(root / name)
     resolved = ResolvedSplit(
         root=root,
         split_part=split_part,
-        shards=shards,
+        names=names,
+        counts=list(map(known.__getitem__, names)),
         excluded_keys={k: frozenset(v) for k, v in excluded_keys.items()},
         stats=stats,
     )

@@ -71,7 +71,7 @@ class SplitReader:
             allow_empty=allow_empty, allow_outside_root=allow_outside_root,
         )
         self._starts = self.split.shard_starts
-        self._indexes: list[np.ndarray | None] = [None] * len(self.split.shards)
+        self._indexes: list[np.ndarray | None] = [None] * len(self.split.names)
         self._paths: dict[int, AnyPath] = {}  # made on first use: a split may have 10,000s of shards
         self._pool = pool or file_pool(self.root)
         self._reads_ahead = isinstance(self._pool, RemoteFilePool)  # local: the page cache does
@@ -87,7 +87,7 @@ class SplitReader:
     def shard_path(self, shard: int) -> AnyPath:
         path = self._paths.get(shard)
         if path is None:
-            path = self._paths[shard] = self.root / self.split.shards[shard].name
+            path = self._paths[shard] = self.root / self.split.names[shard]
         return path
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -100,16 +100,16 @@ class SplitReader:
     def _index(self, shard: int) -> np.ndarray:
         offsets = self._indexes[shard]
         if offsets is None:
-            spec = self.split.shards[shard]
+            name = self.split.names[shard]
             path = self.shard_path(shard)
-            stat = self.split.stats.get(spec.name) or file_stat(path)  # local: stat'ed on first read
+            stat = self.split.stats.get(name) or file_stat(path)  # local: stat'ed on first read
             if stat is None:
                 raise missing_shard_error(path)
             offsets = read_tar_index(
                 path,
-                expected_samples=spec.count,
-                tar_size=None if stat is None else stat.size,
-                index_stat=self.split.stats.get(index_name(spec.name)),
+                expected_samples=self.split.counts[shard],
+                tar_size=stat.size,
+                index_stat=self.split.stats.get(index_name(name)),
                 read=lambda offset, size: self._pool.read(path, offset, size),
             )
             self._indexes[shard] = offsets
@@ -123,7 +123,7 @@ class SplitReader:
         return shard, start, int(offsets[local + 1])
 
     def is_excluded(self, shard: int, key: str) -> bool:
-        excluded = self.split.excluded_keys.get(self.split.shards[shard].name)
+        excluded = self.split.excluded_keys.get(self.split.names[shard])
         return excluded is not None and key in excluded
 
     def read(self, index: int, *, wanted: frozenset[str] | None = None, read_until: int | None = None) -> RawSample | None:
@@ -133,7 +133,7 @@ class SplitReader:
         a remote read may fetch their bytes in the same request.
         """
         shard, start, end = self.byte_range(index)
-        name = self.split.shards[shard].name
+        name = self.split.names[shard]
         where = f"{self.shard_path(shard)} sample {index - self._starts[shard]} (bytes {start}..{end})"
         readahead_end = None
         if self._reads_ahead and read_until is not None and read_until > index:

@@ -223,7 +223,10 @@ def _dataset_slices(spec: PipelineSpec) -> list[list[list[tuple[int, int]]]]:
 
 
 def _leaf_samples(slices: list[tuple[int, int]]) -> int:
-    return sum(end - start for start, end in slices)
+    if not slices:
+        return 0
+    starts, ends = zip(*slices)
+    return sum(ends) - sum(starts)
 
 
 def _repeated(samples: int, repetitions: float) -> int:

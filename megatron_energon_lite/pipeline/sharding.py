@@ -24,9 +24,11 @@ Sharding depends on the topology only through the number of global workers ``W``
 
 from __future__ import annotations
 
+import operator
 import sys
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import compress
 
 from ..errors import ConfigError, format_message
 from ..format.metadataset import (
@@ -126,11 +128,11 @@ def _check_rotation_offset(rotation_offset: object) -> int:
 
 
 def _check_shard_starts(shard_starts: Sequence[int], total_samples: int | None = None) -> list[int]:
-    starts = [int(s) for s in shard_starts]
+    starts = list(map(int, shard_starts))
     problem = None
     if not starts or starts[0] != 0:
         problem = "it does not start with 0"
-    elif any(b < a for a, b in zip(starts, starts[1:])):
+    elif not all(map(operator.le, starts, starts[1:])):
         problem = "it decreases somewhere"
     elif total_samples is not None and starts[-1] != total_samples:
         problem = f"it ends with {starts[-1]}, not total_samples={total_samples}"
@@ -371,7 +373,7 @@ def _slice_ranges(start: int, end: int, starts: list[int], msps: int | None) -> 
     pieces = zip(bounds, bounds[1:])
     # 2. Split each within-shard piece by max_samples_per_sequence (see _split_piece).
     if msps is None:
-        return [(a, b) for a, b in pieces if a < b]
+        return list(compress(pieces, map(operator.lt, bounds, bounds[1:])))
     return [piece for a, b in pieces for piece in _split_piece(a, b, msps)]
 
 
