@@ -20,8 +20,9 @@ _FILES = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 @dataclass(frozen=True)
-class RankState:
-    """One rank's saved loader state, as read from a checkpoint file."""
+class SavedRank:
+    """One rank's saved loader state as a checkpoint file holds it (unchecked: any configuration;
+    ``rank_state.RankState`` is the checked form a loader restores)."""
 
     file: Path
     index: int  # position in a global checkpoint's list; 0 for a per-rank file
@@ -62,17 +63,17 @@ def _is_state(value: object) -> bool:
     return isinstance(value, dict) and "worker_states" in value and isinstance(value["worker_states"], list)
 
 
-def read_rank_states(files: tuple[Path, ...]) -> tuple[bool, list[RankState]]:
+def read_rank_states(files: tuple[Path, ...]) -> tuple[bool, list[SavedRank]]:
     """(whether it is one global checkpoint, every rank's state in rank order)."""
-    states: list[RankState] = []
+    states: list[SavedRank] = []
     is_global = False
     for file in files:
         data = _load(file)
         if isinstance(data, list) and data and all(_is_state(s) for s in data):
             is_global = True
-            states += [RankState(file, i, s) for i, s in enumerate(data)]
+            states += [SavedRank(file, i, s) for i, s in enumerate(data)]
         elif _is_state(data):
-            states.append(RankState(file, 0, data))
+            states.append(SavedRank(file, 0, data))
         else:
             raise ValueProblem(
                 format_message(

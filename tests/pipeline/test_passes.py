@@ -17,14 +17,14 @@ from megatron_energon_lite.pipeline.repeat import RepeatNode
 VALUES = list(range(7))
 
 
-def passes(events: list) -> list[list]:
-    """Splits a stream at END markers into the values of each pass."""
+def passes(events: list, pick=lambda event: event[1]["value"]) -> list[list]:
+    """Splits a stream at END markers into each pass's items (their values, or what ``pick`` takes)."""
     result: list[list] = [[]]
     for event in events:
         if event is END:
             result.append([])
         else:
-            result[-1].append(event[1]["value"])
+            result[-1].append(pick(event))
     return result
 
 
@@ -81,13 +81,7 @@ LIMITED = list(range(100, 109))  # 9 items
 
 
 def keys_of_passes(events: list) -> list[list]:
-    result: list[list] = [[]]
-    for event in events:
-        if event is END:
-            result.append([])
-        else:
-            result[-1].append(event[0])
-    return result
+    return passes(events, pick=lambda event: event[0])
 
 
 @pytest.mark.parametrize("length", [1, 4, 9])
@@ -185,3 +179,4 @@ def test_version_1_states_take_the_pass_shape() -> None:
     }
     epochized = {"stage": "Epochize", "offset": 1, "source": {"stage": "List", "epoch": 2, "position": 0}}
     assert upgrade_v1_worker_state(epochized) == {"stage": "Pass", "offset": 1, "source": {"stage": "List", "epoch": 2, "position": 0}}
+

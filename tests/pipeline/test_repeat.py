@@ -116,3 +116,10 @@ def test_reset_none_starts_at_epoch_zero() -> None:
 @pytest.mark.parametrize("repeats", [None, 2])
 def test_resume_at_every_step(repeats: int | None) -> None:
     check_resume_at_every_step(lambda: RepeatNode(ListSource(VALUES), repeats), steps=14)
+
+
+def test_start_epoch_on_a_chain_that_cannot_names_the_stage_that_stops_it() -> None:
+    chain = MapNode(ConcatNode([ListSource(VALUES)]), lambda item, index: item)
+    with pytest.raises(ConfigError, match="Map stage cannot start a new epoch") as raised:
+        chain.start_epoch(1)
+    assert "Map <- Concat" in str(raised.value)
