@@ -96,6 +96,9 @@ class PipelineDataset(SavableDataset):
     def config(self) -> dict[str, Any]:
         return self._config
 
+    def with_topology(self, worker_config: WorkerConfig) -> PipelineDataset:
+        return PipelineDataset(self.spec.with_topology(worker_config))
+
     @property
     def passes_continue(self) -> bool:
         # Virtual epochs and val limits split one stream into passes; the pipeline keeps going.
@@ -383,7 +386,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
-        restored = RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config)
+        self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config))
+
+    def _restore(self, restored: RankState) -> None:
+        if self._started:
+            raise StateError(format_message("a loader state must be restored before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         self.dataset.restore(restored)
         self._worker_states = list(restored.worker_states)
         self._next_worker = self._first_worker = restored.next_worker
@@ -402,20 +409,29 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         return gathered
 
     def restore_state_global(self, states: list[dict] | None, *, src_rank: int | None = None) -> None:
-        """Restores this rank's entry of ``states`` (scattered from ``src_rank`` when given)."""
+        """Restores from every rank's state (``save_state_global``; sent from ``src_rank`` when
+        given).  Saved on the same topology, this rank takes its own entry; saved on another
+        number of ranks or workers, the rest of the running epoch is divided over this topology
+        (``elastic.py``: every sample not yet delivered comes once)."""
         import torch.distributed as dist
 
         if src_rank is not None and dist.is_available() and dist.is_initialized():
-            received: list[Any] = [None]
-            group = self.worker_config.data_parallel_group
-            dist.scatter_object_list(received, states if dist.get_rank() == src_rank else None, src=src_rank, group=group)
-            self.restore_state_rank(received[0])
-            return
+            box: list[Any] = [states if dist.get_rank() == src_rank else None]
+            dist.broadcast_object_list(box, src=src_rank, group=self.worker_config.data_parallel_group)
+            states = box[0]
         if states is None:
             return
-        if len(states) != self.worker_config.world_size:
-            raise StateError(format_message("global state has the wrong number of ranks", expected=str(self.worker_config.world_size), found=str(len(states)), fix="restore with the world size the state was saved with (elastic resume is not available yet)"))
-        self.restore_state_rank(states[self.worker_config.rank])
+        wc = self.worker_config
+        saved = [s.get("config", {}) if isinstance(s, dict) else {} for s in states] if isinstance(states, (list, tuple)) else []
+        same_topology = len(states) == wc.world_size and all(
+            c.get("worker_config.world_size") == wc.world_size and c.get("worker_config.num_workers") == wc.num_workers for c in saved
+        )
+        if same_topology:
+            self.restore_state_rank(states[wc.rank])
+            return
+        from .elastic import elastic_rank_state
+
+        self._restore(elastic_rank_state(states, self.savable_dataset, wc))
 
     def restore_sample(self, restore_key: tuple) -> Any:
         """Rebuilds a sample or batch from its ``__restore_key__`` by random access."""

@@ -18,11 +18,13 @@ from .pipeline.passes import upgrade_v1_worker_state
 from .pipeline.state_check import check_bool, check_index, check_list, invalid
 from .worker import WorkerConfig
 
-__all__ = ["STATE_VERSION", "RankState"]
+__all__ = ["STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config"]
 
 STATE_VERSION = 2
 #: Versions this one reads (older ones are upgraded).
 READABLE_VERSIONS = (1, 2)
+#: The parts of a loader's configuration that an elastic restore (``elastic.py``) may change.
+TOPOLOGY_KEYS = ("worker_config.rank", "worker_config.world_size", "worker_config.num_workers")
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class RankState:
                     fix="restore a state saved by megatron-energon-lite",
                 )
             )
-        _check_config(state.get("config", {}), config)
+        check_same_config(state.get("config", {}), config)
         workers = worker_config.workers_per_rank
         if not isinstance(state["worker_states"], list):
             raise invalid(("worker_states",), "a list of worker states, one per worker", state["worker_states"])
@@ -92,9 +94,11 @@ class RankState:
 _ENERGON_DOES_NOT_CHECK = ("task_encoder", "decoder")
 
 
-def _check_config(saved: Any, current: dict) -> None:
+def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = (), where: str | None = None) -> None:
+    """Refuses a state saved by a loader of another configuration, listing every difference
+    ("saved X, now Y"); keys in ``ignore`` may differ."""
     saved = saved if isinstance(saved, dict) else {}
-    keys = sorted(set(saved) | set(current))
+    keys = sorted((set(saved) | set(current)) - set(ignore))
     differences = [(k, saved.get(k, "<missing>"), current.get(k, "<missing>")) for k in keys if saved.get(k, "<missing>") != current.get(k, "<missing>")]
     allowed = [k for k, _, _ in differences if k in _ENERGON_DOES_NOT_CHECK]
     if allowed and energon_mode.enabled():
@@ -102,10 +106,15 @@ def _check_config(saved: Any, current: dict) -> None:
         differences = [d for d in differences if d[0] not in _ENERGON_DOES_NOT_CHECK]
     if differences:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in differences)
+        only_topology = {k for k, _, _ in differences} <= set(TOPOLOGY_KEYS)
         raise StateError(
             format_message(
                 "the saved state belongs to a different loader configuration",
+                where=where,
                 found="\n" + lines,
-                fix="build the loader with the saved values (elastic resume across world sizes is not available yet)",
+                fix="this state was saved on another topology: pass every rank's state to restore_state_global() "
+                "(the list save_state_global() returns) to resume on this one"
+                if only_topology
+                else "build the loader with the saved values",
             )
         )

@@ -113,20 +113,21 @@ def info(input_files: tuple[Path, ...]) -> None:
 @click.argument("output_path", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--new-world-size", type=click.IntRange(min=1), default=None, help="Number of ranks to redistribute to.")
 def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int | None) -> None:
-    """Redistribute a checkpoint for a new number of ranks (not supported yet: fails with 1).
+    """Redistribute a checkpoint for a new number of ranks (offline: not supported yet, fails with 1).
 
-    Energon's ``energon checkpoint redist`` moves worker states between ranks; energon-lite will
-    resume elastically instead, which is not available yet.
+    Energon's ``energon checkpoint redist`` moves worker states between ranks. Here the loader
+    does it when it restores: pass every rank's state to ``restore_state_global`` on the new
+    topology (it needs the dataset to divide the rest of the epoch, which this command has not).
     """
     _, states = read_rank_states(input_files)  # a file that is no checkpoint fails with its own message
     world, workers = len(states), states[0].num_workers
     target = f" to {new_world_size} ranks" if new_world_size is not None else ""
     raise ValueProblem(
         format_message(
-            f"redistributing a loader checkpoint{target} is not supported yet (elastic resume across rank counts is planned); nothing was written to {output_path}",
+            f"redistributing a loader checkpoint{target} offline is not supported yet; nothing was written to {output_path}",
             found=f"a checkpoint of {world} rank(s) x {workers} worker(s) per rank",
-            fix=f"resume with the topology it was saved with (world_size={world}, WorkerConfig(num_workers={workers})), "
-            "or, on a new topology, start the loader without restore_state_rank/restore_state_global (it begins a fresh pass)",
+            fix="on the new topology, give every rank the whole list of states: loader.restore_state_global(states) "
+            "divides the rest of the running epoch over the new ranks and workers (elastic resume)",
         )
     )
 

@@ -7,7 +7,15 @@ from typing import Any, Callable, ContextManager
 
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard
-from .node import Node, OneSourceNode, State, as_key, get_restore_key, set_restore_key
+from .node import (
+    Node,
+    OneSourceNode,
+    Remainder,
+    State,
+    as_key,
+    get_restore_key,
+    set_restore_key,
+)
 from .state_check import check_count, nested
 
 __all__ = ["BatchNode"]
@@ -92,6 +100,13 @@ class BatchNode(OneSourceNode[Any]):
             self.source.reset(state["source"])
         self._index = index
         self.guard.reset(failures)
+
+    # A batch is made in one call: nothing waits here between calls.
+    def undelivered(self) -> Remainder:
+        return self.source.undelivered()
+
+    def carry_in(self, remainder: Remainder) -> None:
+        self.source.carry_in(remainder)
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

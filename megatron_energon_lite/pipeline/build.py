@@ -106,6 +106,13 @@ class PipelineSpec:
             **{f"worker_config.{k}": v for k, v in self.worker_config.fingerprint().items()},
         }
 
+    def with_topology(self, worker_config: WorkerConfig) -> PipelineSpec:
+        """The same plan for another rank or topology (elastic resume), sharing the datasets
+        this spec read: nothing is read again."""
+        other = dataclasses.replace(self, worker_config=worker_config)
+        other.__dict__["datasets"] = self.datasets  # the cached_property's value
+        return other
+
     def _blend_fingerprint(self) -> dict[str, Any]:
         """The datasets of a blend (or val concatenation) and each one's target share of samples."""
         leaves = [leaf.describe() for leaf in self.plan.leaves]

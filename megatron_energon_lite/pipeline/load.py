@@ -37,6 +37,18 @@ from .node import set_restore_key
 RESTORE_TAG = "Webdataset"  # Energon's tag for a raw sample's restore key
 
 
+def source_index(restore_key: tuple) -> int | None:
+    """The split index of the one raw sample an item was made from, or None when it was made
+    from several or a part of one (a generator's output, a join, a batch): the key is
+    ``(tag, index)`` pairs of one-to-one stages ending with ``(RESTORE_TAG, index)``."""
+    key = tuple(restore_key)
+    if len(key) < 2 or len(key) % 2 or key[-2] != RESTORE_TAG:
+        return None
+    if not all(isinstance(key[i], str) and isinstance(key[i + 1], int) and not isinstance(key[i + 1], bool) for i in range(0, len(key), 2)):
+        return None
+    return key[-1]
+
+
 class SampleLoader:
     """Loads samples of one split of one dataset (a prepared folder or a ``.jsonl`` file)."""
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from types import GeneratorType
 from typing import Any, Callable
 
-from ..errors import StateError, format_message
+from ..errors import NotSupportedError, StateError, format_message
 from .guard import DROPPED, SampleGuard
 from .node import (
     FORWARDS_EPOCHS,
     Node,
     OneSourceNode,
+    Remainder,
     State,
     as_key,
     get_restore_key,
@@ -166,6 +167,21 @@ class MapNode(OneSourceNode[Any]):
                 fix="make the map deterministic, or seed its randomness from the sample index",
             )
         )
+
+    def undelivered(self) -> Remainder:
+        if self._gen is not None:
+            raise NotSupportedError(
+                format_message(
+                    f"the {self.tag} stage was between two outputs of a generator when the state was saved; "
+                    "its sample cannot be moved to another topology",
+                    found=f"input {self._gen_key!r}, {self._emitted} output(s) delivered",
+                    fix="restore on the topology the state was saved with",
+                )
+            )
+        return self.source.undelivered()
+
+    def carry_in(self, remainder: Remainder) -> None:
+        self.source.carry_in(remainder)
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

@@ -24,9 +24,10 @@ state never needs an RNG blob.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Iterator, Sequence, TypeVar
 
-from ..errors import ConfigError, StateError, format_message
+from ..errors import ConfigError, NotSupportedError, StateError, format_message
 from .state_check import state_path
 
 T = TypeVar("T")
@@ -37,6 +38,15 @@ State = dict[str, Any]
 OWNS_EPOCHS = "owns"
 #: ``Node.epochs``: the stage passes ``start_epoch`` on to its inputs (it keeps no epoch of its own).
 FORWARDS_EPOCHS = "forwards"
+
+
+@dataclass(frozen=True)
+class Remainder:
+    """What a worker had not delivered of its running epoch: split index ranges ``[start, end)``
+    (the unread part of its slices, and samples waiting in its buffers), for elastic resume."""
+
+    epoch: int
+    ranges: list[tuple[int, int]]
 
 
 class Node(Generic[T]):
@@ -69,6 +79,23 @@ class Node(Generic[T]):
         """For stages that end passes: the state just restored was saved after the loop over the
         loader ended (see ``passes.PassNode.pass_was_over``)."""
         raise NotImplementedError(f"{type(self).__name__} does not end passes")
+
+    def undelivered(self) -> Remainder:
+        """What this stage and those below hold or have still to read of the running epoch (for
+        restoring on another topology).  Stages that hold nothing between calls ask their input;
+        the others say what they hold or refuse."""
+        raise NotSupportedError(
+            format_message(
+                f"a loader with a {self.tag} stage cannot be restored on another topology yet",
+                expected="the saved number of ranks and workers",
+                fix="restore on the topology the state was saved with",
+            )
+        )
+
+    def carry_in(self, remainder: Remainder) -> None:
+        """After ``reset(None)``: read ``remainder`` first, as the rest of epoch ``remainder.epoch``,
+        then go on with the next epoch (the counterpart of :meth:`undelivered`)."""
+        self.undelivered()  # the same refusal
 
     def start_epoch(self, epoch: int) -> None:
         """Begins epoch ``epoch`` in place (after ``StopIteration`` ended epoch ``epoch - 1``); the
@@ -143,10 +170,17 @@ class OneSourceNode(Node[T]):
 
 class PassThroughNode(OneSourceNode[T]):
     """A stage whose items come out as they went in (shuffle, filter, repeat, passes): their
-    restore keys are the source's, and so is rebuilding them."""
+    restore keys are the source's, and so is rebuilding them.  It holds nothing between calls
+    unless it says otherwise (the shuffle buffer does)."""
 
     def restore(self, restore_key: tuple) -> T:
         return self.source.restore(restore_key)
+
+    def undelivered(self) -> Remainder:
+        return self.source.undelivered()
+
+    def carry_in(self, remainder: Remainder) -> None:
+        self.source.carry_in(remainder)
 
 
 class KeyedDict(dict):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..errors import ConfigError, format_message
-from .node import OWNS_EPOCHS, Node, PassThroughNode, State
+from ..errors import ConfigError, NotSupportedError, format_message
+from .node import OWNS_EPOCHS, Node, PassThroughNode, Remainder, State
 from .state_check import check_count, nested
 
 __all__ = ["RepeatNode"]
@@ -96,6 +96,26 @@ class RepeatNode(PassThroughNode[Any]):
             self.source.start_epoch(self._epoch)
         else:
             self.source.reset(None)
+
+    def undelivered(self) -> Remainder:
+        self._check_endless()
+        return self.source.undelivered()
+
+    def carry_in(self, remainder: Remainder) -> None:
+        """The carried remainder is the rest of epoch ``remainder.epoch``; then the next epochs."""
+        self._check_endless()
+        self.source.carry_in(remainder)
+        self._epoch, self._repetition, self._taken = remainder.epoch, 0, 0
+
+    def _check_endless(self) -> None:
+        if self.repeats is not None or not self.epochal:
+            raise NotSupportedError(
+                format_message(
+                    "a repeat with a fixed number of epochs (blend_epochized), or over stages that cannot start epochs, cannot be moved to another topology yet",
+                    found=f"repeats={self.repeats}",
+                    fix="restore on the topology the state was saved with",
+                )
+            )
 
     def get_state(self) -> State:
         return {"stage": self.tag, "epoch": self._epoch, "repetition": self._repetition, "taken": self._taken, "source": self.source.get_state()}

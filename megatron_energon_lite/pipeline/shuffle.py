@@ -12,8 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import NotSupportedError, format_message
 from ..rng import UniformStream
-from .node import Node, PassThroughNode, State, as_key, get_restore_key, key_to_json
+from .load import source_index
+from .node import (
+    Node,
+    PassThroughNode,
+    Remainder,
+    State,
+    as_key,
+    get_restore_key,
+    key_to_json,
+)
 from .state_check import check_count, check_list, invalid, nested
 
 
@@ -58,6 +68,23 @@ class ShuffleBufferNode(PassThroughNode):
 
     def get_state(self) -> State:
         return {"stage": self.tag, "buffer": list(self._keys), "draws": self._draws, "source": self.source.get_state()}
+
+    def undelivered(self) -> Remainder:
+        """The source's remainder and the samples waiting in the buffer (redistributed, not lost)."""
+        below = self.source.undelivered()
+        waiting = []
+        for key in self._keys:
+            index = source_index(as_key(key))
+            if index is None:
+                raise NotSupportedError(
+                    format_message(
+                        "a shuffle buffer holds an item that is not one whole sample; it cannot be moved to another topology yet",
+                        found=f"restore key {key!r}",
+                        fix="restore on the topology the state was saved with",
+                    )
+                )
+            waiting.append((index, index + 1))
+        return Remainder(below.epoch, [*below.ranges, *waiting])
 
     def _fill(self) -> None:
         while not self._source_done and len(self._items) < self.size:

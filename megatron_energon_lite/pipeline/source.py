@@ -10,7 +10,9 @@ order, one at a time.  The end of the slices is the end of an epoch (``StopItera
 State keys: ``epoch``, ``next_slice`` (position in this epoch's slice order of the next slice to
 open), ``open`` (``[slice id, samples taken]`` of each open slice, in draw order), ``draws`` (how
 many random draws this epoch has used), ``failures`` (consecutive samples that failed to load).
-Nothing else: the rest is recomputed.
+Nothing else: the rest is recomputed.  After an elastic restore (``carry_in``) the running epoch
+is the ranges carried over from the saved topology instead of this worker's own slices: they are
+in ``carried`` (``[start, end]`` split indices; slice ids ``len(slices) + i``) until it ends.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import bisect
 from itertools import accumulate
 from typing import Callable, Sequence
 
+from ..errors import NotSupportedError, format_message
 from ..rng import UniformStream
 from .guard import DROPPED, SampleGuard
 from .load import RESTORE_TAG, SampleLoader
-from .node import OWNS_EPOCHS, Node, State
+from .node import OWNS_EPOCHS, Node, Remainder, State
+from .sharding import SliceDraws
 from .state_check import check_count, check_index, check_list, invalid
 
 
@@ -55,13 +59,46 @@ class SliceSource(Node):
         self.guard = guard if guard is not None else SampleGuard(stage="load")
         self._stream: UniformStream | None = None
         self._stream_epoch: int | None = None
+        self._carried: list[tuple[int, int]] = []  # the running epoch's ranges after carry_in
         self.num_samples = sum(end - start for start, end in self.slices)
         self.reset()
 
     # --- state -------------------------------------------------------------------------------
     def start_epoch(self, epoch: int) -> None:
+        self._carried = []
+        self._begin(epoch)
+
+    def carry_in(self, remainder: Remainder) -> None:
+        """Epoch ``remainder.epoch`` is ``remainder.ranges`` (carried from another topology), read
+        like slices; the next epoch is this worker's own again."""
+        self._carried = [(int(start), int(end)) for start, end in remainder.ranges]
+        self._begin(remainder.epoch)
+
+    def undelivered(self) -> Remainder:
+        """The unread part of the open slices and the slices not opened yet, this epoch."""
+        if isinstance(self._order, SliceDraws):
+            raise NotSupportedError(
+                format_message(
+                    "slices drawn with replacement (shuffle_over_epochs_multiplier=-1) have no end of epoch to carry to another topology",
+                    fix="restore on the topology the state was saved with",
+                )
+            )
+        opened = [(self._slice(s)[0] + taken, self._slice(s)[1]) for s, taken in self._open]
+        pending = [self._slice(int(s)) for s in self._order[self._next_slice :]]
+        return Remainder(self._epoch, [*opened, *pending])
+
+    def _slice(self, slice_id: int) -> tuple[int, int]:
+        n = len(self.slices)
+        return self.slices[slice_id] if slice_id < n else self._carried[slice_id - n]
+
+    def _epoch_order(self, epoch: int):
+        if self._carried:
+            return list(range(len(self.slices), len(self.slices) + len(self._carried)))
+        return self.slice_order(len(self.slices), epoch)
+
+    def _begin(self, epoch: int) -> None:
         self._epoch = epoch
-        self._order = self.slice_order(len(self.slices), epoch)
+        self._order = self._epoch_order(epoch)
         self._next_slice = 0
         self._open: list[list[int]] = []
         self._draws = 0
@@ -76,13 +113,26 @@ class SliceSource(Node):
             return
         self.check_state(state, "epoch", "next_slice", "open", "draws", "failures")
         epoch = check_count(state["epoch"], "epoch", stage=self.tag)
-        order = self.slice_order(len(self.slices), epoch)
+        self._carried = self._check_carried(state.get("carried", []))
+        order = self._epoch_order(epoch)
         next_slice = check_count(state["next_slice"], "next_slice", stage=self.tag, high=len(order), high_reason="this worker's slices")
         open_slices = self._check_open(state["open"])
         draws = check_count(state["draws"], "draws", stage=self.tag)
         self.guard.reset(check_count(state["failures"], "failures", stage=self.tag))
         self._epoch, self._order, self._next_slice, self._open, self._draws = epoch, order, next_slice, open_slices, draws
         self._update_weights()
+
+    def _check_carried(self, value: object) -> list[tuple[int, int]]:
+        ranges = check_list(value, "carried", stage=self.tag)
+        result = []
+        for i, entry in enumerate(ranges):
+            check_list(entry, "carried", i, stage=self.tag, length=2, of="numbers: [start, end]")
+            start = check_count(entry[0], "carried", i, 0, stage=self.tag)
+            end = check_count(entry[1], "carried", i, 1, stage=self.tag, high=len(self.loader), high_reason="the samples of the split")
+            if end <= start:
+                raise invalid(("carried", i), "a range [start, end] with start < end", entry, stage=self.tag)
+            result.append((start, end))
+        return result
 
     def _check_open(self, value: object) -> list[list[int]]:
         """The saved ``open`` entries, each ``[slice id, samples taken]`` with the slice id one of
@@ -95,14 +145,14 @@ class SliceSource(Node):
         result: list[list[int]] = []
         for i, entry in enumerate(entries):
             check_list(entry, "open", i, stage=self.tag, length=2, of="numbers: [slice id, samples taken]")
-            slice_id = check_index(entry[0], len(self.slices), "open", i, 0, stage=self.tag, of="slices on this worker")
-            start, end = self.slices[slice_id]
+            slice_id = check_index(entry[0], len(self.slices) + len(self._carried), "open", i, 0, stage=self.tag, of="slices on this worker")
+            start, end = self._slice(slice_id)
             taken = check_count(entry[1], "open", i, 1, stage=self.tag, high=max(end - start - 1, 0), high_reason=f"slice {slice_id} holds {end - start} samples")
             result.append([slice_id, taken])
         return result
 
     def get_state(self) -> State:
-        return {
+        state = {
             "stage": self.tag,
             "epoch": self._epoch,
             "next_slice": self._next_slice,
@@ -110,6 +160,9 @@ class SliceSource(Node):
             "draws": self._draws,
             "failures": self.guard.failures,
         }
+        if self._carried:  # only after an elastic restore, until that epoch ends
+            state["carried"] = [list(r) for r in self._carried]
+        return state
 
     # --- iteration -----------------------------------------------------------------------------
     def _open_next(self) -> None:
@@ -118,7 +171,7 @@ class SliceSource(Node):
 
     def _update_weights(self) -> None:
         # Energon weighs an open slice by its total length, not by what is left of it.
-        self._cumulative = list(accumulate(self.slices[s][1] - self.slices[s][0] for s, _ in self._open))
+        self._cumulative = list(accumulate(self._slice(s)[1] - self._slice(s)[0] for s, _ in self._open))
 
     def _pick(self) -> int:
         if len(self._open) == 1:
@@ -134,7 +187,7 @@ class SliceSource(Node):
         while self._open:
             position = self._pick()
             entry = self._open[position]
-            start, end = self.slices[entry[0]]
+            start, end = self._slice(entry[0])
             index = start + entry[1]
             entry[1] += 1
             if start + entry[1] >= end:

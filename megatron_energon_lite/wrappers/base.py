@@ -14,7 +14,7 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 
 import torch.utils.data
 
-from ..errors import ConfigError, format_message
+from ..errors import ConfigError, NotSupportedError, format_message
 from ..pipeline.build import share
 from ..pipeline.guard import SampleGuard
 from ..pipeline.hooks import stage_hook
@@ -55,6 +55,16 @@ class SavableDataset(torch.utils.data.IterableDataset, Generic[T]):
     def config(self) -> dict[str, Any]:
         """Plain JSON describing what this dataset yields, saved with states and checked on restore."""
         raise NotImplementedError
+
+    def with_topology(self, worker_config: WorkerConfig) -> SavableDataset[T]:
+        """The same dataset for another rank or topology (elastic resume, ``elastic.py``)."""
+        raise NotSupportedError(
+            format_message(
+                f"restoring a {type(self).__name__} on another topology is not supported yet: only the datasets "
+                "get_train_dataset / get_val_dataset build (not composed wrappers)",
+                fix="restore on the topology the state was saved with",
+            )
+        )
 
     @property
     def passes_continue(self) -> bool:

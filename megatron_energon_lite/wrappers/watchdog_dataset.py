@@ -88,6 +88,9 @@ class WatchdogDataset(BaseWrapperDataset[T]):
     def config(self) -> dict[str, Any]:
         return self.dataset.config()
 
+    def with_topology(self, worker_config: WorkerConfig) -> WatchdogDataset[T]:
+        return WatchdogDataset(self.dataset.with_topology(worker_config), worker_config, timeout_seconds=self.timeout_seconds, initial_timeout_seconds=self.initial_timeout_seconds, fail_on_timeout=self.fail_on_timeout)
+
     def reset_state_own(self) -> None:
         """Energon's hook; the watchdog has no state of its own."""
 

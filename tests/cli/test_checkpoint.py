@@ -58,7 +58,7 @@ def test_redist_is_not_supported_yet_and_says_what_to_do(rank_states: list[dict]
     out = tmp_path / "out"
     result = CliRunner().invoke(command_redist, [str(global_file), str(out), "--new-world-size", "1"])
     assert result.exit_code == 1
-    assert "not supported yet" in result.output and "world_size=2" in result.output and "num_workers=1" in result.output
+    assert "not supported yet" in result.output and "2 rank(s) x 1 worker(s)" in result.output and "restore_state_global" in result.output
     assert not out.exists()
 
 

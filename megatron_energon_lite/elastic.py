@@ -1,0 +1,127 @@
+"""Elastic resume: the states of every rank of one topology, restored on another.
+
+The saved run's workers each hold a position in their share of the running epoch.  What they had
+not delivered yet (the unread part of their slices, and what waits in their shuffle buffers) is
+collected from all of them, in global sample order, and divided over the new topology's workers
+in contiguous, near-equal shares; each new worker reads its share first, then goes on with the
+next epoch in the new topology's own order.  So for the running epoch every sample the saved run
+had not delivered is delivered once, none it had delivered comes again.
+
+Supported so far: one dataset (no blend), with the stages source, endless repeat, map/filter,
+shuffle buffer, batch, virtual epochs / limits.  Packing and grouping buffers, blends and
+``repeat=False`` passes over several epochs are refused with an error that names the stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .errors import StateError, format_message
+from .pipeline.node import Remainder
+from .pipeline.passes import on_top
+from .rank_state import TOPOLOGY_KEYS, RankState, check_same_config
+from .worker import WorkerConfig
+
+__all__ = ["Topology", "elastic_rank_state", "merge_ranges", "share_remainder", "topology_of"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    world_size: int
+    num_workers: int
+
+    @property
+    def workers_per_rank(self) -> int:
+        return max(1, self.num_workers)
+
+    def __str__(self) -> str:
+        return f"{self.world_size} rank(s) x {self.num_workers} worker(s)"
+
+
+def topology_of(states: Sequence[Any]) -> Topology:
+    """The topology a list of saved rank states (``save_state_global``) was written by; checks
+    that it holds every rank once, in order."""
+    if not isinstance(states, (list, tuple)) or not states or not all(isinstance(s, dict) for s in states):
+        raise StateError(format_message("not a global loader state", expected="the list save_state_global() returns, one state per rank", found=type(states).__name__))
+    worlds = {s.get("config", {}).get("worker_config.world_size") for s in states}
+    workers = {s.get("config", {}).get("worker_config.num_workers") for s in states}
+    ranks = [s.get("config", {}).get("worker_config.rank") for s in states]
+    if len(worlds) != 1 or len(workers) != 1:
+        raise StateError(format_message("the rank states come from different topologies", found=f"world sizes {sorted(map(str, worlds))}, workers per rank {sorted(map(str, workers))}", fix="pass the states of one save_state_global() call"))
+    world, num_workers = worlds.pop(), workers.pop()
+    if ranks != list(range(len(states))) or world != len(states):
+        missing = sorted(set(range(world if isinstance(world, int) else 0)) - set(ranks))
+        duplicated = sorted({r for r in ranks if ranks.count(r) > 1}, key=str)
+        raise StateError(
+            format_message(
+                "the global state does not hold every rank once, in order",
+                expected=f"{world} rank states, ranks 0..{world - 1 if isinstance(world, int) else '?'}",
+                found=f"{len(states)} states with ranks {ranks}" + (f"; missing {missing}" if missing else "") + (f"; repeated {duplicated}" if duplicated else ""),
+                fix="pass the whole list save_state_global() returned (or every rank's save_state_rank(), in rank order)",
+            )
+        )
+    return Topology(world, num_workers)
+
+
+def elastic_rank_state(states: Sequence[dict], dataset: Any, worker_config: WorkerConfig) -> RankState:
+    """This rank's state on ``worker_config``'s topology, from every rank's state of another one."""
+    saved = topology_of(states)
+    current = dataset.config()
+    for rank, state in enumerate(states):
+        check_same_config(state.get("config", {}), current, ignore=TOPOLOGY_KEYS, where=f"rank {rank}'s state")
+    restart = not dataset.passes_continue
+    remainders: list[Remainder] = []
+    loop_ended = True
+    for rank, state in enumerate(states):
+        old = WorkerConfig(rank=rank, world_size=saved.world_size, num_workers=saved.num_workers, seed_offset=worker_config.seed_offset)
+        parsed = RankState.from_json(state, config=state["config"], worker_config=old)
+        loop_ended = loop_ended and parsed.pass_ended
+        old_dataset = dataset.with_topology(old)
+        for local, worker_state in enumerate(parsed.worker_states):
+            pipeline = on_top(old_dataset.build_worker(local), restart=restart)
+            pipeline.reset(worker_state)  # None: the worker had not yielded; all its epoch is left
+            remainders.append(pipeline.undelivered())
+    epoch = max(r.epoch for r in remainders)
+    pooled = [] if loop_ended else merge_ranges(r for remainder in remainders for r in remainder.ranges)
+    wc = worker_config
+    new_workers = wc.world_size * wc.workers_per_rank
+    worker_states = []
+    for local in range(wc.workers_per_rank):
+        share = share_remainder(pooled, wc.rank * wc.workers_per_rank + local, new_workers)
+        pipeline = on_top(dataset.build_worker(local), restart=restart)
+        pipeline.reset(None)
+        pipeline.carry_in(Remainder(epoch, share))
+        worker_states.append(pipeline.get_state())
+    return RankState(worker_states=tuple(worker_states), next_worker=0, pass_ended=loop_ended, config=current)
+
+
+def merge_ranges(ranges) -> list[tuple[int, int]]:
+    """Sample ranges ``[start, end)`` sorted, with touching or overlapping ones joined."""
+    merged: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def share_remainder(ranges: list[tuple[int, int]], worker: int, workers: int) -> list[tuple[int, int]]:
+    """Global worker ``worker``'s contiguous share of the samples in ``ranges``: the samples are
+    counted in order and worker ``g`` of ``n`` takes positions ``[g * total // n, (g + 1) * total // n)``."""
+    total = sum(end - start for start, end in ranges)
+    first, last = worker * total // workers, (worker + 1) * total // workers
+    share: list[tuple[int, int]] = []
+    position = 0
+    for start, end in ranges:
+        length = end - start
+        lo, hi = max(first, position), min(last, position + length)
+        if lo < hi:
+            share.append((start + lo - position, start + hi - position))
+        position += length
+        if position >= last:
+            break
+    return share

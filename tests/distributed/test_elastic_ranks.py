@@ -1,0 +1,56 @@
+"""Elastic resume under torchrun with gloo: 2 ranks save, 1 rank finishes the epoch; 1 rank saves,
+2 ranks finish it.  Every sample of the epoch is delivered exactly once over both runs."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from energon_lite_dev.synthetic import write_tar
+
+from megatron_energon_lite.format.prepare import prepare_dataset
+
+SIZES = [6, 2, 9, 4, 7]
+KEYS = sorted(f"s{shard}_{i:02d}" for shard, size in enumerate(SIZES) for i in range(size))
+TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("elastic_dist") / "text"
+    for shard, size in enumerate(SIZES):
+        write_tar(root / f"shards/{shard}.tar", [(f"s{shard}_{i:02d}", {"txt": f"{shard} {i}".encode()}) for i in range(size)])
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
+    return root
+
+
+def _torchrun(mode: str, ranks: int, dataset: Path, out: Path, workers: int) -> list[str]:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        str(Path(__file__).with_name("elastic_script.py")), mode, str(dataset), str(out), str(workers),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return [key for rank in range(ranks) for key in json.loads((out / f"{mode}_rank{rank}.json").read_text())]
+
+
+@pytest.mark.parametrize(("saved", "restored"), [((2, 1), (1, 0)), ((1, 1), (2, 1))])
+def test_the_epoch_finishes_exactly_once_on_another_number_of_ranks(dataset: Path, tmp_path: Path, saved, restored) -> None:
+    before = _torchrun("save", saved[0], dataset, tmp_path, saved[1])
+    states = json.loads((tmp_path / "states.json").read_text())
+    assert len(states) == saved[0]
+    after = _torchrun("restore", restored[0], dataset, tmp_path, restored[1])
+    counts = Counter(before + after)
+    assert sorted(counts) == KEYS and max(counts.values()) == 1, (before, after)
+    assert before and after
