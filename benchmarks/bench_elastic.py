@@ -1,0 +1,90 @@
+"""Restore cost of elastic resume: time from a fresh loader to its first batch after
+``restore_state_global``, on the saved topology and on another one.
+
+A shuffled training loader (shuffle buffer full) is saved on ``--ranks`` ranks (64 global workers
+by default: 64 ranks x 0 workers, so the states come from real loaders without starting 64
+processes on a small machine).  Then rank 0 of a new loader restores the whole list and takes
+its first batch: on the same topology (it takes its own entry) and on ``--new-ranks`` ranks
+(the rest of the epoch is collected from all 64 workers and divided anew).  Fresh loaders each
+time; the two cases alternate; medians of ``--repeats``.
+
+    .venv/bin/python benchmarks/bench_elastic.py --ranks 64 --new-ranks 16 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from energon_lite_dev.synthetic import generate_text_dataset
+
+from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
+from megatron_energon_lite.format.prepare import prepare_dataset
+
+TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
+
+
+def make_loader(data: Path, rank: int, world: int, args):
+    config = WorkerConfig(rank=rank, world_size=world, num_workers=0)
+    ds = get_train_dataset(data, worker_config=config, batch_size=args.batch_size, shuffle_buffer_size=args.shuffle_buffer, max_samples_per_sequence=args.msps)
+    return get_savable_loader(ds)
+
+
+def timed_restore(data: Path, world: int, states: list[dict], args) -> tuple[float, float]:
+    """(seconds from restore_state_global to the first batch, of which restore_state_global)."""
+    loader = make_loader(data, 0, world, args)
+    start = time.perf_counter()
+    loader.restore_state_global(states)
+    restored = time.perf_counter()
+    next(iter(loader))
+    return time.perf_counter() - start, restored - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--new-ranks", type=int, default=16)
+    parser.add_argument("--shards", type=int, default=200)
+    parser.add_argument("--samples-per-shard", type=int, default=50)
+    parser.add_argument("--shuffle-buffer", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--msps", type=int, default=20)
+    parser.add_argument("--batches", type=int, default=3, help="Batches each saved rank reads before saving.")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    data = Path(tempfile.mkdtemp()) / "texts"
+    generate_text_dataset(data, num_shards=args.shards, samples_per_shard=args.samples_per_shard, min_words=2, max_words=8, seed=3)
+    prepare_dataset(data, split_ratio=(1, 0, 0), progress=False, num_workers=2, dataset_yaml=TEXT_YAML)
+
+    states = []
+    for rank in range(args.ranks):
+        loader = make_loader(data, rank, args.ranks, args)
+        list(itertools.islice(loader, args.batches))
+        states.append(loader.save_state_rank())
+    buffered = sum(len(state["worker_states"][0]["source"]["source"]["buffer"]) for state in states)
+    print(f"saved {args.ranks} ranks x 0 workers ({args.shards * args.samples_per_shard} samples, "
+          f"shuffle buffer {args.shuffle_buffer}: {buffered} samples buffered in all)")
+
+    cases = {"same topology": args.ranks, f"{args.new_ranks} ranks (elastic)": args.new_ranks}
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+    for repeat in range(args.repeats):
+        order = list(cases.items()) if repeat % 2 == 0 else list(reversed(cases.items()))
+        for name, world in order:
+            results[name].append(timed_restore(data, world, states, args))
+    print(f"\nrank 0 of a fresh loader: restore_state_global + first batch (median of {args.repeats}, ms)\n")
+    print("| restored on | restore + first batch | of which restore |")
+    print("| --- | ---: | ---: |")
+    for name, runs in results.items():
+        total = statistics.median(r[0] for r in runs) * 1000
+        restore = statistics.median(r[1] for r in runs) * 1000
+        print(f"| {name} | {total:.1f} | {restore:.1f} |")
+    same, elastic = (statistics.median(r[0] for r in runs) for runs in results.values())
+    print(f"\nelastic / same topology: {elastic / same:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
