@@ -22,6 +22,7 @@ from .pipeline.node import Remainder
 from .pipeline.passes import on_top
 from .rank_state import TOPOLOGY_KEYS, RankState, check_same_config
 from .worker import WorkerConfig
+from .wrappers.base import SavableDataset
 
 __all__ = ["Topology", "elastic_rank_state", "merge_ranges", "share_remainder", "topology_of"]
 
@@ -30,10 +31,6 @@ __all__ = ["Topology", "elastic_rank_state", "merge_ranges", "share_remainder", 
 class Topology:
     world_size: int
     num_workers: int
-
-    @property
-    def workers_per_rank(self) -> int:
-        return max(1, self.num_workers)
 
     def __str__(self) -> str:
         return f"{self.world_size} rank(s) x {self.num_workers} worker(s)"
@@ -64,7 +61,7 @@ def topology_of(states: Sequence[Any]) -> Topology:
     return Topology(world, num_workers)
 
 
-def elastic_rank_state(states: Sequence[dict], dataset: Any, worker_config: WorkerConfig) -> RankState:
+def elastic_rank_state(states: Sequence[dict], dataset: SavableDataset, worker_config: WorkerConfig) -> RankState:
     """This rank's state on ``worker_config``'s topology, from every rank's state of another one."""
     saved = topology_of(states)
     current = dataset.config()
@@ -75,7 +72,7 @@ def elastic_rank_state(states: Sequence[dict], dataset: Any, worker_config: Work
     loop_ended = True
     for rank, state in enumerate(states):
         old = WorkerConfig(rank=rank, world_size=saved.world_size, num_workers=saved.num_workers, seed_offset=worker_config.seed_offset)
-        parsed = RankState.from_json(state, config=state["config"], worker_config=old)
+        parsed = RankState.from_json(state, config=state.get("config", {}), worker_config=old)
         loop_ended = loop_ended and parsed.pass_ended
         old_dataset = dataset.with_topology(old)
         for local, worker_state in enumerate(parsed.worker_states):

@@ -49,7 +49,7 @@ from .pipeline.build import (
     worker_lengths,
 )
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
-from .pipeline.passes import PassNode, on_top
+from .pipeline.passes import on_top
 from .pipeline.state_check import nested
 from .pipeline.watchdog import StuckReports
 from .rank_state import RankState
@@ -114,7 +114,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         super().__init__()
         self.recipe = dataset
         self.worker_config = dataset.worker_config
-        self._pipelines: dict[int, PassNode] = {}
+        self._pipelines: dict[int, Node] = {}  # each ends its passes (passes.on_top)
         self._restored: RankState | None = None
         # Between passes a pipeline starts over, unless its passes continue one stream (virtual
         # epochs, limits): then the stage that cuts the stream owns the boundary.
@@ -134,7 +134,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self._rotation = state.next_worker
         self._pipelines.clear()
 
-    def _pipeline(self, logical: int) -> PassNode:
+    def _pipeline(self, logical: int) -> Node:
         pipeline = self._pipelines.get(logical)
         if pipeline is None:
             pipeline = on_top(self.recipe.build_worker(logical), restart=self._restart_passes)
