@@ -40,9 +40,11 @@ from typing import Any, Callable, Hashable
 
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard, describe_item
+from .load import waiting_ranges
 from .node import (
     Node,
     OneSourceNode,
+    Remainder,
     State,
     as_key,
     get_restore_key,
@@ -131,6 +133,15 @@ class GroupBatchNode(OneSourceNode[Any]):
         self.criterion_guard.reset(criterion_failures)
         self._index, self._inputs = index, inputs
         self._buckets = buckets
+
+    def undelivered(self) -> Remainder:
+        """The source's remainder and the samples waiting in the buckets (redistributed)."""
+        below = self.source.undelivered()
+        waiting = [r for _, _, _, keys in self._buckets.values() for r in waiting_ranges(keys, self.tag)]
+        return Remainder(below.epoch, [*below.ranges, *waiting])
+
+    def carry_in(self, remainder: Remainder) -> None:
+        self.source.carry_in(remainder)
 
     def get_state(self) -> State:
         return {

@@ -14,7 +14,7 @@ import sysconfig
 from typing import Any, Callable, Mapping
 
 from ..decode import SampleDecoder
-from ..errors import ConfigError, DatasetError, format_message
+from ..errors import ConfigError, DatasetError, NotSupportedError, format_message
 from ..format.dataset_config import (
     TRUST_DATASET_CODE_ENV,
     DatasetConfig,
@@ -47,6 +47,24 @@ def source_index(restore_key: tuple) -> int | None:
     if not all(isinstance(key[i], str) and isinstance(key[i + 1], int) and not isinstance(key[i + 1], bool) for i in range(0, len(key), 2)):
         return None
     return key[-1]
+
+
+def waiting_ranges(keys: list, stage: str) -> list[tuple[int, int]]:
+    """The split ranges of the samples a buffer holds (their JSON restore keys), for elastic
+    resume; a buffered item that is not one whole sample cannot be moved."""
+    ranges = []
+    for key in keys:
+        index = source_index(tuple(key))
+        if index is None:
+            raise NotSupportedError(
+                format_message(
+                    f"the {stage} stage holds an item that is not one whole sample; it cannot be moved to another topology yet",
+                    found=f"restore key {key!r}",
+                    fix="restore on the topology the state was saved with",
+                )
+            )
+        ranges.append((index, index + 1))
+    return ranges
 
 
 class SampleLoader:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import NotSupportedError, format_message
 from ..rng import UniformStream
-from .load import source_index
+from .load import waiting_ranges
 from .node import (
     Node,
     PassThroughNode,
@@ -72,19 +71,7 @@ class ShuffleBufferNode(PassThroughNode):
     def undelivered(self) -> Remainder:
         """The source's remainder and the samples waiting in the buffer (redistributed, not lost)."""
         below = self.source.undelivered()
-        waiting = []
-        for key in self._keys:
-            index = source_index(as_key(key))
-            if index is None:
-                raise NotSupportedError(
-                    format_message(
-                        "a shuffle buffer holds an item that is not one whole sample; it cannot be moved to another topology yet",
-                        found=f"restore key {key!r}",
-                        fix="restore on the topology the state was saved with",
-                    )
-                )
-            waiting.append((index, index + 1))
-        return Remainder(below.epoch, [*below.ranges, *waiting])
+        return Remainder(below.epoch, [*below.ranges, *waiting_ranges(self._keys, self.tag)])
 
     def _fill(self) -> None:
         while not self._source_done and len(self._items) < self.size:
