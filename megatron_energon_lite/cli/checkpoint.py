@@ -89,9 +89,61 @@ def read_rank_states(files: tuple[Path, ...]) -> tuple[bool, list[SavedRank]]:
     return is_global, states
 
 
+def describe_pipeline(state: object) -> list[str]:
+    """A worker's pipeline state in words, outermost stage first (one line per stage)."""
+    lines: list[str] = []
+    node = state
+    while isinstance(node, dict):
+        lines.append(_describe_stage(node))
+        if isinstance(node.get("sources"), list):
+            for i, source in enumerate(node["sources"]):
+                lines += [f"dataset {i}: " + line for line in describe_pipeline(source)]
+            break
+        node = node.get("source")
+    return lines
+
+
+def _samples(keys: list) -> str:
+    """A few buffered restore keys as sample indices: ``Webdataset 12, 40, ...``."""
+    shown = [str(key[-1]) if isinstance(key, list) and key else repr(key) for key in keys[:6]]
+    return ", ".join(shown) + (", ..." if len(keys) > 6 else "")
+
+
+def _describe_stage(node: dict) -> str:
+    stage = node.get("stage", "?")
+    if stage == "Pass":
+        return f"Pass: {node.get('offset')} items into the current pass"
+    if stage == "Batch":
+        return f"Batch: {node.get('index')} batches made"
+    if stage == "Shuffle":
+        buffer = node.get("buffer") or []
+        return f"Shuffle buffer: {len(buffer)} samples waiting" + (f" (sample indices {_samples(buffer)})" if buffer else "")
+    if stage == "Group":
+        buckets = node.get("buckets") or []
+        waiting = sum(len(bucket[2]) for bucket in buckets if isinstance(bucket, list) and len(bucket) == 3)
+        return f"Length grouping: {len(buckets)} buckets holding {waiting} samples, {node.get('index')} batches made"
+    if stage == "Pack":
+        state = f"buffer open, {node.get('groups_done')} of its groups emitted" if node.get("open") else "no buffer open"
+        return f"Packing: {state}, {node.get('index')} packs made, {node.get('left_out', 0)} samples left out by the selection"
+    if stage == "Repeat":
+        return f"Repeat: epoch {node.get('epoch')}, {node.get('taken')} items of it"
+    if stage == "Blend":
+        return f"Blend: epoch {node.get('epoch')}, {node.get('emitted')} samples drawn, per dataset {node.get('counts')}"
+    if stage == "Source":
+        opened = node.get("open") or []
+        read = sum(entry[1] for entry in opened if isinstance(entry, list) and len(entry) == 2)
+        carried = node.get("carried") or []
+        text = f"Slices: epoch {node.get('epoch')}, {node.get('next_slice')} slices opened, {len(opened)} open ({read} samples read from them)"
+        return text + (f", {len(carried)} ranges carried from another topology" if carried else "")
+    if "index" in node:
+        return f"{stage}: {node['index']} inputs"
+    return f"{stage}: {', '.join(k for k in node if k not in ('stage', 'source', 'sources'))}"
+
+
 @click.command(cls=Command, name="info")
 @click.argument("input_files", nargs=-1, required=True, type=_FILES)
-def info(input_files: tuple[Path, ...]) -> None:
+@click.option("--workers/--no-workers", "show_workers", default=True, help="Describe each worker's position, stage by stage.")
+def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
     """Show ranks, workers and position of the loader states in INPUT_FILES."""
     is_global, states = read_rank_states(input_files)
     click.echo(f"Checkpoint type: {'Global checkpoint' if is_global else 'Per-rank checkpoint files'}")
@@ -104,8 +156,19 @@ def info(input_files: tuple[Path, ...]) -> None:
         click.echo(f"  Rank {rank_state.rank if rank_state.rank is not None else i}{origin}:")
         click.echo(f"    Written by: {state.get('writer', 'unknown')}, state version {state.get('version', '?')}")
         click.echo(f"    Dataset: {state.get('config', {}).get('path', 'unknown')} (split {state.get('config', {}).get('split_part', '?')})")
-        click.echo(f"    Next worker ID: {state.get('next_worker')}")
+        config = state.get("config", {})
+        click.echo(f"    Saved on: rank {config.get('worker_config.rank', '?')} of {config.get('worker_config.world_size', '?')}, {config.get('worker_config.num_workers', '?')} workers per rank")
+        click.echo(f"    Next worker ID: {state.get('next_worker')}; the loop over the loader had {'ended' if state.get('pass_ended') else 'not ended'}")
         click.echo(f"    Number of worker states: {rank_state.num_workers}")
+        if not show_workers:
+            continue
+        for worker, worker_state in enumerate(state["worker_states"]):
+            if worker_state is None:
+                click.echo(f"    Worker {worker}: has not yielded yet")
+                continue
+            click.echo(f"    Worker {worker}:")
+            for line in describe_pipeline(worker_state):
+                click.echo(f"      {line}")
 
 
 @click.command(cls=Command, name="redist")

@@ -67,3 +67,28 @@ def test_a_file_that_is_no_loader_state(tmp_path: Path) -> None:
     torch.save({"weights": [1, 2]}, other)
     result = CliRunner().invoke(cli, ["checkpoint", "info", str(other)])
     assert result.exit_code == 1 and "not an energon-lite loader state" in result.output and str(other) in result.output
+
+
+def test_info_describes_each_worker_in_words(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    write_tar(root / "shards/part_0.tar", [(f"{i:03d}", {"txt": b"x"}) for i in range(20)])
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=render_dataset_yaml("TextSample", {"text": "txt"}))
+    from megatron_energon_lite import get_train_dataset
+
+    config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    loader = get_savable_loader(get_train_dataset(root, batch_size=2, shuffle_buffer_size=5, max_samples_per_sequence=4, worker_config=config))
+    for _, _batch in zip(range(3), loader):
+        pass
+    state = loader.save_state_rank()
+    buffer = state["worker_states"][0]["source"]["source"]["buffer"]
+    source = state["worker_states"][0]["source"]["source"]["source"]["source"]
+    file = tmp_path / "state.json"
+    file.write_text(json.dumps(state))
+    result = CliRunner().invoke(cli, ["checkpoint", "info", str(file)])
+    assert result.exit_code == 0, result.output
+    assert "Saved on: rank 0 of 1, 0 workers per rank" in result.output and "had not ended" in result.output
+    assert "Batch: 3 batches made" in result.output
+    assert f"Shuffle buffer: {len(buffer)} samples waiting (sample indices {', '.join(str(k[-1]) for k in buffer)})" in result.output
+    assert f"Slices: epoch {source['epoch']}, {source['next_slice']} slices opened, {len(source['open'])} open" in result.output
+    quiet = CliRunner().invoke(cli, ["checkpoint", "info", "--no-workers", str(file)])
+    assert quiet.exit_code == 0 and "Worker 0" not in quiet.output
