@@ -8,8 +8,9 @@ next epoch in the new topology's own order.  So for the running epoch every samp
 had not delivered is delivered once, none it had delivered comes again.
 
 Supported so far: one dataset (no blend), with the stages source, endless repeat, map/filter,
-shuffle buffer, length-grouping buckets, batch, virtual epochs / limits.  Packing buffers, blends
-and ``blend_epochized`` repeats are refused with an error that names the stage.
+shuffle buffer, length-grouping buckets, packing buffers (the members of groups not packed yet),
+batch, virtual epochs / limits.  Blends, ``blend_epochized`` repeats and a generator caught
+between two outputs are refused with an error that names the stage.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ each with its real worker processes.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections import Counter
@@ -56,34 +57,55 @@ class ByShardParity(DefaultTaskEncoder):
         return int(sample.__key__[1:].split("_")[0]) % 2, 3
 
 
-def _loader(dataset: Path, rank: int, world: int, workers: int, *, shuffle: int | None, train: bool = True, group: bool = False):
+class PairPacker(DefaultTaskEncoder):
+    """Packs neighbours of a 5-sample buffer in pairs; a pack's key lists its members' keys."""
+
+    def select_samples_to_pack(self, samples):
+        return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+    def pack_selected_samples(self, samples):
+        return dataclasses.replace(samples[0], __key__=",".join(s.__key__ for s in samples), text=" | ".join(s.text for s in samples))
+
+
+ENCODERS = {"plain": DefaultTaskEncoder, "group": ByShardParity, "pack": PairPacker}
+
+
+def _loader(dataset: Path, rank: int, world: int, workers: int, *, shuffle: int | None, train: bool = True, mode: str = "plain"):
     config = WorkerConfig(rank=rank, world_size=world, num_workers=workers)
     if train:
-        encoder = ByShardParity() if group else DefaultTaskEncoder()
-        ds = get_train_dataset(dataset, batch_size=2, shuffle_buffer_size=shuffle, max_samples_per_sequence=3, repeat=False, task_encoder=encoder, worker_config=config)
+        packing = 5 if mode == "pack" else None
+        ds = get_train_dataset(
+            dataset, batch_size=2, shuffle_buffer_size=shuffle, max_samples_per_sequence=3, repeat=False,
+            packing_buffer_size=packing, task_encoder=ENCODERS[mode](), worker_config=config,
+        )
     else:
         ds = get_val_dataset(dataset, split_part="train", batch_size=2, worker_config=config)
     return get_savable_loader(ds)
 
 
-def _save_after(dataset: Path, world: int, workers: int, steps: list[int], *, shuffle: int | None, train: bool = True, group: bool = False):
+def _keys(batch) -> list[str]:
+    """The samples in a batch (a pack's key lists its members)."""
+    return [key for item in batch.__key__ for key in item.split(",")]
+
+
+def _save_after(dataset: Path, world: int, workers: int, steps: list[int], *, shuffle: int | None, train: bool = True, mode: str = "plain"):
     """Each rank reads ``steps[rank]`` batches; returns (their keys, save_state_global's list)."""
     delivered: list[str] = []
     states = []
     for rank in range(world):
-        loader = _loader(dataset, rank, world, workers, shuffle=shuffle, train=train, group=group)
+        loader = _loader(dataset, rank, world, workers, shuffle=shuffle, train=train, mode=mode)
         for batch in itertools.islice(loader, steps[rank]):
-            delivered += batch.__key__
+            delivered += _keys(batch)
         states.append(loader.save_state_rank())
     return delivered, states
 
 
-def _finish(dataset: Path, world: int, workers: int, states: list[dict], *, shuffle: int | None, train: bool = True, group: bool = False) -> list[str]:
+def _finish(dataset: Path, world: int, workers: int, states: list[dict], *, shuffle: int | None, train: bool = True, mode: str = "plain") -> list[str]:
     delivered: list[str] = []
     for rank in range(world):
-        loader = _loader(dataset, rank, world, workers, shuffle=shuffle, train=train, group=group)
+        loader = _loader(dataset, rank, world, workers, shuffle=shuffle, train=train, mode=mode)
         loader.restore_state_global(states)
-        delivered += [key for batch in loader for key in batch.__key__]
+        delivered += [key for batch in loader for key in _keys(batch)]
     return delivered
 
 
@@ -110,16 +132,16 @@ def _check_exactly_once(before: list[str], after: list[str]) -> None:
     old=st.tuples(st.integers(1, 4), st.integers(0, 3)),
     new=st.tuples(st.integers(1, 4), st.integers(0, 3)),
     shuffle=st.sampled_from([None, 4]),
-    group=st.booleans(),
+    mode=st.sampled_from(sorted(ENCODERS)),
     seed=st.integers(0, 10**6),
 )
-def test_the_rest_of_the_epoch_comes_once_on_another_topology(dataset: Path, old, new, shuffle, group: bool, seed: int) -> None:
+def test_the_rest_of_the_epoch_comes_once_on_another_topology(dataset: Path, old, new, shuffle, mode: str, seed: int) -> None:
     rng = random.Random(seed)
     # At most 3 batches: no rank reaches the end of its share (a loop that ended would restore
     # to the next pass, which is not what this property is about).
     steps = [rng.randint(0, 3) for _ in range(old[0])]
-    before, states = _save_after(dataset, *old, steps, shuffle=shuffle, group=group)
-    after = _finish(dataset, *new, states, shuffle=shuffle, group=group)
+    before, states = _save_after(dataset, *old, steps, shuffle=shuffle, mode=mode)
+    after = _finish(dataset, *new, states, shuffle=shuffle, mode=mode)
     _check_exactly_once(before, after)
 
 
@@ -178,20 +200,18 @@ def test_another_batch_size_is_refused_naming_it(dataset: Path) -> None:
         other.restore_state_global(states)
 
 
-def test_packing_is_refused_naming_the_stage(dataset: Path) -> None:
-    class Packer(DefaultTaskEncoder):
-        def select_samples_to_pack(self, samples):
-            return [samples]
-
+def test_a_pack_generator_between_two_outputs_is_refused(dataset: Path) -> None:
+    class TwoOutputs(PairPacker):
         def pack_selected_samples(self, samples):
-            return samples[0]
+            for member in samples:
+                yield member
 
     def loader(rank, world):
         config = WorkerConfig(rank=rank, world_size=world, num_workers=0)
-        return get_savable_loader(get_train_dataset(dataset, batch_size=None, packing_buffer_size=3, shuffle_buffer_size=None, max_samples_per_sequence=3, repeat=False, task_encoder=Packer(), worker_config=config))
+        return get_savable_loader(get_train_dataset(dataset, batch_size=None, packing_buffer_size=4, shuffle_buffer_size=None, max_samples_per_sequence=3, repeat=False, task_encoder=TwoOutputs(), worker_config=config))
 
     states = _states_after_one_batch(loader, world=2)
-    with pytest.raises(NotSupportedError, match="Pack"):
+    with pytest.raises(NotSupportedError, match="pack generator was between two outputs"):
         loader(0, 1).restore_state_global(states)
 
 

@@ -52,9 +52,19 @@ import logging
 from types import GeneratorType
 from typing import Any, Callable
 
-from ..errors import ConfigError, StateError, format_message
+from ..errors import ConfigError, NotSupportedError, StateError, format_message
 from .guard import DROPPED, SYSTEM_EXCEPTIONS, SampleGuard, describe_item
-from .node import Node, OneSourceNode, State, as_key, get_restore_key, set_restore_key
+from .load import waiting_ranges
+from .node import (
+    Node,
+    OneSourceNode,
+    Remainder,
+    State,
+    as_key,
+    get_restore_key,
+    key_to_json,
+    set_restore_key,
+)
 from .state_check import check_bool, check_count, invalid, nested
 
 __all__ = ["PackNode"]
@@ -140,6 +150,24 @@ class PackNode(OneSourceNode[Any]):
                             stage=self.tag,
                         )
                 self._emitted = emitted
+
+    def undelivered(self) -> Remainder:
+        """The source's remainder and the members of the open buffer's groups not packed yet;
+        samples the selection left out stay out, as in the run that was saved."""
+        if self._emitted:
+            raise NotSupportedError(
+                format_message(
+                    "a pack generator was between two outputs when the state was saved; its group cannot be moved to another topology",
+                    found=f"group {self._groups_done} of the buffer at pack index {self._buffer_index}, {self._emitted} output(s) delivered",
+                    fix="restore on the topology the state was saved with",
+                )
+            )
+        below = self.source.undelivered()
+        members = [key_to_json(get_restore_key(m)) for group in self._groups[self._groups_done :] for m in group] if self._open else []
+        return Remainder(below.epoch, [*below.ranges, *waiting_ranges(members, self.tag)])
+
+    def carry_in(self, remainder: Remainder) -> None:
+        self.source.carry_in(remainder)
 
     def get_state(self) -> State:
         return {
