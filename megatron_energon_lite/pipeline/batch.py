@@ -105,9 +105,6 @@ class BatchNode(OneSourceNode[Any]):
     def undelivered(self) -> Remainder:
         return self.source.undelivered()
 
-    def carry_in(self, remainder: Remainder) -> None:
-        self.source.carry_in(remainder)
-
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)
         if len(key) < 3 or key[0] != self.tag or not isinstance(key[1], int):

@@ -140,9 +140,6 @@ class GroupBatchNode(OneSourceNode[Any]):
         waiting = [r for _, _, _, keys in self._buckets.values() for r in waiting_ranges(keys, self.tag)]
         return Remainder(below.epoch, [*below.ranges, *waiting])
 
-    def carry_in(self, remainder: Remainder) -> None:
-        self.source.carry_in(remainder)
-
     def get_state(self) -> State:
         return {
             "stage": self.tag,

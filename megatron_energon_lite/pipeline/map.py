@@ -180,9 +180,6 @@ class MapNode(OneSourceNode[Any]):
             )
         return self.source.undelivered()
 
-    def carry_in(self, remainder: Remainder) -> None:
-        self.source.carry_in(remainder)
-
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)
         if len(key) < 2 or key[0] != self.tag or not isinstance(key[1], int):

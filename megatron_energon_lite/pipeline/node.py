@@ -159,13 +159,17 @@ def _chain(node: Node[Any]) -> list[str]:
 
 
 class OneSourceNode(Node[T]):
-    """A stage that reads one ``source``."""
+    """A stage that reads one ``source``.  An elastic restore's remainder goes to the source (a
+    stage that cannot have its position moved refuses in ``undelivered``, which comes first)."""
 
     def __init__(self, source: Node[Any]) -> None:
         self.source = source
 
     def inputs(self) -> Sequence[Node[Any]]:
         return (self.source,)
+
+    def carry_in(self, remainder: Remainder) -> None:
+        self.source.carry_in(remainder)
 
 
 class PassThroughNode(OneSourceNode[T]):
@@ -178,9 +182,6 @@ class PassThroughNode(OneSourceNode[T]):
 
     def undelivered(self) -> Remainder:
         return self.source.undelivered()
-
-    def carry_in(self, remainder: Remainder) -> None:
-        self.source.carry_in(remainder)
 
 
 class KeyedDict(dict):

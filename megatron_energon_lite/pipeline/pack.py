@@ -166,9 +166,6 @@ class PackNode(OneSourceNode[Any]):
         members = [key_to_json(get_restore_key(m)) for group in self._groups[self._groups_done :] for m in group] if self._open else []
         return Remainder(below.epoch, [*below.ranges, *waiting_ranges(members, self.tag)])
 
-    def carry_in(self, remainder: Remainder) -> None:
-        self.source.carry_in(remainder)
-
     def get_state(self) -> State:
         return {
             "stage": self.tag,
