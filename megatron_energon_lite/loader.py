@@ -24,6 +24,7 @@ from .errors import (
     SKIP_REPORT_LIMIT,
     ConfigError,
     DatasetError,
+    EmptyDatasetError,
     StateError,
     WatchdogTimeoutError,
     collect_skip_reports,
@@ -80,6 +81,19 @@ class PipelineDataset(SavableDataset):
         self.worker_config = spec.worker_config
         self._worker_lengths = worker_lengths(spec)  # also validates the dataset and split up front
         self._length = rank_length(spec, self._worker_lengths)
+        if spec.training and spec.repeat and not any(self._worker_lengths):
+            # An endless stream of nothing: the first batch would be a bare StopIteration.
+            wc = spec.worker_config
+            raise EmptyDatasetError(
+                format_message(
+                    f"rank {wc.rank} of {wc.world_size} gets nothing to train on",
+                    where=f"{spec.path} (split {spec.split_part})",
+                    expected="at least one item for this rank per epoch (a training stream repeats forever)",
+                    found=f"{sum(dataset.total for dataset in spec.datasets)} samples shared by {wc.world_size} rank(s) x {wc.workers_per_rank} worker(s)"
+                    + (f", batch_size {spec.batch_size} with batch_drop_last" if spec.batch_drop_last else ""),
+                    fix="use fewer ranks or workers, a larger dataset or subset, or batch_drop_last=False",
+                )
+            )
         self._config = spec.fingerprint()  # saved with every state: computed once
 
     def build_worker(self, local_worker_id: int) -> Node:

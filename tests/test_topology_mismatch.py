@@ -54,3 +54,16 @@ def test_the_matching_topology_reads_every_sample_once(dataset: Path, workers: i
     assert len(keys) == 24 and len(set(keys)) == 24
     if workers == 0:
         assert [key for batch in _val(dataset, 0) for key in batch.__key__] == keys
+
+
+def test_a_training_rank_without_samples_is_an_error_naming_the_topology(dataset: Path) -> None:
+    """24 samples over 32 ranks: rank 31 would stream nothing forever (Energon asserts when
+    iterating; here the dataset says so when it is made)."""
+    from megatron_energon_lite import EmptyDatasetError, get_train_dataset
+
+    with pytest.raises(EmptyDatasetError, match="rank 31 of 32 gets nothing to train on") as raised:
+        get_train_dataset(dataset, batch_size=1, worker_config=WorkerConfig(rank=31, world_size=32, num_workers=0))
+    assert "24 samples shared by 32 rank(s) x 1 worker(s)" in str(raised.value) and "fewer ranks" in str(raised.value)
+    # Validation and a rank that has samples are fine.
+    assert len(get_val_dataset(dataset, split_part="train", batch_size=1, worker_config=WorkerConfig(rank=31, world_size=32, num_workers=0))) == 0
+    assert len(get_train_dataset(dataset, batch_size=1, worker_config=WorkerConfig(rank=0, world_size=32, num_workers=0))) > 0
