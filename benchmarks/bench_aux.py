@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from energon_lite_dev.s3server import S3ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -100,51 +101,6 @@ MiB = 1024 * 1024
 
 
 # -- the S3 server ------------------------------------------------------------------------------
-
-
-def serve(conn, latency_s: float) -> None:
-    """Child process: moto + a proxy adding ``latency_s`` per request; answers stats requests."""
-    from energon_lite_dev.s3server import FaultProxy, LocalS3Server
-
-    with LocalS3Server() as server, FaultProxy(server.endpoint_url, latency_s=latency_s) as slow:
-        server.create_bucket(BUCKET)
-        conn.send({"options": server.storage_options(slow.endpoint_url), "endpoint": slow.endpoint_url,
-                   "key": server.access_key, "secret": server.secret_key, "region": server.region})
-        while True:
-            command = conn.recv()
-            if command[0] == "stop":
-                return
-            if command[0] == "upload":
-                server.upload_dir(command[1], command[2])
-                conn.send(True)
-            elif command[0] == "stats":
-                conn.send(dict(slow.stats))
-            elif command[0] == "reset":
-                slow.reset_stats()
-                conn.send(True)
-
-
-class S3Child:
-    def __init__(self, latency_s: float) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child, latency_s), daemon=True)
-        self.process.start()
-        if not self.conn.poll(120):
-            self.process.kill()
-            raise RuntimeError("the S3 server process did not start (see its output above)")
-        self.info = self.conn.recv()
-
-    def call(self, *command: Any) -> Any:
-        self.conn.send(command)
-        return self.conn.recv()
-
-    def stop(self) -> None:
-        try:
-            self.conn.send(("stop",))
-        except OSError:
-            pass
-        self.process.join(timeout=30)
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -195,7 +151,7 @@ def write_msc_config(work: Path, info: dict) -> Path:
             PROFILE: {
                 "storage_provider": {
                     "type": "s3",
-                    "options": {"base_path": BUCKET, "endpoint_url": info["endpoint"], "region_name": info["region"]},
+                    "options": {"base_path": BUCKET, "endpoint_url": info["endpoints"]["slow"], "region_name": info["region"]},
                 },
                 "credentials_provider": {
                     "type": "S3Credentials",
@@ -350,7 +306,7 @@ class FolderSampler(threading.Thread):
         return self.peak
 
 
-def run_once(lib: Library, yaml: Path, args, budget_mib: float | None, work: Path, table: dict, s3: S3Child | None, proxied: bool) -> dict:
+def run_once(lib: Library, yaml: Path, args, budget_mib: float | None, work: Path, table: dict, s3: S3ServerProcess | None, proxied: bool) -> dict:
     cache_parent = work / "cache_pool"
     shutil.rmtree(cache_parent, ignore_errors=True)
     cache_parent.mkdir()
@@ -362,7 +318,7 @@ def run_once(lib: Library, yaml: Path, args, budget_mib: float | None, work: Pat
         READ_BYTES.value = 0
         READ_COUNT.value = 0
     if proxied:
-        s3.call("reset")
+        s3.call("reset", "slow")
     sampler = FolderSampler(cache_parent)
     sampler.start()
     loader = lib.loader(yaml, args, pool)
@@ -404,7 +360,7 @@ def run_once(lib: Library, yaml: Path, args, budget_mib: float | None, work: Pat
         "peak": peak,
     }
     if proxied:
-        stats = s3.call("stats")
+        stats = s3.call("stats", "slow")
         result["fetched"] = stats["bytes_forwarded"]
         result["requests"] = stats["requests"]
     else:
@@ -450,10 +406,10 @@ def main() -> int:
         media_bytes = sum(size for size, _ in table.values())
         sources = [("local", write_yaml(work, "local.yaml", "filesystem://./media"), None)]
         if not args.skip_s3:
-            s3 = S3Child(args.latency_ms / 1000)
+            s3 = S3ServerProcess(BUCKET, {"slow": args.latency_ms / 1000})
             print("uploading the aux folder to moto ...", file=sys.stderr)
             s3.call("upload", str(work / "media"), f"s3://{BUCKET}/media")
-            configure_storage("s3", storage_options=s3.info["options"])
+            configure_storage("s3", storage_options=s3.options("slow"))
             os.environ["MSC_CONFIG"] = str(write_msc_config(work, s3.info))
             sources.append((f"S3 + {args.latency_ms:g} ms", write_yaml(work, "s3.yaml", f"filesystem+s3://{BUCKET}/media"),
                             write_yaml(work, "msc.yaml", f"filesystem+msc://{PROFILE}/media")))

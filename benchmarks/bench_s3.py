@@ -15,7 +15,6 @@ S3 rows).  Example::
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -30,6 +29,7 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from energon_lite_dev.s3server import S3ServerProcess
 from energon_lite_dev.synthetic import generate_captioning_dataset  # noqa: E402
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
@@ -38,34 +38,6 @@ from megatron_energon_lite.storage import configure_storage  # noqa: E402
 
 BUCKET = "bench"
 DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
-
-
-def serve(conn, latency_s: float) -> None:
-    """Child process: moto + two proxies (no latency, ``latency_s``); answers stats requests."""
-    from energon_lite_dev.s3server import FaultProxy, LocalS3Server
-
-    with LocalS3Server() as server, FaultProxy(server.endpoint_url) as plain, FaultProxy(server.endpoint_url, latency_s=latency_s) as slow:
-        server.create_bucket(BUCKET)
-        conn.send({"server": server.storage_options(), "plain": plain.endpoint_url, "slow": slow.endpoint_url})
-        proxies = {"plain": plain, "slow": slow}
-        while True:
-            command = conn.recv()
-            if command[0] == "stop":
-                return
-            if command[0] == "upload":
-                server.upload_dir(command[1], command[2])
-                conn.send(True)
-            elif command[0] == "stats":
-                conn.send(dict(proxies[command[1]].stats))
-            elif command[0] == "reset":
-                proxies[command[1]].reset_stats()
-                conn.send(True)
-
-
-def options_via(base: dict, endpoint: str) -> dict:
-    options = dict(base)
-    options["client_kwargs"] = {**base["client_kwargs"], "endpoint_url": endpoint}
-    return options
 
 
 def mean_sample_bytes(root: Path) -> float:
@@ -114,26 +86,21 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-s3-"))
     os.environ["ENERGON_LITE_CACHE_DIR"] = str(work / "cache")
-    context = multiprocessing.get_context("spawn")
-    parent, child = context.Pipe()
-    server = context.Process(target=serve, args=(child, args.latency_ms / 1000), daemon=True)
-    server.start()
+    server = S3ServerProcess(BUCKET, {"plain": 0.0, "slow": args.latency_ms / 1000})
     try:
-        endpoints = parent.recv()
         local = work / "captioning"
         print(f"generating {args.shards} x {args.samples_per_shard} captioning samples ...", file=sys.stderr)
         generate_captioning_dataset(local, num_shards=args.shards, samples_per_shard=args.samples_per_shard, image_size=(args.image_size, args.image_size), progress=True)
         prepare_dataset(local, split_ratio=(1, 0, 0), progress=True, dataset_yaml=DATASET_YAML)
         url = f"s3://{BUCKET}/captioning"
-        parent.send(("upload", str(local), url))
-        parent.recv()
+        server.call("upload", str(local), url)
         used_per_sample = mean_sample_bytes(local)
-        configure_storage("s3", storage_options=endpoints["server"])
+        configure_storage("s3", storage_options=server.info["options"])
 
         cells = [("local disk", None, None, None)]
-        cells.append(("S3 (moto)", "plain", options_via(endpoints["server"], endpoints["plain"]), None))
-        cells.append((f"S3 + {args.latency_ms:g} ms/request", "slow", options_via(endpoints["server"], endpoints["slow"]), None))
-        cells.append((f"S3 + {args.latency_ms:g} ms, no read-ahead", "slow", options_via(endpoints["server"], endpoints["slow"]), "0"))
+        cells.append(("S3 (moto)", "plain", server.options("plain"), None))
+        cells.append((f"S3 + {args.latency_ms:g} ms/request", "slow", server.options("slow"), None))
+        cells.append((f"S3 + {args.latency_ms:g} ms, no read-ahead", "slow", server.options("slow"), "0"))
         rows = []
         bar = tqdm(total=len(cells) * len(args.workers) * args.repeats, desc="measuring", unit="run", file=sys.stderr)
         for label, proxy, options, block_size in cells:
@@ -146,13 +113,11 @@ def main() -> int:
                         os.environ["ENERGON_LITE_BLOCK_SIZE"] = block_size
                     shutil.rmtree(work / "cache", ignore_errors=True)
                     if proxy:
-                        parent.send(("reset", proxy))
-                        parent.recv()
+                        server.call("reset", proxy)
                     speed, samples = run(str(local) if proxy is None else url, workers, args, options)
                     speeds.append(speed)
                     if proxy:
-                        parent.send(("stats", proxy))
-                        stats = parent.recv()
+                        stats = server.call("stats", proxy)
                         requests.append(stats["requests"] / samples)
                         fetched.append(stats["bytes_forwarded"] / (samples * used_per_sample))
                     bar.update()
@@ -160,8 +125,7 @@ def main() -> int:
         bar.close()
         os.environ.pop("ENERGON_LITE_BLOCK_SIZE", None)
     finally:
-        parent.send(("stop",))
-        server.join(timeout=30)
+        server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"\ncaptioning set: {args.shards} x {args.samples_per_shard} samples, {used_per_sample / 1024:.1f} KiB each; "

@@ -101,7 +101,7 @@ from email.message import Message
 from pathlib import Path
 from typing import Any, Optional, Union
 
-__all__ = ["FaultProxy", "LocalS3Server", "free_port"]
+__all__ = ["FaultProxy", "LocalS3Server", "S3ServerProcess", "free_port"]
 
 log = logging.getLogger(__name__)
 
@@ -802,3 +802,66 @@ class FaultProxy:
         """The proxy's threads that are still alive (for leak checks)."""
         prefix = self._thread_prefix
         return [t for t in threading.enumerate() if prefix and t.name.startswith(prefix)]
+
+
+def _serve(conn: Any, bucket: str, latencies: dict[str, float]) -> None:
+    """The child of :class:`S3ServerProcess`: a server, one proxy per name, and a command loop."""
+    with LocalS3Server() as server:
+        server.create_bucket(bucket)
+        proxies = {name: FaultProxy(server.endpoint_url, latency_s=latency).start() for name, latency in latencies.items()}
+        try:
+            conn.send({
+                "options": server.storage_options(),
+                "endpoints": {name: proxy.endpoint_url for name, proxy in proxies.items()},
+                "key": server.access_key, "secret": server.secret_key, "region": server.region,
+            })
+            while True:
+                command, *args = conn.recv()
+                if command == "stop":
+                    return
+                if command == "upload":
+                    server.upload_dir(*args)
+                    conn.send(True)
+                elif command == "stats":
+                    conn.send(dict(proxies[args[0]].stats))
+                elif command == "reset":
+                    proxies[args[0]].reset_stats()
+                    conn.send(True)
+        finally:
+            for proxy in proxies.values():
+                proxy.stop()
+
+
+class S3ServerProcess:
+    """A :class:`LocalS3Server` with named :class:`FaultProxy` s (``{name: latency_s}``) in a spawned
+    process, so that benchmarks time the client alone.  ``info`` holds the server's
+    ``storage_options``, each proxy's endpoint (``info["endpoints"][name]``) and the credentials;
+    :meth:`call` sends ``("upload", local_dir, url)``, ``("stats", name)`` or ``("reset", name)``."""
+
+    def __init__(self, bucket: str, latencies: dict[str, float]) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, bucket, dict(latencies)), daemon=True)
+        self.process.start()
+        if not self.conn.poll(120):
+            self.process.kill()
+            raise RuntimeError("the S3 server process did not start (see its output above)")
+        self.info: dict[str, Any] = self.conn.recv()
+
+    def options(self, proxy: str) -> dict[str, Any]:
+        """``storage_options`` that reach the server through proxy ``proxy``."""
+        base = self.info["options"]
+        return {**base, "client_kwargs": {**base["client_kwargs"], "endpoint_url": self.info["endpoints"][proxy]}}
+
+    def call(self, *command: Any) -> Any:
+        self.conn.send(command)
+        return self.conn.recv()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(("stop",))
+        except OSError:
+            pass
+        self.process.join(timeout=30)
