@@ -38,6 +38,7 @@ __all__ = [
     "make_png",
     "make_text",
     "write_jsonl",
+    "write_numbered_shards",
     "write_tar",
 ]
 
@@ -126,6 +127,14 @@ def _check_word_range(min_words: int, max_words: int) -> None:
 
 def _atomic_tmp(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
+
+
+def write_numbered_shards(root: str | os.PathLike[str], *, offset: int = 0, shards: int = 3, per_shard: int = 4) -> None:
+    """``parts/data-{k}.tar`` under ``root``: samples keyed ``{offset + i:06d}`` whose ``txt`` part is
+    that number, ``per_shard`` per shard (crude datasets whose samples name each other)."""
+    for shard in range(shards):
+        indices = range(offset + shard * per_shard, offset + (shard + 1) * per_shard)
+        write_tar(Path(root) / f"parts/data-{shard}.tar", [(f"{i:06d}", {"txt": str(i).encode()}) for i in indices])
 
 
 def write_tar(path: str | os.PathLike[str], samples: Samples, *, tar_format: str = "ustar") -> int:

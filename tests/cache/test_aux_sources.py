@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import write_tar
+from energon_lite_dev.synthetic import write_numbered_shards
 
 from megatron_energon_lite import (
     Cooker,
@@ -44,8 +44,7 @@ N = 12
 
 
 def crude_dataset(root: Path, offset: int) -> Path:
-    for shard in range(3):
-        write_tar(root / f"parts/data-{shard}.tar", [(f"{i + offset:06d}", {"txt": str(i + offset).encode()}) for i in range(shard * 4, shard * 4 + 4)])
+    write_numbered_shards(root, offset=offset)
     prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=CRUDE)
     return root
 

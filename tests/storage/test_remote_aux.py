@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from energon_lite_dev.s3server import FaultProxy
-from energon_lite_dev.synthetic import write_tar
+from energon_lite_dev.synthetic import write_numbered_shards
 
 from megatron_energon_lite import (
     Cooker,
@@ -37,11 +37,6 @@ CRUDE = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 N = 12
 
 
-def _crude(root: Path, offset: int) -> None:
-    for shard in range(3):
-        write_tar(root / f"parts/data-{shard}.tar", [(f"{i + offset:06d}", {"txt": str(i + offset).encode()}) for i in range(shard * 4, shard * 4 + 4)])
-
-
 def _mds(root: Path, dataset: str, folder: str) -> Path:
     path = root / f"mds-{len(list(root.glob('mds-*')))}.yaml"
     path.write_text(
@@ -57,9 +52,9 @@ def sources(s3_server, s3_url, tmp_path, monkeypatch):
     folder, on S3 and locally) as aux sources. Returns (local yaml, remote yaml)."""
     monkeypatch.setenv("ENERGON_LITE_CACHE_DIR", str(tmp_path / "index-cache"))
     monkeypatch.setenv("ENERGON_LITE_BACKOFF_S", "0.001")
-    _crude(tmp_path / "ds1", 0)
+    write_numbered_shards(tmp_path / "ds1", offset=0)
     prepare_dataset(tmp_path / "ds1", split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=CRUDE)
-    _crude(tmp_path / "ds2", 100)
+    write_numbered_shards(tmp_path / "ds2", offset=100)
     for i in range(N):
         (tmp_path / f"files/sub/{i}.bin").parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f"files/sub/{i}.bin").write_bytes(bytes([i]) * (1000 + 37 * i))
