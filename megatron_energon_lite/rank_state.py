@@ -15,7 +15,7 @@ from . import energon_mode
 from ._version import __version__
 from .errors import StateError, format_message
 from .pipeline.passes import upgrade_v1_worker_state
-from .pipeline.state_check import check_bool, check_index, check_list, invalid
+from .pipeline.state_check import check_bool, check_index, invalid
 from .worker import WorkerConfig
 
 __all__ = ["STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config"]
@@ -74,7 +74,7 @@ class RankState:
             raise invalid(("worker_states",), "a list of worker states, one per worker", state["worker_states"])
         if len(state["worker_states"]) != workers:
             raise StateError(format_message("the saved state has a different number of workers", expected=str(workers), found=str(len(state["worker_states"]))))
-        states = check_list(state["worker_states"], "worker_states", length=workers, of="worker states, one per worker")
+        states = list(state["worker_states"])
         for i, worker_state in enumerate(states):
             if worker_state is not None and not isinstance(worker_state, dict):
                 raise invalid(("worker_states", i), "a pipeline state (a dict), or null for a worker that has not yielded yet", worker_state)
