@@ -81,6 +81,12 @@ def dataset(tmp_path_factory) -> Path:
     return root
 
 
+#: What the main process reads of a prepared dataset when it makes a loader: the split cache, the
+#: info and split files it must match (read for their bytes, parsed only when it does not), and
+#: dataset.yaml.
+METADATA_READ_ONCE = Counter({".lite-split-cache.json": 1, ".info.json": 1, "split.yaml": 1, "dataset.yaml": 1})
+
+
 def _metadata_opens(records: list[tuple[int, str]]) -> dict[int, Counter]:
     found: dict[int, Counter] = {}
     for pid, path in records:
@@ -104,9 +110,9 @@ def test_workers_read_no_metadata_and_the_main_process_reads_each_file_once(data
     worker_pids = {pid for pid, p in opens.records if p.endswith(".tar.idx")} - {os.getpid()}
     assert len(worker_pids) == 2, opens.records[:20]
     assert by_pid == {}, f"workers read metadata: {by_pid}"
-    # The main process: .info.json, split.yaml and dataset.yaml once each, also when a blend names
-    # the dataset twice.
-    assert main == Counter({".info.json": 1, "split.yaml": 1, "dataset.yaml": 1}), main
+    # The main process: .info.json, split.yaml, prepare's split cache and dataset.yaml once each,
+    # also when a blend names the dataset twice.
+    assert main == METADATA_READ_ONCE, main
 
 
 def test_val_dataset_and_restore_read_metadata_only_when_made(dataset: Path) -> None:
@@ -124,4 +130,4 @@ def test_val_dataset_and_restore_read_metadata_only_when_made(dataset: Path) -> 
     assert sorted(k for b in head + rest for k in b.__key__) == sorted(f"{s}_{i}" for s in range(6) for i in range(8))
     by_pid = _metadata_opens(opens.records)
     main = by_pid.pop(os.getpid(), Counter())
-    assert by_pid == {} and main == Counter({".info.json": 1, "split.yaml": 1, "dataset.yaml": 1}), (main, by_pid)
+    assert by_pid == {} and main == METADATA_READ_ONCE, (main, by_pid)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Collection, Iterable, Mapping, NamedTuple
 
 import yaml
 from braceexpand import braceexpand
@@ -220,13 +220,15 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
     return name
 
 
-def _plain_names(names: Iterable[Any]) -> bool:
+def plain_shard_names(names: Collection[Any]) -> bool:
     """True when every name is a non-empty string that :func:`check_shard_name` accepts as is
     (no NUL, no leading ``/``, no ``://``, no ``..``): one scan of the joined names."""
     try:
         joined = "\n" + "\n".join(names) + "\n"
     except TypeError:
         return False
+    if joined == "\n\n":
+        return not names  # no names at all, or one empty one
     return not any(bad in joined for bad in ("\n\n", "\0", "\n/", "://", ".."))
 
 
@@ -259,7 +261,7 @@ def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False) -> D
     check_mapping(counts, file=path, key_path="shard_counts", allowed=None)
     # Checked in bulk first (a dataset may list 10,000s of shards); one by one for the error.
     values = list(counts.values())
-    all_fine = _plain_names(counts) and set(map(type, values)) <= {int} and (not values or min(values) >= 0)
+    all_fine = plain_shard_names(counts) and set(map(type, values)) <= {int} and (not values or min(values) >= 0)
     for shard, count in () if all_fine else counts.items():
         check_shard_name(shard, where=f"{path}: shard_counts", allow_outside_root=allow_outside_root)
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -583,47 +585,58 @@ def resolve_split(
     root = as_path(root)
     info = info or read_info(root, allow_outside_root=allow_outside_root)
     config = read_split_config(root, split_config)
+    resolved, unknown_excludes = resolve_unchecked(root, split_part, info, config)
+    # Remotely, shards and their indexes come in one listing per folder (the reader reuses the
+    # stats).  Locally nothing is looked at here: a shard is stat'ed when it is first read, so a
+    # rank of a large job touches only its own shards (10,000 stats on a parallel filesystem,
+    # per rank, would cost more than the whole build).
+    if isinstance(root, RemotePath):
+        names = resolved.names
+        resolved.stats = list_files(root, [n for name in names for n in (name, index_name(name))])
+        for name in names:
+            if name not in resolved.stats:
+                raise missing_shard_error(root / name)
+    return checked_split(resolved, unknown_excludes, config.path, allow_empty=allow_empty)
+
+
+def resolve_unchecked(root: AnyPath, split_part: str, info: DatasetInfo, config: SplitConfig) -> tuple[ResolvedSplit, list[str]]:
+    """``split_part`` of ``config`` with ``info``'s counts, and the exclude entries that name no
+    shard of the dataset (nothing logged, emptiness not checked, nothing listed)."""
     known = info.shard_counts  # its names were checked by read_info; split.yaml's must be among them
     shard_names = config.expanded_split(split_part, known)
     excluded_shards: set[str] = set()
     excluded_keys: dict[str, set[str]] = {}
+    unknown: list[str] = []
     for entry in config.expanded_excludes():
         if entry in known:
             excluded_shards.add(entry)
             continue
         shard = _shard_prefix(entry, known)
         if shard is None:
-            logger.warning(
-                "%s: exclude entry %r names no shard of this dataset; it has no effect",
-                config.path,
-                entry,
-            )
+            unknown.append(entry)
             continue
         excluded_keys.setdefault(shard, set()).add(entry[len(shard) + 1 :])
     names = [name for name in shard_names if name not in excluded_shards] if excluded_shards else shard_names
-    # Remotely, shards and their indexes come in one listing per folder (the reader reuses the
-    # stats).  Locally nothing is looked at here: a shard is stat'ed when it is first read, so a
-    # rank of a large job touches only its own shards (10,000 stats on a parallel filesystem,
-    # per rank, would cost more than the whole build).
-    stats: dict[str, FileStat] = {}
-    if isinstance(root, RemotePath):
-        stats = list_files(root, [n for name in names for n in (name, index_name(name))])
-        for name in names:
-            if name not in stats:
-                raise missing_shard_error(root / name)
     resolved = ResolvedSplit(
         root=root,
         split_part=split_part,
         names=names,
         counts=list(map(known.__getitem__, names)),
         excluded_keys={k: frozenset(v) for k, v in excluded_keys.items()},
-        stats=stats,
     )
+    return resolved, unknown
+
+
+def checked_split(resolved: ResolvedSplit, unknown_excludes: list[str], split_path: AnyPath | None, *, allow_empty: bool) -> ResolvedSplit:
+    """``resolved`` once its exclude entries that name no shard are logged; an empty split is an
+    :class:`EmptyDatasetError` unless ``allow_empty``."""
+    for entry in unknown_excludes:
+        logger.warning("%s: exclude entry %r names no shard of this dataset; it has no effect", split_path, entry)
     if not allow_empty and resolved.total_samples == 0:
         raise EmptyDatasetError(
             format_message(
-                f"split {split_part!r} has no samples",
-                where=str(config.path),
+                f"split {resolved.split_part!r} has no samples",
+                where=str(split_path),
                 fix="choose another split or re-run prepare with a split ratio that gives it shards",
             )
         )

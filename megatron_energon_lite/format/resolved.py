@@ -1,7 +1,8 @@
 """A dataset of a plan, read once: what its metadata says, frozen for the life of a loader.
 
 The process that makes a loader reads each dataset's ``.info.json``, split file and
-``dataset.yaml`` once, into a :class:`ResolvedDataset`; sizes, shard boundaries, worker slices
+``dataset.yaml`` once (the splits from ``.lite-split-cache.json`` when prepare wrote one and the
+files are unchanged), into a :class:`ResolvedDataset`; sizes, shard boundaries, worker slices
 and every sample loader come from it. Forked workers inherit it and read no metadata (only the
 ``.tar.idx`` of the shards they open, when they first open them).
 """
@@ -15,8 +16,9 @@ from ..samples import CrudeSample
 from .dataset_config import DatasetConfig, load_dataset_config
 from .join import join_index
 from .jsonl import JsonlReader
-from .metadata import ResolvedSplit, read_info, require_prepared, resolve_split
+from .metadata import ResolvedSplit, require_prepared, resolve_split
 from .metadataset import LeafDataset
+from .split_cache import cached_split
 
 __all__ = ["ResolvedDataset", "resolve_dataset", "resolve_datasets"]
 
@@ -55,7 +57,8 @@ def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_conf
     require_prepared(leaf.path)
     config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
     split_name = leaf.split_config or split_config or config.loader_options.get("split_config")
-    split = resolve_split(leaf.path, leaf.split_part, split_config=split_name, info=read_info(leaf.path))
+    # What prepare cached, if the files it was made from are unchanged; else the files themselves.
+    split = cached_split(leaf.path, leaf.split_part, split_name) or resolve_split(leaf.path, leaf.split_part, split_config=split_name)
     return ResolvedDataset(total=split.total_samples, shard_starts=split.shard_starts, split=split, config=config, split_config=split_name)
 
 
