@@ -7,9 +7,14 @@ in contiguous, near-equal shares; each new worker reads its share first, then go
 next epoch in the new topology's own order.  So for the running epoch every sample the saved run
 had not delivered is delivered once, none it had delivered comes again.
 
-Supported so far: one dataset (no blend), with the stages source, endless repeat, map/filter,
-shuffle buffer, length-grouping buckets, packing buffers (the members of groups not packed yet),
-batch, virtual epochs / limits.  Blends, ``blend_epochized`` repeats and a generator caught
+Per dataset of a blend: each dataset's remainder is pooled and shared out on its own; samples
+waiting in buffers above the blend go back to their dataset; the blend's counts and costs are
+spread over the new workers and its exact schedule goes on from the global position where the
+saved stream stopped (see :func:`pool_remainders` for the limits at epoch boundaries).
+
+Supported: the stages source, endless repeat, map/filter, blend by weight (any mode), shuffle
+buffer, length-grouping buckets, packing buffers (the members of groups not packed yet), batch,
+virtual epochs / limits.  ``blend_epochized`` repeats, composed wrappers and a generator caught
 between two outputs are refused with an error that names the stage.
 """
 
@@ -19,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import StateError, format_message
-from .pipeline.node import Remainder
+from .pipeline.node import BlendCursor, Remainder
 from .pipeline.passes import on_top
 from .rank_state import TOPOLOGY_KEYS, RankState, check_same_config
 from .worker import WorkerConfig
 from .wrappers.base import SavableDataset
 
-__all__ = ["Topology", "elastic_rank_state", "merge_ranges", "share_remainder", "topology_of"]
+__all__ = ["Topology", "elastic_rank_state", "even_share", "merge_ranges", "pool_remainders", "share_pooled", "share_remainder", "topology_of"]
 
 
 @dataclass(frozen=True)
@@ -80,18 +85,68 @@ def elastic_rank_state(states: Sequence[dict], dataset: SavableDataset, worker_c
             pipeline = on_top(old_dataset.build_worker(local), restart=restart)
             pipeline.reset(worker_state)  # None: the worker had not yielded; all its epoch is left
             remainders.append(pipeline.undelivered())
-    epoch = max(r.epoch for r in remainders)
-    pooled = [] if loop_ended else merge_ranges(r for remainder in remainders for r in remainder.ranges)
+    pooled = pool_remainders(remainders, ended=loop_ended)
     wc = worker_config
     new_workers = wc.world_size * wc.workers_per_rank
     worker_states = []
     for local in range(wc.workers_per_rank):
-        share = share_remainder(pooled, wc.rank * wc.workers_per_rank + local, new_workers)
         pipeline = on_top(dataset.build_worker(local), restart=restart)
         pipeline.reset(None)
-        pipeline.carry_in(Remainder(epoch, share))
+        pipeline.carry_in(share_pooled(pooled, wc.rank * wc.workers_per_rank + local, new_workers))
         worker_states.append(pipeline.get_state())
     return RankState(worker_states=tuple(worker_states), next_worker=0, pass_ended=loop_ended, config=current)
+
+
+def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> Remainder:
+    """Every old worker's remainder as one, per dataset, in global sample order.
+
+    A dataset's workers may be in different epochs of it (a small dataset of a blend cycles
+    faster): the oldest running epoch is finished, from the workers still in it; those ahead
+    had read their share of it, and what they read of the next one is read again in the new
+    topology's order.  Samples waiting in buffers are carried whatever epoch they came from
+    (nothing read and not delivered is lost; at an epoch boundary a buffered sample of the next
+    epoch comes once more).  ``ended``: the pass had ended everywhere, nothing is carried.
+    """
+    count = len(remainders[0].epochs)
+    if any(len(r.epochs) != count for r in remainders):
+        raise StateError(format_message("the saved workers read different numbers of datasets", found=str(sorted({len(r.epochs) for r in remainders}))))
+    epochs, ranges = [], []
+    for k in range(count):
+        epoch = min(r.epochs[k] for r in remainders)
+        unread = [] if ended else [piece for r in remainders if r.epochs[k] == epoch for piece in r.ranges[k]]
+        waiting = [] if ended else [(i, i + 1) for r in remainders for i in r.waiting[k]]
+        epochs.append(epoch)
+        ranges.append(merge_ranges([*unread, *waiting]))
+    blend = None
+    cursors = [r.blend for r in remainders]
+    if any(c is not None for c in cursors):
+        # The items waiting above the blend had been counted by it: they are blended again.
+        put_back = [sum(len(r.waiting[k]) for r in remainders) for k in range(count)]
+        blend = BlendCursor(
+            emitted=sum(c.emitted for c in cursors) - sum(put_back),
+            counts=tuple(sum(c.counts[k] for c in cursors) - put_back[k] for k in range(count)),
+            costs=tuple(sum(c.costs[k] for c in cursors) for k in range(count)),
+        )
+    return Remainder(tuple(epochs), tuple(ranges), tuple([] for _ in range(count)), blend)
+
+
+def share_pooled(pooled: Remainder, worker: int, workers: int) -> Remainder:
+    """Global worker ``worker``'s part of the pooled remainder: a contiguous share of each
+    dataset's samples, and an even share of the blend's counts and costs."""
+    blend = pooled.blend
+    if blend is not None:
+        blend = BlendCursor(
+            emitted=blend.emitted,  # the global position: the same for every worker
+            counts=tuple(even_share(c, worker, workers) for c in blend.counts),
+            costs=tuple(even_share(c, worker, workers) for c in blend.costs),
+        )
+    shares = tuple(share_remainder(ranges, worker, workers) for ranges in pooled.ranges)
+    return Remainder(pooled.epochs, shares, tuple([] for _ in shares), blend)
+
+
+def even_share(total: int, worker: int, workers: int) -> int:
+    """Worker ``worker``'s part of ``total`` split as evenly as integers allow (the parts sum to it)."""
+    return (worker + 1) * total // workers - worker * total // workers
 
 
 def merge_ranges(ranges) -> list[tuple[int, int]]:

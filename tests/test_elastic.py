@@ -229,20 +229,3 @@ def test_shares_cover_the_remainder_once_in_order(pairs, workers: int) -> None:
     assert flat == [i for start, end in ranges for i in range(start, end)]
     sizes = [sum(end - start for start, end in share) for share in shares]
     assert max(sizes) - min(sizes) <= 1
-
-
-def test_a_blend_is_refused_naming_the_stage(dataset: Path, tmp_path: Path) -> None:
-    blend = tmp_path / "blend.yaml"
-    blend.write_text(
-        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
-        f"      - {{weight: 1, path: {dataset}, subflavors: {{part: a}}}}\n"
-        f"      - {{weight: 2, path: {dataset}, subflavors: {{part: b}}}}\n"
-    )
-
-    def loader(rank, world):
-        config = WorkerConfig(rank=rank, world_size=world, num_workers=0)
-        return get_savable_loader(get_train_dataset(blend, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=3, worker_config=config))
-
-    states = _states_after_one_batch(loader, world=2)
-    with pytest.raises(NotSupportedError, match="Blend stage cannot be restored on another topology"):
-        loader(0, 1).restore_state_global(states)

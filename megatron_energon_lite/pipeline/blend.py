@@ -29,6 +29,13 @@ State keys:
     ``epoch``: the epoch (``start_epoch`` calls so far).
     ``schedule``: the exact schedule's cursor (exact mode), else ``None``.
     ``sources``: the sources' states.
+    ``offset`` (only after an elastic restore): the global position where the saved topology's
+    stream stopped; this worker's items continue the exact schedule from there.
+
+Elastic resume (``undelivered`` / ``carry_in``, endless blends only): each dataset's remainder
+goes to its source, and the items and costs counted so far are spread over the new workers, so
+``counts`` summed over all workers, and the exact schedule's global stream, go on as if the
+topology had not changed.
 """
 
 from __future__ import annotations
@@ -41,9 +48,25 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, DatasetError, StateError, format_message
+from ..errors import (
+    ConfigError,
+    DatasetError,
+    NotSupportedError,
+    StateError,
+    format_message,
+)
 from ..rng import UniformStream
-from .node import FORWARDS_EPOCHS, Node, State, as_key, get_restore_key, set_restore_key
+from .load import BLEND_TAG
+from .node import (
+    FORWARDS_EPOCHS,
+    BlendCursor,
+    Node,
+    Remainder,
+    State,
+    as_key,
+    get_restore_key,
+    set_restore_key,
+)
 from .state_check import (
     check_bool,
     check_count,
@@ -162,7 +185,7 @@ class ExactSchedule:
 class BlendNode(Node[Any]):
     """Mixes ``sources`` by ``weights`` (random draws, or an :class:`ExactSchedule`)."""
 
-    tag = "Blend"
+    tag = BLEND_TAG
     epochs = FORWARDS_EPOCHS  # every source starts its next epoch, and the blend its draws
 
     def __init__(
@@ -176,6 +199,7 @@ class BlendNode(Node[Any]):
         names: Sequence[str] | None = None,
         infinite: bool = False,
         cost: Callable[[Any], int] | None = None,
+        position_batch: int = 1,
     ) -> None:
         self.sources = list(sources)
         if len(self.sources) != len(weights) or not self.sources:
@@ -192,10 +216,12 @@ class BlendNode(Node[Any]):
         self.names = list(names) if names is not None else [f"source {i}" for i in range(len(self.sources))]
         # The exact schedule runs over global positions; by default this worker's own items.
         self.position = position if position is not None else (lambda n: n)
+        self.position_batch = position_batch  # consecutive items at consecutive positions (a batch)
         self.schedule = ExactSchedule(integer_weights(weights)) if mode == "exact" else None
         self._stream: UniformStream | None = None
         self._counts = [0] * len(self.sources)
         self._costs = [0] * len(self.sources)
+        self._offset = 0  # global position where the stream of another topology stopped
         self.reset()
 
     # --- state -------------------------------------------------------------------------------
@@ -221,6 +247,7 @@ class BlendNode(Node[Any]):
                 source.reset(None)
             self._counts = [0] * len(self.sources)
             self._costs = [0] * len(self.sources)
+            self._offset = 0
             self._start(0)
             return
         self.check_state(state, "epoch", "emitted", "draws", "counts", "costs", "exhausted", "schedule", "sources")
@@ -249,6 +276,7 @@ class BlendNode(Node[Any]):
         self._start(epoch)
         self._emitted, self._draws = emitted, draws
         self._counts, self._costs, self._exhausted = counts, costs, exhausted
+        self._offset = check_count(state.get("offset", 0), "offset", stage=self.tag)
         if self.schedule is not None:
             with nested("schedule"):
                 self.schedule.reset(state["schedule"])
@@ -264,9 +292,55 @@ class BlendNode(Node[Any]):
             "exhausted": list(self._exhausted),
             "schedule": None if self.schedule is None else self.schedule.get_state(),
             "sources": [source.get_state() for source in self.sources],
+            **({"offset": self._offset} if self._offset else {}),
         }
 
+    def undelivered(self) -> Remainder:
+        """Each source's remainder as dataset ``k``'s, and where this blend stood."""
+        if not self.infinite:
+            raise NotSupportedError(
+                format_message(
+                    "a blend_epochized blend cannot be moved to another topology yet",
+                    where=", ".join(self.names),
+                    fix="restore on the topology the state was saved with, or blend by weight",
+                )
+            )
+        parts = [source.undelivered() for source in self.sources]
+        return Remainder(
+            epochs=tuple(part.epochs[0] for part in parts),
+            ranges=tuple(part.ranges[0] for part in parts),
+            waiting=tuple(part.waiting[0] for part in parts),
+            blend=BlendCursor(self._offset + self._emitted, tuple(self._counts), tuple(self._costs)),
+        )
+
+    def carry_in(self, remainder: Remainder) -> None:
+        """Dataset ``k``'s remainder to source ``k``; ``remainder.blend``: this worker's share of
+        the counts and costs, and the global position where the saved stream stopped."""
+        cursor = remainder.blend
+        if self.schedule is not None:
+            self._check_reads_carried(remainder, cursor.emitted)
+        for k, source in enumerate(self.sources):
+            source.carry_in(remainder.dataset(k))
+        self._counts, self._costs, self._offset = list(cursor.counts), list(cursor.costs), cursor.emitted
+
     # --- iteration -----------------------------------------------------------------------------
+    def _check_reads_carried(self, remainder: Remainder, offset: int) -> None:
+        """An exact schedule fixes each position's dataset: a worker whose positions never fall on
+        dataset ``k`` (the number of workers times the batch size shares a factor with the
+        schedule's period) would hold its carried samples of ``k`` forever."""
+        schedule = ExactSchedule(self.schedule.weights)
+        seen = {schedule.source_at(offset + self.position(n)) for n in range(schedule.period * self.position_batch)}
+        for k, ranges in enumerate(remainder.ranges):
+            if ranges and k not in seen:
+                raise NotSupportedError(
+                    format_message(
+                        "an exact blend cannot move this dataset's rest of the epoch to this worker: its positions in the schedule never take that dataset",
+                        where=self.names[k],
+                        found=f"the weights' period of {schedule.period} positions and this topology's global workers times batch size share a factor",
+                        fix="restore with another number of ranks or workers (or batch size), or with blend_mode random",
+                    )
+                )
+
     def _choose(self) -> int:
         if self.cost is not None:
             # The source furthest behind its share of the cost so far (ties: the larger weight).
@@ -274,7 +348,7 @@ class BlendNode(Node[Any]):
             live = [i for i, done in enumerate(self._exhausted) if not done]
             return max(live, key=lambda i: (self.weights[i] * total - self._costs[i], self.weights[i], -i))
         if self.schedule is not None:
-            return self.schedule.source_at(self.position(self._emitted))
+            return self.schedule.source_at(self._offset + self.position(self._emitted))
         live = [0.0 if done else w for w, done in zip(self.weights, self._exhausted)]
         cumulative = list(accumulate(live))
         draw = self._stream.at(self._draws) * cumulative[-1]

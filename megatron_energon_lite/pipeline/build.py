@@ -46,7 +46,7 @@ from .node import Node
 from .pack import PackNode
 from .passes import PassNode
 from .repeat import RepeatNode
-from .sharding import epoch_slice_order, rotation_offset_for, worker_slices
+from .sharding import Slices, epoch_slice_order, rotation_offset_for, worker_slices
 from .shuffle import ShuffleBufferNode
 from .source import SliceSource
 
@@ -133,7 +133,7 @@ class PipelineSpec:
         return resolve_datasets(self.plan.leaves, dataset_config=self.dataset_config, split_config=self.split_config, trust_dataset_code=self.trust_dataset_code)
 
     @cached_property
-    def slices(self) -> list[list[list[tuple[int, int]]]]:
+    def slices(self) -> list[list[Slices]]:
         """``[dataset][local worker]`` -> that worker's slices of that dataset (subset applied),
         computed once like :attr:`datasets`."""
         return _dataset_slices(self)
@@ -201,12 +201,12 @@ def dataset_sizes(spec: PipelineSpec) -> list[int]:
     return sizes
 
 
-def dataset_slices(spec: PipelineSpec) -> list[list[list[tuple[int, int]]]]:
+def dataset_slices(spec: PipelineSpec) -> list[list[Slices]]:
     """``[dataset][local worker]`` -> that worker's slices of that dataset (subset applied)."""
     return spec.slices
 
 
-def _dataset_slices(spec: PipelineSpec) -> list[list[list[tuple[int, int]]]]:
+def _dataset_slices(spec: PipelineSpec) -> list[list[Slices]]:
     wc = spec.worker_config
     totals = [dataset.total for dataset in spec.datasets]
     workers = wc.world_size * wc.workers_per_rank
@@ -229,13 +229,6 @@ def _dataset_slices(spec: PipelineSpec) -> list[list[list[tuple[int, int]]]]:
     return result
 
 
-def _leaf_samples(slices: list[tuple[int, int]]) -> int:
-    if not slices:
-        return 0
-    starts, ends = zip(*slices)
-    return sum(ends) - sum(starts)
-
-
 def _repeated(samples: int, repetitions: float) -> int:
     return int(samples * repetitions)  # Energon's RepeatDataset.len_worker
 
@@ -248,7 +241,7 @@ def worker_lengths(spec: PipelineSpec) -> list[int]:
     lengths = []
     for w in range(spec.worker_config.workers_per_rank):
         samples = sum(
-            _repeated(_leaf_samples(slices[w]), leaf.repetitions) if epochized else _leaf_samples(slices[w])
+            _repeated(slices[w].samples, leaf.repetitions) if epochized else slices[w].samples
             for leaf, slices in zip(spec.plan.leaves, per_dataset)
         )
         if spec.batch_size is None or grouping:
@@ -380,9 +373,12 @@ def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hoo
         nodes = [RepeatNode(node) for node in nodes]
         position = _global_position(spec, local_worker_id) if spec.blend_mode == "exact" else None
         cost = spec.task_encoder.sample_cost if spec.blend_mode == "cost" else None
-        return BlendNode(nodes, [leaf.weight for leaf in plan.leaves], seed=seed, mode=spec.blend_mode, position=position, names=names, infinite=True, cost=cost)
+        return BlendNode(
+            nodes, [leaf.weight for leaf in plan.leaves], seed=seed, mode=spec.blend_mode, position=position, names=names, infinite=True, cost=cost,
+            position_batch=spec.batch_size or 1,
+        )
     # blend_epochized: every dataset `repetitions` times per pass.
-    counts = [_leaf_samples(slices) for slices in per_dataset]
+    counts = [slices.samples for slices in per_dataset]
     nodes = [RepeatNode(node, leaf.repetitions, worker_samples=n) for node, leaf, n in zip(nodes, plan.leaves, counts)]
     if spec.blend_mode == "exact":
         # Exact per worker: the schedule's weights are the items each dataset yields on this worker.

@@ -40,7 +40,7 @@ from typing import Any, Callable, Hashable
 
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard, describe_item
-from .load import waiting_ranges
+from .load import waiting_samples
 from .node import (
     Node,
     OneSourceNode,
@@ -136,9 +136,8 @@ class GroupBatchNode(OneSourceNode[Any]):
 
     def undelivered(self) -> Remainder:
         """The source's remainder and the samples waiting in the buckets (redistributed)."""
-        below = self.source.undelivered()
-        waiting = [r for _, _, _, keys in self._buckets.values() for r in waiting_ranges(keys, self.tag)]
-        return Remainder(below.epoch, [*below.ranges, *waiting])
+        waiting = [sample for _, _, _, keys in self._buckets.values() for sample in waiting_samples(keys, self.tag)]
+        return self.source.undelivered().with_waiting(waiting)
 
     def get_state(self) -> State:
         return {

@@ -35,6 +35,8 @@ from ..worker import WorkerConfig
 from .node import set_restore_key
 
 RESTORE_TAG = "Webdataset"  # Energon's tag for a raw sample's restore key
+#: The tag a blend puts before its source index in an item's restore key (BlendNode.tag).
+BLEND_TAG = "Blend"
 
 
 def source_index(restore_key: tuple) -> int | None:
@@ -49,12 +51,14 @@ def source_index(restore_key: tuple) -> int | None:
     return key[-1]
 
 
-def waiting_ranges(keys: list, stage: str) -> list[tuple[int, int]]:
-    """The split ranges of the samples a buffer holds (their JSON restore keys), for elastic
-    resume; a buffered item that is not one whole sample cannot be moved."""
-    ranges = []
+def waiting_samples(keys: list, stage: str) -> list[tuple[int, int]]:
+    """``(dataset, split index)`` of each sample a buffer holds (their JSON restore keys), for
+    elastic resume: the dataset is the blend's source index in the key (0 without a blend); a
+    buffered item that is not one whole sample cannot be moved."""
+    samples = []
     for key in keys:
-        index = source_index(tuple(key))
+        key = tuple(key)
+        index = source_index(key)
         if index is None:
             raise NotSupportedError(
                 format_message(
@@ -63,8 +67,10 @@ def waiting_ranges(keys: list, stage: str) -> list[tuple[int, int]]:
                     fix="restore on the topology the state was saved with",
                 )
             )
-        ranges.append((index, index + 1))
-    return ranges
+        # source_index checked that the key is (tag, int) pairs.
+        dataset = next((key[i + 1] for i in range(0, len(key), 2) if key[i] == BLEND_TAG), 0)
+        samples.append((dataset, index))
+    return samples
 
 
 class SampleLoader:

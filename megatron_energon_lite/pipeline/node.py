@@ -41,12 +41,48 @@ FORWARDS_EPOCHS = "forwards"
 
 
 @dataclass(frozen=True)
-class Remainder:
-    """What a worker had not delivered of its running epoch: split index ranges ``[start, end)``
-    (the unread part of its slices, and samples waiting in its buffers), for elastic resume."""
+class BlendCursor:
+    """Where a worker's blend stood, for elastic resume: the items it yielded (its place in the
+    exact schedule) and, per dataset, how many items and how much cost came from it."""
 
-    epoch: int
-    ranges: list[tuple[int, int]]
+    emitted: int
+    counts: tuple[int, ...]
+    costs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Remainder:
+    """What a worker had not delivered of the running epoch of each dataset it reads (one entry
+    without a blend; entry ``k`` is the blend's dataset ``k``), for elastic resume.
+
+    ``epochs[k]``: the epoch of dataset ``k`` its source was in; ``ranges[k]``: the split index
+    ranges ``[start, end)`` its source had not read of that epoch; ``waiting[k]``: the split
+    indices of its samples waiting in buffers (read, not delivered: of that epoch, or of the one
+    before when the source had just begun a new one); ``blend``: the blend's cursor, if any.
+    """
+
+    epochs: tuple[int, ...]
+    ranges: tuple[list[tuple[int, int]], ...]
+    waiting: tuple[list[int], ...] = ([],)
+    blend: BlendCursor | None = None
+
+    @classmethod
+    def of_one(cls, epoch: int, ranges: list[tuple[int, int]]) -> Remainder:
+        """One dataset's remainder (a source's, or what a new worker carries in)."""
+        return cls((epoch,), (list(ranges),), ([],))
+
+    def dataset(self, k: int) -> Remainder:
+        """Dataset ``k``'s part, as a one-dataset remainder, its waiting samples read first."""
+        return Remainder.of_one(self.epochs[k], [*((i, i + 1) for i in self.waiting[k]), *self.ranges[k]])
+
+    def with_waiting(self, samples: list[tuple[int, int]]) -> Remainder:
+        """This remainder and the samples a buffer holds, ``(dataset, split index)`` each."""
+        waiting = [list(w) for w in self.waiting]
+        for dataset, index in samples:
+            if not 0 <= dataset < len(waiting):
+                raise NotSupportedError(format_message("a buffered sample names a dataset the pipeline does not read", found=f"dataset {dataset} of {len(waiting)}"))
+            waiting[dataset].append(index)
+        return Remainder(self.epochs, self.ranges, tuple(waiting), self.blend)
 
 
 class Node(Generic[T]):

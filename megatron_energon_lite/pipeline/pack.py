@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, NotSupportedError, StateError, format_message
 from .guard import DROPPED, SYSTEM_EXCEPTIONS, SampleGuard, describe_item
-from .load import waiting_ranges
+from .load import waiting_samples
 from .node import (
     Node,
     OneSourceNode,
@@ -162,9 +162,8 @@ class PackNode(OneSourceNode[Any]):
                     fix="restore on the topology the state was saved with",
                 )
             )
-        below = self.source.undelivered()
         members = [key_to_json(get_restore_key(m)) for group in self._groups[self._groups_done :] for m in group] if self._open else []
-        return Remainder(below.epoch, [*below.ranges, *waiting_ranges(members, self.tag)])
+        return self.source.undelivered().with_waiting(waiting_samples(members, self.tag))
 
     def get_state(self) -> State:
         return {

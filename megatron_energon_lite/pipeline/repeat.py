@@ -105,7 +105,7 @@ class RepeatNode(PassThroughNode[Any]):
         """The carried remainder is the rest of epoch ``remainder.epoch``; then the next epochs."""
         self._check_endless()
         self.source.carry_in(remainder)
-        self._epoch, self._repetition, self._taken = remainder.epoch, 0, 0
+        self._epoch, self._repetition, self._taken = remainder.epochs[0], 0, 0
 
     def _check_endless(self) -> None:
         if self.repeats is not None or not self.epochal:

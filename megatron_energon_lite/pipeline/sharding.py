@@ -28,7 +28,7 @@ import operator
 import sys
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from itertools import compress
+from itertools import islice
 
 from ..errors import ConfigError, format_message
 from ..format.metadataset import (
@@ -41,6 +41,7 @@ from ..rng import rng_for, stage_id
 __all__ = [
     "SLICE_ORDER_STAGE",
     "STAGE_ID",
+    "Slices",
     "WITH_REPLACEMENT",
     "SliceDraws",
     "bit_reversal_permutation",
@@ -342,39 +343,90 @@ def worker_sample_range(
 # --------------------------------------------------------------------------------------------
 
 
-def _split_piece(start: int, end: int, max_samples_per_sequence: int | None) -> list[tuple[int, int]]:
+class Slices(Sequence[tuple[int, int]]):
+    """Consecutive slices kept as their bounds: slice ``i`` is ``(bounds[i], bounds[i + 1])``.
+
+    A worker's slices tile its sample range (see :func:`worker_slices`), so ``n`` slices are
+    ``n + 1`` increasing numbers.  A rank may own 10,000s of slices and makes them on every start:
+    one list of ints costs no tuple per slice and gives the garbage collector nothing to walk (the
+    tuples cost twice the time of the whole cut, cold); a slice is made when it is asked for.
+    Compares equal to any sequence of the same ``(start, end)`` pairs.
+    """
+
+    __slots__ = ("bounds",)
+
+    def __init__(self, bounds: Sequence[int] = ()) -> None:
+        self.bounds = list(bounds)  # strictly increasing; empty or at least two
+
+    def __len__(self) -> int:
+        return max(len(self.bounds) - 1, 0)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        i = operator.index(index)
+        i = i + n if i < 0 else i
+        if not 0 <= i < n:
+            raise IndexError(f"slice {index} of {n}")
+        return (self.bounds[i], self.bounds[i + 1])
+
+    def __iter__(self):
+        return zip(self.bounds, islice(self.bounds, 1, None))
+
+    @property
+    def samples(self) -> int:
+        """Samples in all slices: the range they tile."""
+        return self.bounds[-1] - self.bounds[0] if self.bounds else 0
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Slices):
+            return self.bounds == other.bounds
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(other) == len(self) and all(map(operator.eq, self, map(tuple, other)))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (Slices, (self.bounds,))
+
+    def __repr__(self) -> str:
+        shown = list(self) if len(self) <= 6 else [*self[:3], "...", *self[-2:]]
+        return f"Slices({shown})"
+
+
+def _split_piece(start: int, end: int, max_samples_per_sequence: int) -> list[int]:
+    """The starts of the slices of the within-shard piece ``[start, end)``, ``start`` first."""
     length = end - start
-    # 3a. An empty piece gives no slice.
-    if length <= 0:
-        return []
-    # 3b. Short pieces (up to 1.5 * msps samples), or no msps at all, stay one slice.
-    if max_samples_per_sequence is None or not length > max_samples_per_sequence * 1.5:
-        return [(start, end)]
-    # 3c. Longer pieces are cut into round(length / msps) slices of near-equal length.  Python's
+    # 3a. Short pieces (up to 1.5 * msps samples) stay one slice.
+    if not length > max_samples_per_sequence * 1.5:
+        return [start]
+    # 3b. Longer pieces are cut into round(length / msps) slices of near-equal length.  Python's
     #     round() rounds halves to even (2.5 -> 2), and the starts are computed like Energon's,
     #     as int(i * (length / count)) in floating point: that is sometimes one less than the exact
     #     floor(i * length / count) (length 122, count 14, i 7 gives 60, not 61), and we keep it so
-    #     boundaries match Energon's to the sample.
+    #     boundaries match Energon's to the sample.  (Equal starts, an empty slice, are dropped.)
     count = max(round(length / max_samples_per_sequence), 1)
     step = length / count
-    starts = [start + int(i * step) for i in range(count)]
-    return [(a, b) for a, b in zip(starts, [*starts[1:], end]) if a < b]
+    return list(dict.fromkeys(start + int(i * step) for i in range(count)))
 
 
-def _slice_ranges(start: int, end: int, starts: list[int], msps: int | None) -> list[tuple[int, int]]:
+def _slice_ranges(start: int, end: int, starts: list[int], msps: int | None) -> Slices:
     if start >= end:
-        return []
+        return Slices()
     # 1. Cut [start, end) at every shard start strictly inside it: the first shard holding
     #    `start` is the last whose start is <= `start` (bisect_right skips empty shards), and the
     #    cuts stop before the first shard starting at or after `end`.  An empty shard repeats a
-    #    cut point and gives an empty piece, dropped below.
+    #    cut point (an empty piece): repeated bounds are dropped.
     first = bisect_right(starts, start)
     bounds = [start, *starts[first : bisect_left(starts, end, lo=first)], end]
-    pieces = zip(bounds, bounds[1:])
+    if not all(map(operator.lt, bounds, islice(bounds, 1, None))):
+        bounds = list(dict.fromkeys(bounds))  # non-decreasing: this keeps one of each, in order
     # 2. Split each within-shard piece by max_samples_per_sequence (see _split_piece).
-    if msps is None:
-        return list(compress(pieces, map(operator.lt, bounds, bounds[1:])))
-    return [piece for a, b in pieces for piece in _split_piece(a, b, msps)]
+    if msps is not None:
+        bounds = [*(cut for a, b in zip(bounds, bounds[1:]) for cut in _split_piece(a, b, msps)), end]
+    return Slices(bounds)
 
 
 def slice_ranges(
@@ -382,7 +434,7 @@ def slice_ranges(
     end: int,
     shard_starts: Sequence[int],
     max_samples_per_sequence: int | None,
-) -> list[tuple[int, int]]:
+) -> Slices:
     """Cuts the sample range ``[start, end)`` into slices that never cross a shard boundary.
 
     The range is first cut at every shard boundary.  A resulting piece longer than
@@ -421,11 +473,12 @@ def worker_slices(
     max_samples_per_sequence: int | None,
     rotation_offset: int = 0,
     sample_range: tuple[int, int] | None = None,
-) -> list[list[tuple[int, int]]]:
+) -> list[Slices]:
     """The slices of each local worker of ``rank``: Energon's ``Sharder.shard_workers``.
 
     Returns ``max(1, num_workers)`` lists (one per local worker id), each with that worker's
-    slices in sample order.  A worker with no samples gets an empty list.  ``sample_range``
+    slices in sample order, tiling the worker's one sample range without gaps (each slice ends
+    where the next starts).  A worker with no samples gets an empty list.  ``sample_range``
     (a metadataset ``subset``) restricts the split to samples ``[start, end)``, which are then
     divided over the workers as the whole split would be.
     """
@@ -452,7 +505,7 @@ def worker_slices(
     #    their ranges (O(log W) each, see worker_sample_range), shifted to the sample_range, and
     #    cut each one into slices.
     workers = world_size * local
-    slices: list[list[tuple[int, int]]] = []
+    slices: list[Slices] = []
     for worker in range(rank * local, (rank + 1) * local):
         a, b = _worker_range(worker, last - first, workers, rotation)
         slices.append(_slice_ranges(first + a, first + b, starts, msps))

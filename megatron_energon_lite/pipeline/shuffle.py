@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..rng import UniformStream
-from .load import waiting_ranges
+from .load import waiting_samples
 from .node import (
     Node,
     PassThroughNode,
@@ -70,8 +70,7 @@ class ShuffleBufferNode(PassThroughNode):
 
     def undelivered(self) -> Remainder:
         """The source's remainder and the samples waiting in the buffer (redistributed, not lost)."""
-        below = self.source.undelivered()
-        return Remainder(below.epoch, [*below.ranges, *waiting_ranges(self._keys, self.tag)])
+        return self.source.undelivered().with_waiting(waiting_samples(self._keys, self.tag))
 
     def _fill(self) -> None:
         while not self._source_done and len(self._items) < self.size:

@@ -26,7 +26,7 @@ from ..rng import UniformStream
 from .guard import DROPPED, SampleGuard
 from .load import RESTORE_TAG, SampleLoader
 from .node import OWNS_EPOCHS, Node, Remainder, State
-from .sharding import SliceDraws
+from .sharding import SliceDraws, Slices
 from .state_check import check_count, check_index, check_list, invalid
 
 
@@ -51,7 +51,7 @@ class SliceSource(Node):
         guard: SampleGuard | None = None,
     ) -> None:
         self.loader = loader
-        self.slices = [tuple(s) for s in slices]
+        self.slices = slices if isinstance(slices, Slices) else list(map(tuple, slices))
         self.seed = seed
         self.parallel_slices = max(1, parallel_slices)
         self.slice_order = slice_order  # (num_slices, epoch) -> order of slice ids
@@ -59,20 +59,22 @@ class SliceSource(Node):
         self.guard = guard if guard is not None else SampleGuard(stage="load")
         self._stream: UniformStream | None = None
         self._stream_epoch: int | None = None
-        self._carried: list[tuple[int, int]] = []  # the running epoch's ranges after carry_in
-        self.num_samples = sum(end - start for start, end in self.slices)
+        # The running epoch's ranges after carry_in (maybe none: this worker's share of the rest
+        # was empty), None otherwise.
+        self._carried: list[tuple[int, int]] | None = None
         self.reset()
 
     # --- state -------------------------------------------------------------------------------
     def start_epoch(self, epoch: int) -> None:
-        self._carried = []
+        self._carried = None
         self._begin(epoch)
 
     def carry_in(self, remainder: Remainder) -> None:
-        """Epoch ``remainder.epoch`` is ``remainder.ranges`` (carried from another topology), read
-        like slices; the next epoch is this worker's own again."""
-        self._carried = [(int(start), int(end)) for start, end in remainder.ranges]
-        self._begin(remainder.epoch)
+        """The running epoch is the remainder's ranges (carried from another topology), read like
+        slices; the next epoch is this worker's own again."""
+        (epoch,), (ranges,) = remainder.epochs, remainder.ranges  # a source reads one dataset
+        self._carried = [(int(start), int(end)) for start, end in ranges]
+        self._begin(epoch)
 
     def undelivered(self) -> Remainder:
         """The unread part of the open slices and the slices not opened yet, this epoch."""
@@ -85,14 +87,14 @@ class SliceSource(Node):
             )
         opened = [(self._slice(s)[0] + taken, self._slice(s)[1]) for s, taken in self._open]
         pending = [self._slice(int(s)) for s in self._order[self._next_slice :]]
-        return Remainder(self._epoch, [*opened, *pending])
+        return Remainder.of_one(self._epoch, [*opened, *pending])
 
     def _slice(self, slice_id: int) -> tuple[int, int]:
         n = len(self.slices)
-        return self.slices[slice_id] if slice_id < n else self._carried[slice_id - n]
+        return self.slices[slice_id] if slice_id < n else self._carried[slice_id - n]  # type: ignore[index]
 
     def _epoch_order(self, epoch: int):
-        if self._carried:
+        if self._carried is not None:
             return list(range(len(self.slices), len(self.slices) + len(self._carried)))
         return self.slice_order(len(self.slices), epoch)
 
@@ -113,7 +115,7 @@ class SliceSource(Node):
             return
         self.check_state(state, "epoch", "next_slice", "open", "draws", "failures")
         epoch = check_count(state["epoch"], "epoch", stage=self.tag)
-        self._carried = self._check_carried(state.get("carried", []))
+        self._carried = None if "carried" not in state else self._check_carried(state["carried"])
         order = self._epoch_order(epoch)
         next_slice = check_count(state["next_slice"], "next_slice", stage=self.tag, high=len(order), high_reason="this worker's slices")
         open_slices = self._check_open(state["open"])
@@ -145,7 +147,7 @@ class SliceSource(Node):
         result: list[list[int]] = []
         for i, entry in enumerate(entries):
             check_list(entry, "open", i, stage=self.tag, length=2, of="numbers: [slice id, samples taken]")
-            slice_id = check_index(entry[0], len(self.slices) + len(self._carried), "open", i, 0, stage=self.tag, of="slices on this worker")
+            slice_id = check_index(entry[0], len(self.slices) + len(self._carried or ()), "open", i, 0, stage=self.tag, of="slices on this worker")
             start, end = self._slice(slice_id)
             taken = check_count(entry[1], "open", i, 1, stage=self.tag, high=max(end - start - 1, 0), high_reason=f"slice {slice_id} holds {end - start} samples")
             result.append([slice_id, taken])
@@ -160,7 +162,7 @@ class SliceSource(Node):
             "draws": self._draws,
             "failures": self.guard.failures,
         }
-        if self._carried:  # only after an elastic restore, until that epoch ends
+        if self._carried is not None:  # only after an elastic restore, until that epoch ends
             state["carried"] = [list(r) for r in self._carried]
         return state
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 from bisect import bisect_right
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.pipeline.sharding import (
+    Slices,
     bit_reversal_permutation,
     epoch_slice_order,
     rotation_offset_for,
@@ -391,3 +393,34 @@ def test_other_validation() -> None:
         worker_sample_ranges(10, 0)
     with pytest.raises(ConfigError, match="dataset_index"):
         rotation_offset_for(3, [1, 2], 4)
+
+
+# --------------------------------------------------------------------------------------------
+# Slices: a worker's slices as their bounds
+# --------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 9), max_size=8), st.integers(0, 9))
+def test_slices_behave_as_the_list_of_pairs(steps: list[int], first: int) -> None:
+    bounds = list(itertools.accumulate(steps, initial=first)) if steps else []
+    pairs = list(zip(bounds, bounds[1:]))
+    got = Slices(bounds)
+    assert len(got) == len(pairs) and list(got) == pairs and got == pairs and pairs == got
+    assert [got[i] for i in range(-len(pairs), len(pairs))] == pairs + pairs
+    assert got[1:] == pairs[1:] and got[::-1] == pairs[::-1]
+    assert got.samples == sum(b - a for a, b in pairs)
+    assert pickle.loads(pickle.dumps(got)) == got
+    for out_of_range in (len(pairs), -len(pairs) - 1):
+        with pytest.raises(IndexError):
+            got[out_of_range]
+    if pairs:
+        assert got != pairs[:-1] and got != [*pairs[:-1], (pairs[-1][0], pairs[-1][1] + 1)]
+
+
+def test_slice_ranges_drop_empty_shards_and_empty_cuts() -> None:
+    # Shards of 3, 0, 0, 4 samples; msps 1 cuts 4 samples into 4 slices, and 3 into 3.
+    starts = [0, 3, 3, 3, 7]
+    assert slice_ranges(0, 7, starts, None) == [(0, 3), (3, 7)]
+    assert slice_ranges(1, 7, starts, 1) == [(1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7)]
+    assert slice_ranges(3, 3, starts, None) == [] and len(slice_ranges(3, 3, starts, None)) == 0

@@ -131,7 +131,16 @@ def test_worker_slices_matches_reference_on_random_topologies() -> None:
                 rotation_offset=rotation,
                 sample_range=sample_range,
             )
-            assert worker_slices(**kwargs) == reference_worker_slices(**kwargs), kwargs
+            got = worker_slices(**kwargs)
+            assert got == reference_worker_slices(**kwargs), kwargs
+            # Each worker's slices tile one range without gaps (the loader takes a worker's sample
+            # count as last end - first start).
+            local = max(1, num_workers)
+            for w, slices in enumerate(got):
+                first, last = (0, total) if sample_range is None else sample_range
+                a, b = worker_sample_range(rank * local + w, last - first, world_size * local, rotation_offset=rotation)
+                assert [s for s, _ in slices[1:]] == [e for _, e in slices[:-1]], kwargs
+                assert (slices[-1][1] - slices[0][0] if slices else 0) == b - a, kwargs
 
 
 @pytest.mark.parametrize("rank", [0, 1, 2047, 4094, 4095])

@@ -61,7 +61,7 @@ class DatasetSource(SavableDataset[Any]):
         return leaf_source(self.spec, self.index, local_worker_id, self.slices[local_worker_id])
 
     def worker_length(self, local_worker_id: int) -> int:
-        return sum(end - start for start, end in self.slices[local_worker_id])
+        return self.slices[local_worker_id].samples
 
     def config(self) -> dict[str, Any]:
         return {"type": "DatasetSource", "dataset": self.spec.plan.leaves[self.index].describe(), "training": self.spec.training, "split_part": self.spec.split_part}
