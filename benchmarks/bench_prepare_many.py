@@ -13,7 +13,8 @@ Reported times are medians over ``--repeats``.  Usage (the table in the report):
 Both tools run non-interactively with ``--split-ratio 8,1,1 --num-workers 2 --skip-dataset-yaml
 --no-progress`` (re-runs add ``--force-overwrite``).  Energon re-indexes every shard on a re-run;
 ours re-scans only shards whose size or mtime changed (``scanned`` column: ours from its summary
-line, Energon always all).  A last row times ours' ``prepare_dataset`` call alone, after the
+line, Energon always all), and with the same shards and few of them changed it updates a copy of
+its previous ``index.sqlite`` instead of building a new one.  A last row times ours' ``prepare_dataset`` call alone, after the
 process started and imported it (the part of the one-shard re-run that prepare itself costs).
 """
 

@@ -7,7 +7,8 @@ keys are found at prepare time.
 :class:`SqliteIndexWriter` has two faces over one file format:
 
 - the shard-at-a-time calls that :mod:`.prepare` uses (:meth:`~SqliteIndexWriter.add_shard`,
-  :meth:`~SqliteIndexWriter.copy_shard`), which collect every duplicate key so the error can
+  :meth:`~SqliteIndexWriter.copy_shard`, and :meth:`~SqliteIndexWriter.update_copy` for a
+  re-prepare that changes a few shards), which collect every duplicate key so the error can
   list them all;
 - Energon's row-batch calls (``append_samples``, ``append_parts``, ``append_media_metadata_batch``,
   ``append_media_filter``, ``close``, a context manager and the ``db`` attribute), which raise
@@ -16,9 +17,11 @@ keys are found at prepare time.
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +71,9 @@ _INDEXES = (
         "CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, "
         "part_name, content_byte_offset, content_byte_size)"
     ),
+)
+_SAMPLE_TABLES_SCHEMA = (
+    "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name IN ('samples', 'sample_parts') ORDER BY name"
 )
 _INSERT_SAMPLE = "INSERT INTO samples VALUES (?, ?, ?, ?, ?)"
 _INSERT_PART = "INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)"
@@ -203,9 +209,34 @@ def _rebuild_duplicate_error(
     return error
 
 
+def _mismatch(where: object, shard_id: int, expected: int, rows: int) -> IndexMismatchError:
+    return IndexMismatchError(
+        format_message(
+            "the previous index does not hold the rows recorded for a shard",
+            where=f"{where}, tar_file_id {shard_id}",
+            expected=f"{expected} samples",
+            found=f"{rows} rows",
+            fix="run prepare again; it re-scans the shard",
+        )
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Writer
 # ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _sample_tables_schema() -> list[tuple]:
+    """The ``sqlite_master`` rows of the sample tables and their indexes as this writer makes
+    them (SQLite's own text of each statement)."""
+    db = sqlite3.connect(":memory:")
+    try:
+        for statement in (*_SCHEMA, *_INDEXES):
+            db.execute(statement)
+        return db.execute(_SAMPLE_TABLES_SCHEMA).fetchall()
+    finally:
+        db.close()
 
 
 def _local_file(path: str | os.PathLike) -> Path:
@@ -229,7 +260,8 @@ class SqliteIndexWriter:
     are created if missing and emptied first when ``reset_tables``. ``scratch=True`` is for a
     fresh temporary file that is renamed into place afterwards: an old file at the path is
     removed, and there is no rollback journal on disk and no fsync. Lookup indexes are built
-    once, in :meth:`close`, after all rows are in.
+    once, in :meth:`close`, after all rows are in.  :meth:`update_copy` opens a copy of a
+    previous index instead, for prepare's shard-at-a-time calls only.
     """
 
     def __init__(
@@ -259,12 +291,8 @@ class SqliteIndexWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if scratch:
             self.path.unlink(missing_ok=True)
-        # A URI connection so that attach_previous can open the old index read-only.
-        self.db: sqlite3.Connection | None = sqlite3.connect(self.path.absolute().as_uri(), uri=True)
-        self.db.execute("PRAGMA busy_timeout = 5000")
-        if scratch:
-            self.db.execute("PRAGMA journal_mode=MEMORY")  # savepoints still roll back
-            self.db.execute("PRAGMA synchronous=OFF")
+        self.db: sqlite3.Connection | None = self._connect("MEMORY" if scratch else None)  # MEMORY: savepoints still roll back
+        self._rolls_back = True  # append_samples undoes a failed batch
         if enable_sample_tables:
             for statement in (*_DROP, *_SCHEMA):
                 self.db.execute(statement)
@@ -274,6 +302,71 @@ class SqliteIndexWriter:
                 self.db.execute("DROP TABLE IF EXISTS media_filters")
             for statement in MEDIA_SCHEMA:
                 self.db.execute(statement)
+
+    def _connect(self, scratch_journal: str | None) -> sqlite3.Connection:
+        # A URI connection so that attach_previous can open the old index read-only.
+        db = sqlite3.connect(self.path.absolute().as_uri(), uri=True)
+        db.execute("PRAGMA busy_timeout = 5000")
+        if scratch_journal is not None:  # a temporary file: no fsync, the journal where asked
+            db.execute(f"PRAGMA journal_mode={scratch_journal}")
+            db.execute("PRAGMA synchronous=OFF")
+        return db
+
+    @classmethod
+    def update_copy(
+        cls,
+        sqlite_path: str | os.PathLike,
+        previous: str | os.PathLike,
+        *,
+        keep: Mapping[int, int],
+        shard_count: int,
+        other_tables: Collection[str] = (),
+    ) -> SqliteIndexWriter | None:
+        """A writer on a copy of the ``previous`` index (made at ``sqlite_path``, a temporary
+        file renamed into place afterwards) for a dataset whose shards keep their ids.
+
+        ``keep`` maps the id of each unchanged shard to its recorded sample count; the rows of
+        every other shard (ids up to ``shard_count``, and any other id the file holds) are
+        deleted, and :meth:`add_rows` then adds the changed shards' new rows.  The lookup
+        indexes are there already and SQLite keeps them up to date, so a few changed shards
+        cost a file copy and their own rows, not a rebuild of the whole index.  Rowids differ
+        from a full rebuild's (a changed shard's rows come after every kept row); within each
+        shard, rows stay in (sample_index, content_byte_offset) order.
+
+        Returns None (and leaves no file) when the previous index is not laid out as this
+        writer lays one out: other tables or indexes than the sample tables and
+        ``other_tables``; rebuild then.  An unreadable file raises :class:`sqlite3.DatabaseError`;
+        one that holds another number of rows for a kept shard, :class:`IndexMismatchError`.
+        """
+        writer = cls.__new__(cls)
+        writer.sqlite_path = sqlite_path
+        writer.enable_sample_tables, writer.enable_media_metadata, writer.reset_tables = True, False, True
+        writer.path = _local_file(sqlite_path)
+        writer.db = None
+        # No journal at all: nothing is rolled back (a failed update deletes the file; Energon's
+        # append_samples, which undoes a failed batch, is refused), and a journal in memory
+        # would grow with the pages an update touches.
+        writer._rolls_back = False
+        writer.path.unlink(missing_ok=True)
+        try:
+            shutil.copyfile(previous, writer.path)
+            db = writer.db = writer._connect("OFF")
+            tables = {row[0] for row in db.execute("SELECT tbl_name FROM sqlite_master")}
+            layout = db.execute(_SAMPLE_TABLES_SCHEMA).fetchall()
+            if not tables <= {"samples", "sample_parts", *other_tables} or layout != _sample_tables_schema():
+                writer.abort()
+                return None
+            found = dict(db.execute("SELECT tar_file_id, COUNT(*) FROM samples GROUP BY tar_file_id").fetchall())
+            for shard_id, expected in keep.items():
+                if found.get(shard_id, 0) != expected:
+                    raise _mismatch(previous, shard_id, expected, found.get(shard_id, 0))
+            drop = [(shard_id,) for shard_id in sorted(set(range(shard_count)).union(found).difference(keep))]
+            db.executemany("DELETE FROM samples WHERE tar_file_id = ?", drop)
+            db.executemany("DELETE FROM sample_parts WHERE tar_file_id = ?", drop)
+        except BaseException:
+            writer.abort()
+            raise
+        return writer
 
     def _open_db(self) -> sqlite3.Connection:
         if self.db is None:
@@ -290,6 +383,14 @@ class SqliteIndexWriter:
     def append_samples(self, rows: Sequence[IndexSample]) -> None:
         """Inserts sample rows; a duplicate key raises and leaves none of ``rows`` written."""
         db = self._open_db()
+        if not self._rolls_back:
+            raise ConfigError(
+                format_message(
+                    "append_samples on an index writer made by update_copy (it cannot undo a failed batch)",
+                    where=str(self.path),
+                    fix="use add_rows, or open a new SqliteIndexWriter",
+                )
+            )
         if not rows:
             return
         db.execute("SAVEPOINT append_samples")
@@ -435,15 +536,7 @@ class SqliteIndexWriter:
         for i, expected in enumerate(expected_rows):
             rows = found.get(old_first + i, 0)
             if expected is not None and rows != expected:
-                raise IndexMismatchError(
-                    format_message(
-                        "the previous index does not hold the rows recorded for a shard",
-                        where=f"{self.path} (previous index attached as prev), tar_file_id {old_first + i}",
-                        expected=f"{expected} samples",
-                        found=f"{rows} rows",
-                        fix="run prepare again; it re-scans the shard",
-                    )
-                )
+                raise _mismatch(f"{self.path} (previous index attached as prev)", old_first + i, expected, rows)
         total = sum(found.values())
         select = (
             "SELECT tar_file_id + ?, sample_key, sample_index, byte_offset, byte_size FROM prev.samples "

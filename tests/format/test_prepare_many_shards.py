@@ -2,16 +2,20 @@
 
 Every output of a prepare (``.info.json``, ``split.yaml``, each ``.tar.idx`` and the tables of
 ``index.sqlite``) must be the same whether the shards were scanned in this process or by worker
-processes, and whether a re-prepare copied unchanged shards from the previous index or a fresh
-prepare indexed them all.  ``.tar.idx`` files and index rows are also checked against Python's
-``tarfile``, an independent reader.  A re-prepare after one shard changed scans exactly that
-shard and reads no other shard's ``.tar.idx``.  Nothing here asserts on timing.
+processes, and whether a re-prepare updated a copy of the previous index in place, built a new
+one from the rows of unchanged shards, or a fresh prepare indexed them all (only rowids may
+differ: see :func:`_outputs`).  ``.tar.idx`` files and index rows are also checked against
+Python's ``tarfile``, an independent reader.  A re-prepare after one shard changed scans exactly
+that shard and reads no other shard's ``.tar.idx``.  A previous index that cannot be updated is
+rebuilt or re-scanned, and a duplicate key is reported as a fresh prepare reports it.  Nothing
+here asserts on timing.
 """
 
 from __future__ import annotations
 
 import builtins
 import io
+import json
 import os
 import shutil
 import sqlite3
@@ -20,16 +24,20 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
-from energon_lite_dev.synthetic import make_text, write_tar
+from energon_lite_dev.synthetic import make_png, make_text, write_tar
 
 from megatron_energon_lite.format import prepare as prepare_module
+from megatron_energon_lite.format.media_metadata import MediaFilter
 from megatron_energon_lite.format.metadata import (
     SplitConfig,
     read_split_config,
     split_config_text,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.format.sqlite_index import DuplicateSampleKeyError
+from megatron_energon_lite.format.sqlite_index import (
+    DuplicateSampleKeyError,
+    SqliteIndexWriter,
+)
 from megatron_energon_lite.format.tar_index import index_name
 
 SHARDS = 240
@@ -76,10 +84,58 @@ def _copy(source: Path, target: Path) -> Path:
 
 def _touch(root: Path, shard: int) -> str:
     """Rewrites one shard with one more sample; returns its name relative to ``root``."""
-    path = _write_shard(root, shard, extra=1)
+    return _changed(root, _write_shard(root, shard, extra=1))
+
+
+def _changed(root: Path, path: Path) -> str:
+    """Moves ``path``'s mtime a second on (a new mtime on any clock); returns its name."""
     stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a new mtime on any clock
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     return path.relative_to(root).as_posix()
+
+
+@pytest.fixture
+def index_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How each prepare wrote index.sqlite, in order: "build" (a new file), "update" (a copy of
+    the previous one updated in place), "refused" (a previous index update_copy would not update,
+    a build follows), "unusable" (it raised; every shard is scanned again for a build)."""
+    writes: list[str] = []
+    update_copy, init = SqliteIndexWriter.update_copy.__func__, SqliteIndexWriter.__init__
+
+    def spy_update_copy(cls, *args, **kwargs):
+        try:
+            writer = update_copy(cls, *args, **kwargs)
+        except Exception:
+            writes.append("unusable")
+            raise
+        writes.append("refused" if writer is None else "update")
+        return writer
+
+    def spy_init(self, *args, **kwargs) -> None:
+        writes.append("build")
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqliteIndexWriter, "update_copy", classmethod(spy_update_copy))
+    monkeypatch.setattr(SqliteIndexWriter, "__init__", spy_init)
+    return writes
+
+
+def _edit_index(root: Path, *statements: str) -> None:
+    """Changes index.sqlite behind prepare's back, then records the file's new stamp as the one
+    the previous run left (so that the record is trusted and the index is what is tested)."""
+    index = root / ".nv-meta/index.sqlite"
+    db = sqlite3.connect(index)
+    try:
+        for statement in statements:
+            db.execute(statement)
+        db.commit()
+    finally:
+        db.close()
+    state_path = root / ".nv-meta/.lite-prepare.json"
+    state = json.loads(state_path.read_text())
+    stat = index.stat()
+    state["index_stamp"] = [stat.st_size, str(stat.st_mtime_ns)]
+    state_path.write_text(json.dumps(state))
 
 
 def _outputs(root: Path) -> dict[str, object]:
@@ -93,8 +149,16 @@ def _outputs(root: Path) -> dict[str, object]:
     try:
         out["schema"] = db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
         for table in ("samples", "sample_parts"):
-            # By rowid: the rows and the order they were inserted in.
-            out[table] = db.execute(f"SELECT rowid, * FROM {table} ORDER BY rowid").fetchall()
+            # The rows of each shard in the order they were inserted (rowid order within the
+            # shard), not the rowids themselves: a re-prepare that updates the previous index in
+            # place inserts a changed shard's rows after all others.  No reader depends on the
+            # order across shards: ours look rows up by key or place them by (tar_file_id,
+            # sample_index); Energon's order by (tar_file_id, sample_index, content_byte_offset)
+            # or look up by key, and its join sorts by shard (split order), keeping a shard's
+            # rows in the order it scans them.  Energon's own prepare inserts the rows in the
+            # order its worker processes deliver them (batches of different shards interleave),
+            # so rowid order across shards differs from run to run there as well.
+            out[table] = db.execute(f"SELECT * FROM {table} ORDER BY tar_file_id, rowid").fetchall()
     finally:
         db.close()
     return out
@@ -158,7 +222,7 @@ def test_workers_and_in_process_scans_write_the_same_files(pristine: Path, tmp_p
         db.close()
 
 
-def test_incremental_reprepare_writes_what_a_fresh_prepare_writes(pristine: Path, tmp_path: Path) -> None:
+def test_incremental_reprepare_writes_what_a_fresh_prepare_writes(pristine: Path, tmp_path: Path, index_writes: list[str]) -> None:
     incremental = _copy(pristine, tmp_path / "incremental")
     prepare_dataset(incremental, split_ratio=RATIO, num_workers=2, progress=False)
     touched = _touch(incremental, 101)
@@ -170,6 +234,7 @@ def test_incremental_reprepare_writes_what_a_fresh_prepare_writes(pristine: Path
     result = prepare_dataset(incremental, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
     assert result.scanned == ["b/c/shard_0050x.tar", touched]
     assert len(result.reused) == SHARDS - 2
+    assert index_writes == ["build", "build"]  # shard ids moved: no update in place
 
     fresh = _copy(incremental, tmp_path / "fresh")
     prepare_dataset(fresh, split_ratio=RATIO, num_workers=1, progress=False)
@@ -233,6 +298,206 @@ def test_failed_reprepare_with_workers_leaves_no_temporary_index(pristine: Path,
     _assert_same(_outputs(root), before)
 
 
+def test_in_place_update_writes_what_a_fresh_prepare_writes(pristine: Path, tmp_path: Path, index_writes: list[str]) -> None:
+    root = _copy(pristine, tmp_path / "ds")
+    names = list(prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False).shard_counts)
+    again = prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert again.scanned == [] and index_writes == ["build", "update"]
+    # The first and the last shard grow by a sample, one in the middle shrinks to one sample.
+    changed = {names[0], names[-1], names[120]}
+    for name in (names[0], names[-1]):
+        _touch(root, int(name[-8:-4]))
+    middle = int(names[120][-8:-4])
+    write_tar(_shard_path(root, middle), _shard_samples(middle, extra=2)[-1:], tar_format="pax")
+    _changed(root, _shard_path(root, middle))
+    result = prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert index_writes == ["build", "update", "update"]
+    assert set(result.scanned) == changed and len(result.reused) == SHARDS - 3
+    assert result.shard_counts[names[120]] == 1
+
+    # The updated index put the changed shards' rows last (a fresh one has them in shard order) ...
+    db = sqlite3.connect(root / ".nv-meta/index.sqlite")
+    try:
+        first_rows = db.execute("SELECT MIN(rowid) FROM samples WHERE tar_file_id = 0").fetchone()[0]
+        kept_rows = db.execute("SELECT MAX(rowid) FROM samples WHERE tar_file_id = 1").fetchone()[0]
+    finally:
+        db.close()
+    assert first_rows > kept_rows
+    # ... and holds what a fresh prepare writes.
+    fresh = _copy(root, tmp_path / "fresh")
+    prepare_dataset(fresh, split_ratio=RATIO, num_workers=1, progress=False)
+    _assert_same(_outputs(root), _outputs(fresh))
+    assert _leftovers(root) == []
+
+
+def test_many_changed_shards_build_a_new_index(pristine: Path, tmp_path: Path, index_writes: list[str]) -> None:
+    root = _copy(pristine, tmp_path / "ds")
+    prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False)
+    changed = [_changed(root, _shard_path(root, shard)) for shard in range(0, SHARDS, 3)]  # a third
+    _touch(root, 100)
+    result = prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert len(result.scanned) == len(changed) + 1 and index_writes == ["build", "build"]
+    fresh = _copy(root, tmp_path / "fresh")
+    prepare_dataset(fresh, split_ratio=RATIO, num_workers=1, progress=False)
+    _assert_same(_outputs(root), _outputs(fresh))
+
+
+@pytest.mark.parametrize(
+    ("damage", "writes", "rescan"),
+    [
+        ("missing", ["build"], True),  # no previous index: every shard is scanned
+        ("not a database", ["unusable", "build"], True),
+        ("rows missing", ["unusable", "build"], True),  # a kept shard lost a row
+        ("stray rows", ["update"], False),  # rows of a shard id the record does not know: deleted
+        ("other index", ["refused", "build"], False),  # another layout: a new index, copied rows
+        ("other table", ["refused", "build"], False),
+    ],
+)
+def test_previous_index_that_cannot_be_updated_as_it_is(
+    pristine: Path, tmp_path: Path, index_writes: list[str], caplog: pytest.LogCaptureFixture, damage: str, writes: list[str], rescan: bool
+) -> None:
+    root = _copy(pristine, tmp_path / "ds")
+    names = list(prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False).shard_counts)
+    touched = _touch(root, 150)
+    index = root / ".nv-meta/index.sqlite"
+    if damage == "missing":
+        index.unlink()
+    elif damage == "not a database":
+        stat = index.stat()
+        with open(index, "r+b") as f:  # the header overwritten, the size and mtime kept
+            f.write(b"not an index" * 8)
+        os.utime(index, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    elif damage == "rows missing":
+        _edit_index(root, "DELETE FROM samples WHERE tar_file_id = 3 AND sample_index = 0")
+    elif damage == "stray rows":
+        _edit_index(root, "INSERT INTO samples VALUES (9999, 'stray', 0, 0, 1024)", "INSERT INTO sample_parts VALUES (9999, 0, 'txt', 512, 3)")
+    elif damage == "other index":
+        _edit_index(root, "CREATE INDEX idx_extra ON samples(byte_size)")
+    else:
+        _edit_index(root, "CREATE TABLE extra (x)", "INSERT INTO extra VALUES (1)")
+    result = prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert index_writes == ["build", *writes]
+    assert result.scanned == (names if rescan else [touched])
+    assert ("the previous index cannot be read" in caplog.text) == ("unusable" in writes)
+    fresh = _copy(root, tmp_path / "fresh")
+    prepare_dataset(fresh, split_ratio=RATIO, num_workers=1, progress=False)
+    _assert_same(_outputs(root), _outputs(fresh))
+    assert _leftovers(root) == []
+
+
+@pytest.mark.parametrize("case", ["kept key earlier", "kept key later", "three places", "twice in the shard"])
+def test_duplicate_key_from_an_updated_shard_is_reported_as_by_a_fresh_prepare(
+    pristine: Path, tmp_path: Path, index_writes: list[str], case: str
+) -> None:
+    root = _copy(pristine, tmp_path / "ds")
+    names = list(prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False).shard_counts)
+    before = _outputs(root)
+    # Shards by position (tar_file_id), numbered as _write_shard numbers them.
+    early, middle, late = (int(names[i][-8:-4]) for i in (10, 120, 230))
+
+    def rewrite(shard: int, again: str) -> None:
+        write_tar(_shard_path(root, shard), _shard_samples(shard, extra=1) + [(again, {"txt": b"again"})], tar_format="gnu")
+        _changed(root, _shard_path(root, shard))
+
+    kept = _shard_samples(middle)[0][0]
+    if case == "kept key earlier":
+        rewrite(late, kept)
+    elif case == "kept key later":  # the update meets the key in the other order than a full build
+        rewrite(early, kept)
+    elif case == "three places":  # twice in changed shards, once in a kept one between them
+        rewrite(early, kept)
+        rewrite(late, kept)
+    else:
+        rewrite(early, _shard_samples(early, extra=1)[0][0])
+    with pytest.raises(DuplicateSampleKeyError) as updated:
+        prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert index_writes == ["build", "update"]
+    assert _leftovers(root) == []
+    _assert_same(_outputs(root), before)  # nothing written
+
+    fresh = _copy(root, tmp_path / "fresh")
+    with pytest.raises(DuplicateSampleKeyError) as built:
+        prepare_dataset(fresh, split_ratio=RATIO, num_workers=1, progress=False)
+    assert index_writes[-1] == "build"
+    assert updated.value.duplicates == built.value.duplicates
+    assert str(updated.value) == str(built.value) and updated.value.sample_key == built.value.sample_key
+    assert len(updated.value.duplicates) == (2 if case == "three places" else 1)
+
+
+def test_in_place_update_with_media_metadata(tmp_path: Path, index_writes: list[str]) -> None:
+    pytest.importorskip("PIL")
+    root = tmp_path / "media"
+
+    def shard(number: int, samples: int, width: int) -> Path:
+        path = root / f"m/shard_{number}.tar"
+        write_tar(path, [(f"img_{number}_{i}", {"png": make_png(width + i, 3, seed=(number, i)), "txt": b"x"}) for i in range(samples)])
+        return path
+
+    for number in range(8):
+        shard(number, 2, 4)
+    kwargs = dict(split_ratio=RATIO, num_workers=1, progress=False, media_filter=MediaFilter.by_extension())
+    prepare_dataset(root, **kwargs)
+    changed = _changed(root, shard(5, 3, 9))
+    result = prepare_dataset(root, force_overwrite=True, **kwargs)
+    assert result.scanned == [changed] and index_writes == ["build", "update"]
+
+    def media_rows(at: Path) -> tuple[list, list]:
+        db = sqlite3.connect(at / ".nv-meta/index.sqlite")
+        try:
+            return (
+                db.execute("SELECT * FROM media_metadata ORDER BY entry_key").fetchall(),
+                db.execute("SELECT filter_id, strategy, patterns FROM media_filters").fetchall(),
+            )
+        finally:
+            db.close()
+
+    fresh = _copy(root, tmp_path / "fresh")
+    prepare_dataset(fresh, **kwargs)
+    _assert_same(_outputs(root), _outputs(fresh))
+    rows, filters = media_rows(root)
+    assert (rows, filters) == media_rows(fresh)
+    assert {row[0] for row in rows} == {f"img_{n}_{i}.png" for n in range(8) for i in range(3 if n == 5 else 2)}
+    assert json.loads(dict((row[0], row[2]) for row in rows)["img_5_2.png"])["width"] == 11
+
+
+@pytest.mark.energon
+def test_energon_joins_an_updated_index_as_a_fresh_one(pristine: Path, tmp_path: Path, index_writes: list[str]) -> None:
+    """Energon's join orders rows by shard only (split order), and within a shard takes them in
+    the order it reads the table: an update in place keeps each shard's rows in scan order."""
+    join = pytest.importorskip("megatron.energon.metadataset.join_dataset_loader")
+    from megatron.energon.epathlib import EPath as EnergonPath
+
+    root = _copy(pristine, tmp_path / "ds")
+    names = list(prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False).shard_counts)
+    for shard in (0, 150, SHARDS - 1):
+        _touch(root, shard)
+    prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False, force_overwrite=True)
+    assert index_writes == ["build", "update"]
+    fresh = _copy(root, tmp_path / "fresh")
+    total = prepare_dataset(fresh, split_ratio=RATIO, num_workers=1, progress=False).total_samples
+    order = list(range(len(names)))[::-2] + list(range(len(names)))[-2::-2]  # not the index order
+
+    def joined(primary: Path, secondary: Path, out: str) -> bytes:
+        infos = [
+            join.JoinedDatasetMetaInfo(
+                db_path=EnergonPath(at / ".nv-meta/index.sqlite"),
+                uuid=(at / ".nv-meta/index.uuid").read_text(),
+                excludes=[],
+                shard_name_to_info_idx={name: i for i, name in enumerate(names)},
+                split_part_oder=order,
+                nonmatch="error",
+            )
+            for at in (primary, secondary)
+        ]
+        join.join_multiple_indices(infos, EnergonPath(tmp_path / out))
+        return (tmp_path / out).read_bytes()
+
+    reference = joined(fresh, fresh, "fresh.idx")
+    assert len(reference) == 16 + total * 2 * 24  # magic, column count, then 2 x (shard, offset, size) per row
+    assert joined(root, fresh, "primary.idx") == reference
+    assert joined(fresh, root, "secondary.idx") == reference
+
+
 def test_split_yaml_is_kept_when_unchanged_and_reread_when_edited(pristine: Path, tmp_path: Path) -> None:
     root = _copy(pristine, tmp_path / "ds")
     prepare_dataset(root, split_ratio=RATIO, num_workers=2, progress=False)
@@ -292,6 +557,7 @@ def test_discovery_matches_pathlib_glob(tmp_path: Path) -> None:
     assert "linked_dir/b.tar" not in expected and "link.tar" in expected
 
 
-@pytest.mark.parametrize("name", ["a.tar", "d/a.tar", ".tar", "d/.tar", "..tar", "d/a.b.tar", "d/a.tgz", "x.y/z.tar"])
+@pytest.mark.parametrize("name", ["a.tar", "d/a.tar", ".tar", "d/.tar", "..tar", "d/..tar", "d/a.b.tar", "d/a.tgz", "x.y/z.tar", "x.tar/.tar"])
 def test_index_names_are_pathlib_s(name: str) -> None:
     assert index_name(name) == str(PurePosixPath(name).with_suffix(".tar.idx"))
+    assert prepare_module._index_name(name) == index_name(name)  # the shortcut a re-prepare takes
