@@ -10,7 +10,9 @@ had not delivered is delivered once, none it had delivered comes again.
 Per dataset of a blend: each dataset's remainder is pooled and shared out on its own; samples
 waiting in buffers above the blend go back to their dataset; the blend's counts and costs are
 spread over the new workers and its exact schedule goes on from the global position where the
-saved stream stopped (see :func:`pool_remainders` for the limits at epoch boundaries).
+saved stream stopped, each new worker taking a share of a dataset's remainder in proportion to
+how often its positions take that dataset (see :func:`pool_remainders` for the limits at epoch
+boundaries).
 
 Supported: the stages source, endless repeat, map/filter, blend by weight (any mode), shuffle
 buffer, length-grouping buckets, packing buffers (the members of groups not packed yet), batch,
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import StateError, format_message
-from .pipeline.node import BlendCursor, Remainder
+from .pipeline.blend import BlendNode
+from .pipeline.node import BlendCursor, Remainder, find_stage
 from .pipeline.passes import on_top
 from .rank_state import TOPOLOGY_KEYS, RankState, check_same_config
 from .worker import WorkerConfig
@@ -88,11 +91,12 @@ def elastic_rank_state(states: Sequence[dict], dataset: SavableDataset, worker_c
     pooled = pool_remainders(remainders, ended=loop_ended)
     wc = worker_config
     new_workers = wc.world_size * wc.workers_per_rank
+    rates = _schedule_rates(dataset, wc, pooled)
     worker_states = []
     for local in range(wc.workers_per_rank):
         pipeline = on_top(dataset.build_worker(local), restart=restart)
         pipeline.reset(None)
-        pipeline.carry_in(share_pooled(pooled, wc.rank * wc.workers_per_rank + local, new_workers))
+        pipeline.carry_in(share_pooled(pooled, wc.rank * wc.workers_per_rank + local, new_workers, rates=rates))
         worker_states.append(pipeline.get_state())
     return RankState(worker_states=tuple(worker_states), next_worker=0, pass_ended=loop_ended, config=current)
 
@@ -130,9 +134,33 @@ def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> 
     return Remainder(tuple(epochs), tuple(ranges), tuple([] for _ in range(count)), blend)
 
 
-def share_pooled(pooled: Remainder, worker: int, workers: int) -> Remainder:
+def _schedule_rates(dataset: SavableDataset, worker_config: WorkerConfig, pooled: Remainder) -> list[list[int]] | None:
+    """Exact blends: per new global worker, how often its positions in the schedule take each
+    dataset (from the global position where the saved stream stopped); None for other pipelines.
+
+    An exact schedule fixes each position's dataset, so workers take a dataset at different
+    rates, and one whose positions are a residue class modulo the period may never take it: its
+    share of that dataset's remainder is in proportion to its rate (none when it never takes it).
+    """
+    if pooled.blend is None:
+        return None
+    wc = worker_config
+    rates = []
+    for rank in range(wc.world_size):
+        other = dataset.with_topology(WorkerConfig(rank=rank, world_size=wc.world_size, num_workers=wc.num_workers, seed_offset=wc.seed_offset))
+        for local in range(wc.workers_per_rank):
+            blend = find_stage(other.build_worker(local), BlendNode)
+            found = None if blend is None else blend.schedule_rates(pooled.blend.emitted)
+            if found is None:
+                return None
+            rates.append(found)
+    return rates
+
+
+def share_pooled(pooled: Remainder, worker: int, workers: int, *, rates: list[list[int]] | None = None) -> Remainder:
     """Global worker ``worker``'s part of the pooled remainder: a contiguous share of each
-    dataset's samples, and an even share of the blend's counts and costs."""
+    dataset's samples (even, or in proportion to ``rates[worker][k]``, each worker's rate of
+    taking dataset ``k``), and an even share of the blend's counts and costs."""
     blend = pooled.blend
     if blend is not None:
         blend = BlendCursor(
@@ -140,7 +168,10 @@ def share_pooled(pooled: Remainder, worker: int, workers: int) -> Remainder:
             counts=tuple(even_share(c, worker, workers) for c in blend.counts),
             costs=tuple(even_share(c, worker, workers) for c in blend.costs),
         )
-    shares = tuple(share_remainder(ranges, worker, workers) for ranges in pooled.ranges)
+    shares = tuple(
+        share_remainder(ranges, worker, workers, weights=None if rates is None else [r[k] for r in rates])
+        for k, ranges in enumerate(pooled.ranges)
+    )
     return Remainder(pooled.epochs, shares, tuple([] for _ in shares), blend)
 
 
@@ -162,11 +193,16 @@ def merge_ranges(ranges) -> list[tuple[int, int]]:
     return [(start, end) for start, end in merged]
 
 
-def share_remainder(ranges: list[tuple[int, int]], worker: int, workers: int) -> list[tuple[int, int]]:
+def share_remainder(ranges: list[tuple[int, int]], worker: int, workers: int, *, weights: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """Global worker ``worker``'s contiguous share of the samples in ``ranges``: the samples are
-    counted in order and worker ``g`` of ``n`` takes positions ``[g * total // n, (g + 1) * total // n)``."""
+    counted in order and worker ``g`` of ``n`` takes positions ``[g * total // n, (g + 1) * total // n)``,
+    or, with ``weights`` (one per worker), a part in proportion to its weight."""
     total = sum(end - start for start, end in ranges)
-    first, last = worker * total // workers, (worker + 1) * total // workers
+    if weights is None:
+        first, last = worker * total // workers, (worker + 1) * total // workers
+    else:
+        before, whole = sum(weights[:worker]), sum(weights)
+        first, last = before * total // whole, (before + weights[worker]) * total // whole
     share: list[tuple[int, int]] = []
     position = 0
     for start, end in ranges:

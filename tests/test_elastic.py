@@ -229,3 +229,19 @@ def test_shares_cover_the_remainder_once_in_order(pairs, workers: int) -> None:
     assert flat == [i for start, end in ranges for i in range(start, end)]
     sizes = [sum(end - start for start, end in share) for share in shares]
     assert max(sizes) - min(sizes) <= 1
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.integers(0, 10)), max_size=8),
+    st.lists(st.integers(0, 5), min_size=1, max_size=7).filter(any),
+)
+def test_weighted_shares_cover_the_remainder_once_in_proportion(pairs, weights: list[int]) -> None:
+    ranges = merge_ranges((start, start + length) for start, length in pairs)
+    shares = [share_remainder(ranges, g, len(weights), weights=weights) for g in range(len(weights))]
+    flat = [i for share in shares for start, end in share for i in range(start, end)]
+    assert flat == [i for start, end in ranges for i in range(start, end)]
+    total = len(flat)
+    for weight, share in zip(weights, shares):
+        size = sum(end - start for start, end in share)
+        assert abs(size - total * weight / sum(weights)) < 1 + 1e-9
+        assert weight or not size  # a worker of weight 0 gets nothing

@@ -324,19 +324,32 @@ class BlendNode(Node[Any]):
         self._counts, self._costs, self._offset = list(cursor.counts), list(cursor.costs), cursor.emitted
 
     # --- iteration -----------------------------------------------------------------------------
-    def _check_reads_carried(self, remainder: Remainder, offset: int) -> None:
-        """An exact schedule fixes each position's dataset: a worker whose positions never fall on
-        dataset ``k`` (the number of workers times the batch size shares a factor with the
-        schedule's period) would hold its carried samples of ``k`` forever."""
+    def schedule_rates(self, offset: int) -> list[int] | None:
+        """Exact mode: how many of this worker's positions in one period of the schedule take each
+        dataset, its stream starting at global position ``offset`` (None in other modes, where
+        every worker draws the datasets at the same rates).  A worker's positions are one
+        residue class modulo the period when its stride (global workers x batch size) shares a
+        factor with the period: it may then never take some dataset."""
+        if self.schedule is None:
+            return None
         schedule = ExactSchedule(self.schedule.weights)
-        seen = {schedule.source_at(offset + self.position(n)) for n in range(schedule.period * self.position_batch)}
+        rates = [0] * len(self.sources)
+        for n in range(schedule.period * self.position_batch):
+            rates[schedule.source_at(offset + self.position(n))] += 1
+        return rates
+
+    def _check_reads_carried(self, remainder: Remainder, offset: int) -> None:
+        """A worker that never takes dataset ``k`` must not be given samples of ``k`` to carry:
+        they would never come (elastic resume shares by :meth:`schedule_rates`, so this is a
+        safety net)."""
+        rates = self.schedule_rates(offset)
         for k, ranges in enumerate(remainder.ranges):
-            if ranges and k not in seen:
+            if ranges and not rates[k]:
                 raise NotSupportedError(
                     format_message(
                         "an exact blend cannot move this dataset's rest of the epoch to this worker: its positions in the schedule never take that dataset",
                         where=self.names[k],
-                        found=f"the weights' period of {schedule.period} positions and this topology's global workers times batch size share a factor",
+                        found=f"the weights' period of {self.schedule.period} positions and this topology's global workers times batch size share a factor",
                         fix="restore with another number of ranks or workers (or batch size), or with blend_mode random",
                     )
                 )

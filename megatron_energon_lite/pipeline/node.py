@@ -284,3 +284,17 @@ def as_key(value: Any) -> tuple:
 def key_to_json(key: tuple) -> list:
     """The JSON form of a restore key (tuples to lists, at every depth)."""
     return [key_to_json(v) if isinstance(v, (list, tuple)) else v for v in key]
+
+
+N = TypeVar("N", bound=Node)
+
+
+def find_stage(node: Node[Any], kind: type[N]) -> N | None:
+    """The first stage of type ``kind`` at or below ``node`` (depth first through ``inputs()``)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, kind):
+            return current
+        stack.extend(reversed(current.inputs()))
+    return None
