@@ -25,15 +25,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .errors import StateError, format_message
+from ._version import __version__
+from .errors import ConfigError, StateError, format_message
 from .pipeline.blend import BlendNode
 from .pipeline.node import BlendCursor, Remainder, find_stage
 from .pipeline.passes import on_top
-from .rank_state import TOPOLOGY_KEYS, RankState, check_same_config
+from .rank_state import (
+    REDISTRIBUTED_FROM,
+    STATE_VERSION,
+    TOPOLOGY_KEYS,
+    RankState,
+    check_same_config,
+)
 from .worker import WorkerConfig
 from .wrappers.base import SavableDataset
 
-__all__ = ["Topology", "elastic_rank_state", "even_share", "merge_ranges", "pool_remainders", "share_pooled", "share_remainder", "topology_of"]
+__all__ = ["Topology", "elastic_rank_state", "redistribute", "redistributed_rank_state", "even_share", "merge_ranges", "pool_remainders", "share_pooled", "share_remainder", "topology_of"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,55 @@ def topology_of(states: Sequence[Any]) -> Topology:
             )
         )
     return Topology(world, num_workers)
+
+
+def redistribute(states: Sequence[Any], world_size: int, num_workers: int) -> list[dict]:
+    """Every rank's state of ``world_size`` ranks x ``num_workers`` workers, from a global state
+    saved on another topology (offline: ``energon-lite checkpoint redist``).
+
+    What each new worker takes of the rest of the running epoch depends on the dataset (shard
+    sizes, buffers' samples, an exact blend's schedule), which only the training process has:
+    each new rank's state is its place in the new topology and the saved global state, checked
+    here (every rank once, one configuration); :meth:`restore_state_rank` of that rank divides
+    the rest as :meth:`restore_state_global` would.  Saved on the same topology, the states are
+    returned as they are.
+    """
+    saved = topology_of(states)
+    for name, value, low in (("world size", world_size, 1), ("number of workers per rank", num_workers, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(format_message(f"invalid new {name}", expected=f"an integer >= {low}", found=repr(value)))
+    first = states[0].get("config", {})
+    for rank, state in enumerate(states[1:], 1):
+        check_same_config(state.get("config", {}), first, ignore=TOPOLOGY_KEYS, where=f"rank {rank}'s state")
+    if (saved.world_size, saved.num_workers) == (world_size, num_workers):
+        return [dict(state) for state in states]
+    return [
+        {
+            "version": STATE_VERSION,
+            "writer": f"megatron-energon-lite {__version__}",
+            "config": {**first, "worker_config.rank": rank, "worker_config.world_size": world_size, "worker_config.num_workers": num_workers},
+            REDISTRIBUTED_FROM: list(states),
+        }
+        for rank in range(world_size)
+    ]
+
+
+def redistributed_rank_state(state: dict, dataset: SavableDataset, worker_config: WorkerConfig) -> RankState:
+    """This rank's state from a redistributed one (:func:`redistribute`), which must be for this
+    rank of this topology."""
+    config = state.get("config", {}) if isinstance(state.get("config"), dict) else {}
+    wc = worker_config
+    meant = tuple(config.get(k) for k in TOPOLOGY_KEYS)
+    if meant != (wc.rank, wc.world_size, wc.num_workers):
+        raise StateError(
+            format_message(
+                "this redistributed state is for another rank or topology",
+                expected=f"rank {wc.rank} of {wc.world_size} rank(s) x {wc.num_workers} worker(s) (this loader)",
+                found=f"rank {meant[0]} of {meant[1]} rank(s) x {meant[2]} worker(s)",
+                fix="give each rank its own entry of `energon-lite checkpoint redist`'s output, made for this topology",
+            )
+        )
+    return elastic_rank_state(state[REDISTRIBUTED_FROM], dataset, worker_config)
 
 
 def elastic_rank_state(states: Sequence[dict], dataset: SavableDataset, worker_config: WorkerConfig) -> RankState:

@@ -53,7 +53,7 @@ from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
 from .pipeline.passes import on_top
 from .pipeline.state_check import nested
 from .pipeline.watchdog import StuckReports
-from .rank_state import RankState
+from .rank_state import REDISTRIBUTED_FROM, RankState
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
@@ -400,6 +400,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
+        if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
+            from .elastic import redistributed_rank_state
+
+            self._restore(redistributed_rank_state(state, self.savable_dataset, self.worker_config))
+            return
         self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config))
 
     def _restore(self, restored: RankState) -> None:

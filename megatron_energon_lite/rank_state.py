@@ -18,11 +18,14 @@ from .pipeline.passes import upgrade_v1_worker_state
 from .pipeline.state_check import check_bool, check_index, invalid
 from .worker import WorkerConfig
 
-__all__ = ["STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config"]
+__all__ = ["REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config"]
 
 STATE_VERSION = 2
 #: Versions this one reads (older ones are upgraded).
 READABLE_VERSIONS = (1, 2)
+#: The key of a redistributed rank state (``energon-lite checkpoint redist``, ``elastic.redistribute``):
+#: the saved global state it was made from; the rest of the epoch is divided when it is restored.
+REDISTRIBUTED_FROM = "redistributed_from"
 #: The parts of a loader's configuration that an elastic restore (``elastic.py``) may change.
 TOPOLOGY_KEYS = ("worker_config.rank", "worker_config.world_size", "worker_config.num_workers")
 

@@ -1,4 +1,5 @@
-"""``energon-lite checkpoint``: look at saved loader states (``info``); ``redist`` is not there yet.
+"""``energon-lite checkpoint``: look at saved loader states (``info``) and make states for another
+topology (``redist``).
 
 A checkpoint file holds what ``save_state_rank()`` returns (one rank) or what
 ``save_state_global()`` returns (a list, one entry per rank), saved with ``torch.save`` (``.pt``,
@@ -14,6 +15,7 @@ from pathlib import Path
 import click
 
 from ..errors import format_message
+from ..rank_state import REDISTRIBUTED_FROM
 from .params import Command, ValueProblem
 
 _FILES = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -33,7 +35,14 @@ class SavedRank:
         return self.state.get("config", {}).get("worker_config.rank")
 
     @property
+    def redistributed(self) -> bool:
+        """Made by ``checkpoint redist``: a place in a new topology and the saved global state."""
+        return REDISTRIBUTED_FROM in self.state
+
+    @property
     def num_workers(self) -> int:
+        if self.redistributed:
+            return max(1, int(self.state.get("config", {}).get("worker_config.num_workers", 0)))
         return len(self.state["worker_states"])
 
 
@@ -60,6 +69,8 @@ def _load(file: Path) -> object:
 
 
 def _is_state(value: object) -> bool:
+    if isinstance(value, dict) and isinstance(value.get(REDISTRIBUTED_FROM), list):
+        return True
     return isinstance(value, dict) and "worker_states" in value and isinstance(value["worker_states"], list)
 
 
@@ -157,6 +168,16 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
         click.echo(f"    Written by: {state.get('writer', 'unknown')}, state version {state.get('version', '?')}")
         click.echo(f"    Dataset: {state.get('config', {}).get('path', 'unknown')} (split {state.get('config', {}).get('split_part', '?')})")
         config = state.get("config", {})
+        if rank_state.redistributed:
+            source = state[REDISTRIBUTED_FROM]
+            source_config = source[0].get("config", {}) if source and isinstance(source[0], dict) else {}
+            click.echo(
+                f"    Redistributed (energon-lite checkpoint redist) for rank {config.get('worker_config.rank', '?')} of "
+                f"{config.get('worker_config.world_size', '?')}, {config.get('worker_config.num_workers', '?')} workers per rank, "
+                f"from a checkpoint of {len(source)} rank(s) x {source_config.get('worker_config.num_workers', '?')} worker(s); "
+                "the rest of the running epoch is divided when this rank restores it"
+            )
+            continue
         click.echo(f"    Saved on: rank {config.get('worker_config.rank', '?')} of {config.get('worker_config.world_size', '?')}, {config.get('worker_config.num_workers', '?')} workers per rank")
         click.echo(f"    Next worker ID: {state.get('next_worker')}; the loop over the loader had {'ended' if state.get('pass_ended') else 'not ended'}")
         click.echo(f"    Number of worker states: {rank_state.num_workers}")
@@ -174,25 +195,53 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
 @click.command(cls=Command, name="redist")
 @click.argument("input_files", nargs=-1, required=True, type=_FILES)
 @click.argument("output_path", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--new-world-size", type=click.IntRange(min=1), default=None, help="Number of ranks to redistribute to.")
-def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int | None) -> None:
-    """Redistribute a checkpoint for a new number of ranks (offline: not supported yet, fails with 1).
+@click.option("--new-world-size", "--world-size", type=click.IntRange(min=1), default=None, help="Number of ranks of the new topology.")
+@click.option(
+    "--new-num-workers", "--num-workers", type=click.IntRange(min=0), default=None, help="Loader workers per rank of the new topology (default: as saved)."
+)
+def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int | None, new_num_workers: int | None) -> None:
+    """Make the loader states of another number of ranks or workers from a saved checkpoint.
 
-    Energon's ``energon checkpoint redist`` moves worker states between ranks. Here the loader
-    does it when it restores: pass every rank's state to ``restore_state_global`` on the new
-    topology (it needs the dataset to divide the rest of the epoch, which this command has not).
+    INPUT_FILES: one global checkpoint (save_state_global) or every rank's file; OUTPUT_PATH: a
+    folder, which gets one global checkpoint named like the input, or rank0, rank1, ... files of
+    the input's format. Any new world size and number of workers (Energon's redist only moves
+    worker states between ranks). What each new worker reads of the rest of the running epoch
+    depends on the dataset, which only the training process has: each new rank's state holds its
+    place and the saved states, checked here, and restore_state_rank divides the rest when it
+    restores it (as restore_state_global does).
     """
-    _, states = read_rank_states(input_files)  # a file that is no checkpoint fails with its own message
-    world, workers = len(states), states[0].num_workers
-    target = f" to {new_world_size} ranks" if new_world_size is not None else ""
-    raise ValueProblem(
-        format_message(
-            f"redistributing a loader checkpoint{target} offline is not supported yet; nothing was written to {output_path}",
-            found=f"a checkpoint of {world} rank(s) x {workers} worker(s) per rank",
-            fix="on the new topology, give every rank the whole list of states: loader.restore_state_global(states) "
-            "divides the rest of the running epoch over the new ranks and workers (elastic resume)",
-        )
-    )
+    from ..elastic import redistribute
+    from ..errors import ConfigError, StateError
+
+    is_global, saved = read_rank_states(input_files)
+    if any(s.redistributed for s in saved):
+        raise ValueProblem("the checkpoint was redistributed already; redistribute the original one")
+    if new_world_size is None:
+        raise ValueProblem(format_message("the new number of ranks is missing", fix="pass --new-world-size N (and --new-num-workers M to change the workers per rank)"))
+    workers = int(saved[0].state.get("config", {}).get("worker_config.num_workers", saved[0].num_workers)) if new_num_workers is None else new_num_workers
+    try:
+        states = redistribute([s.state for s in saved], new_world_size, workers)
+    except (StateError, ConfigError) as exc:
+        raise ValueProblem(str(exc)) from None
+    output_path.mkdir(parents=True, exist_ok=True)
+    suffix = input_files[0].suffix
+    if is_global:
+        written = [output_path / input_files[0].name]
+        _save(states, written[0])
+    else:
+        written = [output_path / f"rank{rank}{suffix}" for rank in range(len(states))]
+        for state, file in zip(states, written):
+            _save(state, file)
+    click.echo(f"{len(saved)} rank(s) x {saved[0].num_workers} worker(s) -> {new_world_size} rank(s) x {workers} worker(s): wrote {', '.join(str(f) for f in written[:4])}{' ...' if len(written) > 4 else ''}")
+
+
+def _save(value: object, file: Path) -> None:
+    if file.suffix == ".json":
+        file.write_text(json.dumps(value))
+        return
+    import torch
+
+    torch.save(value, file)
 
 
 @click.group(name="checkpoint", context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)

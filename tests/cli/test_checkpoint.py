@@ -52,13 +52,67 @@ def test_info_of_per_rank_files_and_a_global_file(rank_states: list[dict], tmp_p
     assert "Global checkpoint" in result.output and "Number of DP ranks: 2" in result.output
 
 
-def test_redist_is_not_supported_yet_and_says_what_to_do(rank_states: list[dict], tmp_path: Path) -> None:
-    global_file = tmp_path / "global.pt"
-    torch.save(rank_states, global_file)
+def _val_loader(root: Path, rank: int, world: int, workers: int):
+    config = WorkerConfig(rank=rank, world_size=world, num_workers=workers)
+    return get_savable_loader(get_val_dataset(root, split_part="train", batch_size=1, worker_config=config))
+
+
+@pytest.mark.parametrize(("world", "workers", "suffix", "as_global"), [(1, 2, ".json", True), (3, 0, ".pt", False), (2, 3, ".pt", True)])
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_redist_makes_states_that_finish_the_pass_on_the_new_topology(rank_states: list[dict], tmp_path: Path, world: int, workers: int, suffix: str, as_global: bool) -> None:
+    # The fixture's two ranks delivered samples 000, 001 (rank 0) and 004, 005 (rank 1).
+    if as_global:
+        inputs = [tmp_path / f"global{suffix}"]
+        inputs[0].write_text(json.dumps(rank_states)) if suffix == ".json" else torch.save(rank_states, inputs[0])
+    else:
+        inputs = [tmp_path / f"state_r{rank}{suffix}" for rank in range(2)]
+        for state, file in zip(rank_states, inputs):
+            torch.save(state, file)
     out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["checkpoint", "redist", *map(str, inputs), str(out), "--new-world-size", str(world), "--new-num-workers", str(workers)])
+    assert result.exit_code == 0, result.output
+    assert f"2 rank(s) x 1 worker(s) -> {world} rank(s) x {workers} worker(s)" in result.output
+    if as_global:
+        written = out / inputs[0].name
+        states = json.loads(written.read_text()) if suffix == ".json" else torch.load(written, weights_only=True)
+    else:
+        states = [torch.load(out / f"rank{rank}{suffix}", weights_only=True) for rank in range(world)]
+    assert len(states) == world
+    info = CliRunner().invoke(cli, ["checkpoint", "info", *([str(out / inputs[0].name)] if as_global else [str(out / f"rank{r}{suffix}") for r in range(world)])])
+    assert info.exit_code == 0 and "Redistributed" in info.output and "from a checkpoint of 2 rank(s) x 1 worker(s)" in info.output, info.output
+    after = []
+    for rank in range(world):
+        loader = _val_loader(tmp_path / "ds", rank, world, workers)
+        loader.restore_state_rank(states[rank])
+        after += [key for batch in loader for key in batch.__key__]
+    assert sorted(["000", "001", "004", "005", *after]) == [f"{i:03d}" for i in range(8)]
+
+
+def test_a_redistributed_state_refuses_another_rank_or_topology(rank_states: list[dict], tmp_path: Path) -> None:
+    from megatron_energon_lite import StateError
+    from megatron_energon_lite.elastic import redistribute
+
+    states = redistribute(rank_states, 3, 0)
+    with pytest.raises(StateError, match="rank 1 of 3 rank"):
+        _val_loader(tmp_path / "ds", 0, 3, 0).restore_state_rank(states[1])
+    with pytest.raises(StateError, match="rank 0 of 3 rank"):
+        _val_loader(tmp_path / "ds", 0, 2, 0).restore_state_rank(states[0])
+    assert redistribute(rank_states, 2, 1) == rank_states  # the same topology: unchanged
+
+
+def test_redist_refuses_bad_requests(rank_states: list[dict], tmp_path: Path) -> None:
+    global_file = tmp_path / "global.json"
+    out = tmp_path / "out"
+    global_file.write_text(json.dumps(rank_states[1:]))  # rank 1 only
     result = CliRunner().invoke(command_redist, [str(global_file), str(out), "--new-world-size", "1"])
-    assert result.exit_code == 1
-    assert "not supported yet" in result.output and "2 rank(s) x 1 worker(s)" in result.output and "restore_state_global" in result.output
+    assert result.exit_code == 1 and "every rank once" in result.output and "missing [0]" in result.output, result.output
+    global_file.write_text(json.dumps(rank_states))
+    result = CliRunner().invoke(command_redist, [str(global_file), str(out)])
+    assert result.exit_code == 1 and "--new-world-size" in result.output
+    other = [rank_states[0], {**rank_states[1], "config": {**rank_states[1]["config"], "batch_size": 3}}]
+    global_file.write_text(json.dumps(other))
+    result = CliRunner().invoke(command_redist, [str(global_file), str(out), "--new-world-size", "1"])
+    assert result.exit_code == 1 and "batch_size" in result.output, result.output
     assert not out.exists()
 
 
