@@ -10,9 +10,10 @@ world size.  Usage (the table in the report; 2 to 3 minutes on 2 cores, generati
 Options: ``--data-dir DIR`` keeps the generated and prepared datasets there (reused when present,
 one ``shards-N`` folder per shard count; default: a temp folder removed at the end),
 ``--libs ours,ours-nocache,energon`` (``ours-nocache``: ours on the same dataset without the
-split cache that our prepare writes, as for a dataset Energon prepared), ``--no-topology`` (skip part 2), ``--warm`` (part 1 once more with imports
-warmed: in the same fresh process, a build and a first batch on a 2-shard dataset before the timed
-calls, so lazily imported modules are not counted; the measured dataset is still cold).
+split cache that our prepare writes, as for a dataset Energon prepared), ``--no-topology`` (skip
+part 2), ``--warm`` (part 1 once more with imports warmed: in the same fresh process, a build and
+a first batch on a 2-shard dataset before the timed calls, so lazily imported modules are not
+counted; the measured dataset is still cold).
 
 Datasets: ``N`` tiny WebDataset shards of 10 text samples (``synthetic.write_tar``), prepared once by
 our ``prepare_dataset(split_ratio=(1, 0, 0))`` with a ``TextSample`` dataset.yaml; ours and Energon
