@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.states import carried_datasets
 from energon_lite_dev.synthetic import write_tar
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
@@ -70,25 +71,7 @@ def _loader(path: Path, rank: int, world: int, workers: int, *, mode: str, batch
 
 
 def _carried(state) -> list[bool]:
-    """Per blended dataset, whether any worker of this rank still reads what it carried over."""
-    found: dict[int, bool] = {}
-
-    def walk(node, dataset):
-        if isinstance(node, dict):
-            if node.get("stage") == "Blend":
-                for k, child in enumerate(node["sources"]):
-                    walk(child, k)
-                return
-            if node.get("stage") == "Source" and node.get("carried"):
-                found[dataset] = True
-            for value in node.values():
-                walk(value, dataset)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value, dataset)
-
-    walk(state, None)
-    return [found.get(k, False) for k in range(len(SIZES))]
+    return carried_datasets(state, len(SIZES))
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -1,5 +1,6 @@
 """Elastic resume under torchrun with gloo: 2 ranks save, 1 rank finishes the epoch; 1 rank saves,
-2 ranks finish it.  Every sample of the epoch is delivered exactly once over both runs."""
+2 ranks finish it.  Every sample of the epoch is delivered exactly once over both runs; for a
+blend of two datasets, every sample of each dataset's running epoch."""
 
 import json
 import os
@@ -54,3 +55,31 @@ def test_the_epoch_finishes_exactly_once_on_another_number_of_ranks(dataset: Pat
     counts = Counter(before + after)
     assert sorted(counts) == KEYS and max(counts.values()) == 1, (before, after)
     assert before and after
+
+
+BLEND_SIZES = {"a": [5, 3, 6], "b": [7, 4, 8, 2]}
+
+
+@pytest.fixture(scope="module")
+def blend(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("elastic_dist_blend")
+    for name, sizes in BLEND_SIZES.items():
+        for shard, size in enumerate(sizes):
+            write_tar(base / name / f"shards/{shard}.tar", [(f"{name}{shard}_{i:02d}", {"txt": f"{name} {i}".encode()}) for i in range(size)])
+        prepare_dataset(base / name, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
+    path = base / "blend.yaml"
+    path.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {weight: 1, path: a}\n      - {weight: 2, path: b}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(("saved", "restored"), [((2, 1), (1, 0)), ((1, 1), (2, 1))])
+def test_each_blended_dataset_finishes_its_epoch_once_on_another_number_of_ranks(blend: Path, tmp_path: Path, saved, restored) -> None:
+    before = _torchrun("save", saved[0], blend, tmp_path, saved[1])
+    after = _torchrun("restore", restored[0], blend, tmp_path, restored[1])
+    for name, sizes in BLEND_SIZES.items():
+        counts = Counter(k for k in before + after if k.startswith(name))
+        expected = sorted(f"{name}{shard}_{i:02d}" for shard, size in enumerate(sizes) for i in range(size))
+        assert sorted(counts) == expected and max(counts.values()) == 1, (name, before, after)
