@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import hashlib
 
+# numpy.random is loaded here, before workers fork (numpy loads it lazily): a forked worker
+# importing it itself sometimes died with a KeyError in importlib's module lock (seen in
+# tests/cli/test_checkpoint.py, 4 runs of 4).
 import numpy as np
+import numpy.random  # noqa: F401
 
 
 def stage_id(name: str) -> int:
