@@ -9,6 +9,7 @@ any other suffix) or as JSON (``.json``). Energon's own checkpoint files are not
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,14 +198,18 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
 @click.argument("output_path", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--new-world-size", "--world-size", type=click.IntRange(min=1), default=None, help="Number of ranks of the new topology.")
 @click.option(
-    "--new-num-workers", "--num-workers", type=click.IntRange(min=0), default=None, help="Loader workers per rank of the new topology (default: as saved)."
+    "--new-num-workers",
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Loader workers per rank of the new topology (default: the saved number of global workers divided over the new ranks, as Energon's redist).",
 )
 def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int | None, new_num_workers: int | None) -> None:
     """Make the loader states of another number of ranks or workers from a saved checkpoint.
 
     INPUT_FILES: one global checkpoint (save_state_global) or every rank's file; OUTPUT_PATH: a
-    folder, which gets one global checkpoint named like the input, or rank0, rank1, ... files of
-    the input's format. Any new world size and number of workers (Energon's redist only moves
+    folder, which gets one global checkpoint named like the input, or one file per rank named
+    like the inputs (state_rank0.pt, ...: the number is the rank) or else rank0, rank1, ... Any new world size and number of workers (Energon's redist only moves
     worker states between ranks). What each new worker reads of the rest of the running epoch
     depends on the dataset, which only the training process has: each new rank's state holds its
     place and the saved states, checked here, and restore_state_rank divides the rest when it
@@ -218,21 +223,46 @@ def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int
         raise ValueProblem("the checkpoint was redistributed already; redistribute the original one")
     if new_world_size is None:
         raise ValueProblem(format_message("the new number of ranks is missing", fix="pass --new-world-size N (and --new-num-workers M to change the workers per rank)"))
-    workers = int(saved[0].state.get("config", {}).get("worker_config.num_workers", saved[0].num_workers)) if new_num_workers is None else new_num_workers
+    workers = _same_global_workers(saved, new_world_size) if new_num_workers is None else new_num_workers
     try:
         states = redistribute([s.state for s in saved], new_world_size, workers)
     except (StateError, ConfigError) as exc:
         raise ValueProblem(str(exc)) from None
     output_path.mkdir(parents=True, exist_ok=True)
-    suffix = input_files[0].suffix
     if is_global:
         written = [output_path / input_files[0].name]
         _save(states, written[0])
     else:
-        written = [output_path / f"rank{rank}{suffix}" for rank in range(len(states))]
+        written = [output_path / name for name in _rank_file_names(input_files, len(states))]
         for state, file in zip(states, written):
             _save(state, file)
     click.echo(f"{len(saved)} rank(s) x {saved[0].num_workers} worker(s) -> {new_world_size} rank(s) x {workers} worker(s): wrote {', '.join(str(f) for f in written[:4])}{' ...' if len(written) > 4 else ''}")
+
+
+def _same_global_workers(saved: list[SavedRank], new_world_size: int) -> int:
+    """Workers per new rank that keep the saved number of global workers (Energon's redist)."""
+    saved_workers = int(saved[0].state.get("config", {}).get("worker_config.num_workers", saved[0].num_workers))
+    total = len(saved) * max(1, saved_workers)
+    if total % new_world_size:
+        raise ValueProblem(
+            format_message(
+                f"{total} global workers do not divide over {new_world_size} ranks",
+                found=f"a checkpoint of {len(saved)} rank(s) x {saved_workers} worker(s)",
+                fix="pass --new-num-workers M (any number: the rest of the epoch is divided anew)",
+            )
+        )
+    per_rank = total // new_world_size
+    return 0 if saved_workers == 0 and per_rank == 1 else per_rank
+
+
+def _rank_file_names(inputs: tuple[Path, ...], ranks: int) -> list[str]:
+    """Per-rank output names: the inputs' own pattern when their names differ only in a number
+    that is their rank (``state_rank0.pt``, ``state_rank1.pt``, as Energon names them), else
+    ``rank0``, ``rank1``, ... with the inputs' suffix."""
+    match = re.fullmatch(r"(.*?)(\d+)(\D*)", inputs[0].name)
+    if match is not None and {p.name for p in inputs} == {f"{match[1]}{rank}{match[3]}" for rank in range(len(inputs))}:
+        return [f"{match[1]}{rank}{match[3]}" for rank in range(ranks)]
+    return [f"rank{rank}{inputs[0].suffix}" for rank in range(ranks)]
 
 
 def _save(value: object, file: Path) -> None:

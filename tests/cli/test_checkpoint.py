@@ -76,9 +76,9 @@ def test_redist_makes_states_that_finish_the_pass_on_the_new_topology(rank_state
         written = out / inputs[0].name
         states = json.loads(written.read_text()) if suffix == ".json" else torch.load(written, weights_only=True)
     else:
-        states = [torch.load(out / f"rank{rank}{suffix}", weights_only=True) for rank in range(world)]
+        states = [torch.load(out / f"state_r{rank}{suffix}", weights_only=True) for rank in range(world)]  # named like the inputs
     assert len(states) == world
-    info = CliRunner().invoke(cli, ["checkpoint", "info", *([str(out / inputs[0].name)] if as_global else [str(out / f"rank{r}{suffix}") for r in range(world)])])
+    info = CliRunner().invoke(cli, ["checkpoint", "info", *([str(out / inputs[0].name)] if as_global else [str(out / f"state_r{r}{suffix}") for r in range(world)])])
     assert info.exit_code == 0 and "Redistributed" in info.output and "from a checkpoint of 2 rank(s) x 1 worker(s)" in info.output, info.output
     after = []
     for rank in range(world):
@@ -109,6 +109,8 @@ def test_redist_refuses_bad_requests(rank_states: list[dict], tmp_path: Path) ->
     global_file.write_text(json.dumps(rank_states))
     result = CliRunner().invoke(command_redist, [str(global_file), str(out)])
     assert result.exit_code == 1 and "--new-world-size" in result.output
+    result = CliRunner().invoke(command_redist, [str(global_file), str(out), "--new-world-size", "3"])  # 2 workers over 3 ranks
+    assert result.exit_code == 1 and "2 global workers do not divide over 3 ranks" in result.output and "--new-num-workers" in result.output
     other = [rank_states[0], {**rank_states[1], "config": {**rank_states[1]["config"], "batch_size": 3}}]
     global_file.write_text(json.dumps(other))
     result = CliRunner().invoke(command_redist, [str(global_file), str(out), "--new-world-size", "1"])
