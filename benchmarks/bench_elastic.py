@@ -9,6 +9,10 @@ its first batch: on the same topology (it takes its own entry) and on ``--new-ra
 time; the two cases alternate; medians of ``--repeats``.
 
     .venv/bin/python benchmarks/bench_elastic.py --ranks 64 --new-ranks 16 --repeats 5
+    .venv/bin/python benchmarks/bench_elastic.py --blend exact   # a blend of two such datasets, 1:2
+
+``--blend MODE``: the loader reads a blend (weights 1:2, ``blend_mode`` MODE) of two datasets of
+``--shards`` shards each; an exact blend also computes every new worker's schedule rates.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSamp
 
 def make_loader(data: Path, rank: int, world: int, args):
     config = WorkerConfig(rank=rank, world_size=world, num_workers=0)
-    ds = get_train_dataset(data, worker_config=config, batch_size=args.batch_size, shuffle_buffer_size=args.shuffle_buffer, max_samples_per_sequence=args.msps)
+    blend = {"blend_mode": args.blend} if args.blend else {}
+    ds = get_train_dataset(data, worker_config=config, batch_size=args.batch_size, shuffle_buffer_size=args.shuffle_buffer, max_samples_per_sequence=args.msps, **blend)
     return get_savable_loader(ds)
 
 
@@ -55,10 +60,19 @@ def main() -> None:
     parser.add_argument("--msps", type=int, default=20)
     parser.add_argument("--batches", type=int, default=3, help="Batches each saved rank reads before saving.")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--blend", choices=["random", "exact"], default=None, help="Read a 1:2 blend of two datasets in this mode.")
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp()) / "texts"
-    generate_text_dataset(data, num_shards=args.shards, samples_per_shard=args.samples_per_shard, min_words=2, max_words=8, seed=3)
-    prepare_dataset(data, split_ratio=(1, 0, 0), progress=False, num_workers=2, dataset_yaml=TEXT_YAML)
+    base = Path(tempfile.mkdtemp())
+    for seed, name in enumerate(["texts", "more"][: 2 if args.blend else 1], start=3):
+        generate_text_dataset(base / name, num_shards=args.shards, samples_per_shard=args.samples_per_shard, min_words=2, max_words=8, seed=seed)
+        prepare_dataset(base / name, split_ratio=(1, 0, 0), progress=False, num_workers=2, dataset_yaml=TEXT_YAML)
+    data = base / "texts"
+    if args.blend:
+        data = base / "blend.yaml"
+        data.write_text(
+            "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+            "      - {weight: 1, path: texts}\n      - {weight: 2, path: more}\n"
+        )
 
     states = []
     for rank in range(args.ranks):
@@ -66,7 +80,8 @@ def main() -> None:
         list(itertools.islice(loader, args.batches))
         states.append(loader.save_state_rank())
     buffered = sum(len(state["worker_states"][0]["source"]["source"]["buffer"]) for state in states)
-    print(f"saved {args.ranks} ranks x 0 workers ({args.shards * args.samples_per_shard} samples, "
+    what = f"a blend (blend_mode {args.blend}, weights 1:2) of 2 datasets, each of" if args.blend else "one dataset of"
+    print(f"saved {args.ranks} ranks x 0 workers ({what} {args.shards * args.samples_per_shard} samples, "
           f"shuffle buffer {args.shuffle_buffer}: {buffered} samples buffered in all)")
 
     cases = {"same topology": args.ranks, f"{args.new_ranks} ranks (elastic)": args.new_ranks}
