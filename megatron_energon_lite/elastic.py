@@ -40,7 +40,18 @@ from .rank_state import (
 from .worker import WorkerConfig
 from .wrappers.base import SavableDataset
 
-__all__ = ["Topology", "elastic_rank_state", "redistribute", "redistributed_rank_state", "even_share", "merge_ranges", "pool_remainders", "share_pooled", "share_remainder", "topology_of"]
+__all__ = [
+    "Topology",
+    "elastic_rank_state",
+    "even_share",
+    "merge_ranges",
+    "pool_remainders",
+    "redistribute",
+    "redistributed_rank_state",
+    "share_pooled",
+    "share_remainder",
+    "topology_of",
+]
 
 
 @dataclass(frozen=True)
@@ -180,7 +191,8 @@ def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> 
     blend = None
     cursors = [r.blend for r in remainders]
     if any(c is not None for c in cursors):
-        # The items waiting above the blend had been counted by it: they are blended again.
+        # The items waiting above the blend had been counted by it: they are blended again (their
+        # costs stay counted: a cost is known only from the item, which is gone).
         put_back = [sum(len(r.waiting[k]) for r in remainders) for k in range(count)]
         blend = BlendCursor(
             emitted=sum(c.emitted for c in cursors) - sum(put_back),
