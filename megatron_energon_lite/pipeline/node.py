@@ -24,7 +24,7 @@ state never needs an RNG blob.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Iterator, Sequence, TypeVar
 
 from ..errors import ConfigError, NotSupportedError, StateError, format_message
@@ -63,7 +63,7 @@ class Remainder:
 
     epochs: tuple[int, ...]
     ranges: tuple[list[tuple[int, int]], ...]
-    waiting: tuple[list[int], ...] = ([],)
+    waiting: tuple[list[int], ...] = field(default_factory=lambda: ([],))  # a fresh list each
     blend: BlendCursor | None = None
 
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -32,6 +33,10 @@ def rank_states(tmp_path: Path) -> list[dict]:
         for _, _batch in zip(range(2), loader):
             pass
         states.append(loader.save_state_rank())
+        # Stop the worker now: a loader dropped mid-pass is otherwise shut down whenever the
+        # garbage collector finds it, inside some later test.
+        del loader, _batch
+        gc.collect()
     return states
 
 
