@@ -244,12 +244,17 @@ class DatasetInfo:
         return sum(self.shard_counts.values())
 
 
+def info_path(root: str | os.PathLike) -> AnyPath:
+    """``.nv-meta/.info.json``, or the legacy ``.info.yaml`` when there is no JSON one."""
+    meta = meta_dir(root)
+    return meta / INFO_JSON if (meta / INFO_JSON).is_file() else meta / INFO_YAML
+
+
 def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False) -> DatasetInfo:
     """Reads ``.info.json``; shard paths outside the dataset folder are refused (see
     :func:`check_shard_name`)."""
     require_prepared(root)
-    meta = meta_dir(root)
-    path = meta / INFO_JSON if (meta / INFO_JSON).is_file() else meta / INFO_YAML
+    path = info_path(root)
     raw = check_mapping(
         load_structured(path),
         file=path,

@@ -26,10 +26,9 @@ from typing import Any
 from ..errors import ConfigError, DatasetError
 from ..storage import AnyPath, RemotePath, atomic_write_text
 from .metadata import (
-    INFO_JSON,
-    INFO_YAML,
     ResolvedSplit,
     checked_split,
+    info_path,
     meta_dir,
     plain_shard_names,
     read_info,
@@ -56,8 +55,7 @@ def _stamp(path: Path) -> list[int] | None:
 def _sources(root: Path, split_config: str | None) -> tuple[dict[str, Any], Path] | None:
     """What a cache for ``split_config`` must have been made from: the info and split files'
     names and stamps (None when one cannot be read)."""
-    meta = meta_dir(root)
-    info = meta / INFO_JSON if (meta / INFO_JSON).is_file() else meta / INFO_YAML
+    info = info_path(root)
     split = resolve_split_config_path(root, split_config)
     info_stamp, split_stamp = _stamp(info), _stamp(split)
     if info_stamp is None or split_stamp is None:
@@ -78,10 +76,11 @@ def write_split_cache(root: AnyPath) -> bool:
     root = Path(root)
     cache = meta_dir(root) / SPLIT_CACHE
     sources = _sources(root, None)
+    if sources is None:
+        cache.unlink(missing_ok=True)
+        return False
     splits: dict[str, Any] = {}
     try:
-        if sources is None:
-            raise ConfigError("metadata files missing")
         info = read_info(root)
         config = read_split_config(root)
         unknown_excludes: list[str] = []
