@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from energon_lite_dev.states import carried_datasets
-from energon_lite_dev.synthetic import write_tar
+from energon_lite_dev.synthetic import sized_keys, write_text_blend
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -27,31 +27,19 @@ from megatron_energon_lite import (
     get_savable_loader,
     get_train_dataset,
 )
-from megatron_energon_lite.format.prepare import prepare_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
-TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 SIZES = {"a": [7, 5, 9, 3], "b": [11, 4, 8, 6, 10]}  # 24 and 39 samples, uneven shards
 
 
 @pytest.fixture(scope="module")
 def blend(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("elastic_blend")
-    for name, sizes in SIZES.items():
-        for shard, size in enumerate(sizes):
-            write_tar(base / name / f"shards/{shard:03d}.tar", [(f"{name}{shard}_{i:03d}", {"txt": f"{name} {shard} {i}".encode()}) for i in range(size)])
-        prepare_dataset(base / name, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
-    path = base / "blend.yaml"
-    path.write_text(
-        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
-        "      - {weight: 1, path: a}\n      - {weight: 2, path: b}\n"
-    )
-    return path
+    return write_text_blend(tmp_path_factory.mktemp("elastic_blend"), SIZES, {"a": 1, "b": 2})
 
 
 def all_keys(name: str) -> list[str]:
-    return sorted(f"{name}{shard}_{i:03d}" for shard, size in enumerate(SIZES[name]) for i in range(size))
+    return sized_keys(name, SIZES[name])
 
 
 class CharCost(DefaultTaskEncoder):

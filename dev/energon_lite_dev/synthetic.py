@@ -676,3 +676,28 @@ def make_audio(seconds: float = 1.0, rate: int = 16000, fmt: str = "wav") -> byt
         for packet in stream.encode():
             container.mux(packet)
     return buffer.getvalue()
+
+
+TEXT_SAMPLE_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
+
+
+def sized_keys(name: str, sizes: Sequence[int]) -> list[str]:
+    """The sample keys :func:`write_text_blend` gives dataset ``name`` of shards of ``sizes``, sorted."""
+    return sorted(f"{name}{shard}_{i:03d}" for shard, size in enumerate(sizes) for i in range(size))
+
+
+def write_text_blend(base: str | os.PathLike[str], sizes: Mapping[str, Sequence[int]], weights: Mapping[str, int]) -> Path:
+    """One prepared ``TextSample`` dataset ``base/NAME`` per entry of ``sizes`` (shards of those
+    sample counts, keys from :func:`sized_keys`) and ``base/blend.yaml`` blending them by
+    ``weights``; returns the YAML's path (elastic-resume tests of blends)."""
+    from megatron_energon_lite.format.prepare import prepare_dataset
+
+    base = Path(base)
+    for name, shard_sizes in sizes.items():
+        for shard, size in enumerate(shard_sizes):
+            write_tar(base / name / f"shards/{shard:03d}.tar", [(f"{name}{shard}_{i:03d}", {"txt": f"{name} {shard} {i}".encode()}) for i in range(size)])
+        prepare_dataset(base / name, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_SAMPLE_YAML)
+    path = base / "blend.yaml"
+    entries = "".join(f"      - {{weight: {weights[name]}, path: {name}}}\n" for name in sizes)
+    path.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n{entries}")
+    return path

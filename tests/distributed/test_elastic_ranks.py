@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import write_tar
+from energon_lite_dev.synthetic import sized_keys, write_tar, write_text_blend
 
 from megatron_energon_lite.format.prepare import prepare_dataset
 
@@ -62,17 +62,7 @@ BLEND_SIZES = {"a": [5, 3, 6], "b": [7, 4, 8, 2]}
 
 @pytest.fixture(scope="module")
 def blend(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("elastic_dist_blend")
-    for name, sizes in BLEND_SIZES.items():
-        for shard, size in enumerate(sizes):
-            write_tar(base / name / f"shards/{shard}.tar", [(f"{name}{shard}_{i:02d}", {"txt": f"{name} {i}".encode()}) for i in range(size)])
-        prepare_dataset(base / name, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
-    path = base / "blend.yaml"
-    path.write_text(
-        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
-        "      - {weight: 1, path: a}\n      - {weight: 2, path: b}\n"
-    )
-    return path
+    return write_text_blend(tmp_path_factory.mktemp("elastic_dist_blend"), BLEND_SIZES, {"a": 1, "b": 2})
 
 
 @pytest.mark.parametrize(("saved", "restored"), [((2, 1), (1, 0)), ((1, 1), (2, 1))])
@@ -81,5 +71,5 @@ def test_each_blended_dataset_finishes_its_epoch_once_on_another_number_of_ranks
     after = _torchrun("restore", restored[0], blend, tmp_path, restored[1])
     for name, sizes in BLEND_SIZES.items():
         counts = Counter(k for k in before + after if k.startswith(name))
-        expected = sorted(f"{name}{shard}_{i:02d}" for shard, size in enumerate(sizes) for i in range(size))
+        expected = sized_keys(name, sizes)
         assert sorted(counts) == expected and max(counts.values()) == 1, (name, before, after)
