@@ -16,8 +16,9 @@ boundaries).
 
 Supported: the stages source, endless repeat, map/filter, blend by weight (any mode), shuffle
 buffer, length-grouping buckets, packing buffers (the members of groups not packed yet), batch,
-virtual epochs / limits.  ``blend_epochized`` repeats, composed wrappers and a generator caught
-between two outputs are refused with an error that names the stage.
+virtual epochs / limits, ``blend_epochized`` passes (the rest of every repetition of the running
+pass).  Repeats of a fixed count elsewhere (``RepeatDataset``), composed wrappers and a generator
+caught between two outputs are refused with an error that names the stage.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Sequence
 from ._version import __version__
 from .errors import ConfigError, StateError, format_message
 from .pipeline.blend import BlendNode
-from .pipeline.node import BlendCursor, Remainder, find_stage
+from .pipeline.node import BlendCursor, Remainder, find_stage, samples_between
 from .pipeline.passes import on_top
 from .rank_state import (
     REDISTRIBUTED_FROM,
@@ -177,6 +178,9 @@ def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> 
     topology's order.  Samples waiting in buffers are carried whatever epoch they came from
     (nothing read and not delivered is lost; at an epoch boundary a buffered sample of the next
     epoch comes once more).  ``ended``: the pass had ended everywhere, nothing is carried.
+
+    A ``blend_epochized`` pass (remainders with ``layers``) is finished the same way: the oldest
+    running pass, each repetition of it after the other, a sample as often as it is still due.
     """
     count = len(remainders[0].epochs)
     if any(len(r.epochs) != count for r in remainders):
@@ -184,10 +188,16 @@ def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> 
     epochs, ranges = [], []
     for k in range(count):
         epoch = min(r.epochs[k] for r in remainders)
-        unread = [] if ended else [piece for r in remainders if r.epochs[k] == epoch for piece in r.ranges[k]]
+        running = [] if ended else [r for r in remainders if r.epochs[k] == epoch]
         waiting = [] if ended else [(i, i + 1) for r in remainders for i in r.waiting[k]]
         epochs.append(epoch)
-        ranges.append(merge_ranges([*unread, *waiting]))
+        if remainders[0].layers is None:
+            ranges.append(merge_ranges([*(piece for r in running for piece in r.ranges[k]), *waiting]))
+            continue
+        # Repetitions overlap: ranges are joined within one only, and never where they overlap.
+        depth = max((len(r.layers[k]) for r in running), default=0)
+        layers = [waiting, *([piece for r in running if j < len(r.layers[k]) for piece in r.layers[k][j]] for j in range(depth))]
+        ranges.append([piece for layer in layers for piece in merge_ranges(layer, join_overlaps=False)])
     blend = None
     cursors = [r.blend for r in remainders]
     if any(c is not None for c in cursors):
@@ -248,13 +258,14 @@ def even_share(total: int, worker: int, workers: int) -> int:
     return (worker + 1) * total // workers - worker * total // workers
 
 
-def merge_ranges(ranges) -> list[tuple[int, int]]:
-    """Sample ranges ``[start, end)`` sorted, with touching or overlapping ones joined."""
+def merge_ranges(ranges, *, join_overlaps: bool = True) -> list[tuple[int, int]]:
+    """Sample ranges ``[start, end)`` sorted, with touching or overlapping ones joined (with
+    ``join_overlaps=False`` only touching ones: a sample in two ranges stays in two)."""
     merged: list[list[int]] = []
     for start, end in sorted(ranges):
         if end <= start:
             continue
-        if merged and start <= merged[-1][1]:
+        if merged and (start <= merged[-1][1] if join_overlaps else start == merged[-1][1]):
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
@@ -271,14 +282,4 @@ def share_remainder(ranges: list[tuple[int, int]], worker: int, workers: int, *,
     else:
         before, whole = sum(weights[:worker]), sum(weights)
         first, last = before * total // whole, (before + weights[worker]) * total // whole
-    share: list[tuple[int, int]] = []
-    position = 0
-    for start, end in ranges:
-        length = end - start
-        lo, hi = max(first, position), min(last, position + length)
-        if lo < hi:
-            share.append((start + lo - position, start + hi - position))
-        position += length
-        if position >= last:
-            break
-    return share
+    return samples_between(ranges, first, last)

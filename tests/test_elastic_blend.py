@@ -9,6 +9,7 @@ and after the change; the blend's per-dataset counts carry over.
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from collections import Counter
 from pathlib import Path
@@ -21,7 +22,6 @@ from hypothesis import strategies as st
 
 from megatron_energon_lite import (
     DefaultTaskEncoder,
-    NotSupportedError,
     WorkerConfig,
     blend_report,
     get_savable_loader,
@@ -155,16 +155,118 @@ def test_samples_waiting_in_a_shuffle_buffer_are_blended_again(blend: Path) -> N
     assert all(counts[k] >= 1 for k in before)
 
 
-def test_blend_epochized_is_refused_naming_the_datasets(blend: Path) -> None:
-    epochized = blend.parent / "epochized.yaml"
-    epochized.write_text(
-        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"
-        "      - {repetitions: 1, path: a}\n      - {repetitions: 2, path: b}\n"
+REPETITIONS = {"a": 1.5, "b": 2}  # a: every sample once, then a partial epoch of half each worker's
+
+
+@pytest.fixture(scope="module")
+def epochized(blend: Path) -> Path:
+    path = blend.parent / "epochized.yaml"
+    entries = "".join(f"      - {{repetitions: {REPETITIONS[name]}, path: {name}}}\n" for name in SIZES)
+    path.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n{entries}")
+    return path
+
+
+def _epochized_loader(path: Path, rank: int, world: int, workers: int, *, mode: str, shuffle: int | None = None, repeat: bool = False):
+    config = WorkerConfig(rank=rank, world_size=world, num_workers=workers)
+    ds = get_train_dataset(
+        path, batch_size=1, shuffle_buffer_size=shuffle, max_samples_per_sequence=3, blend_mode=mode, repeat=repeat, worker_config=config
     )
-    saving = [_loader(epochized, rank, 2, 0, mode="random") for rank in range(2)]
+    return get_savable_loader(ds)
+
+
+def _one_pass(path: Path, topology, mode: str, shuffle: int | None) -> Counter:
+    """How often each key comes in one uninterrupted pass (repeat=False: the loader ends)."""
+    return Counter(key for rank in range(topology[0]) for batch in _epochized_loader(path, rank, *topology, mode=mode, shuffle=shuffle) for key in batch.__key__)
+
+
+def _check_pass(delivered: Counter, expected: Counter) -> None:
+    """Dataset b (2 repetitions): every key exactly twice.  Dataset a (1.5): every key once or
+    twice, as many in all as one uninterrupted pass of the saved topology delivers (its partial
+    epoch takes the first half of each old worker's slices in that epoch's order, so which keys
+    come twice may differ)."""
+    for name in SIZES:
+        got = {k: n for k, n in delivered.items() if k.startswith(name)}
+        want = {k: n for k, n in expected.items() if k.startswith(name)}
+        assert sorted(got) == all_keys(name), (name, sorted(set(all_keys(name)) - set(got))[:5])
+        assert sum(got.values()) == sum(want.values()), (name, sum(got.values()), sum(want.values()))
+        allowed = {2} if name == "b" else {1, 2}
+        assert set(got.values()) <= allowed, (name, Counter(got.values()))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    old=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    new=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    mode=st.sampled_from(["random", "exact"]),
+    shuffle=st.sampled_from([None, 4]),
+    seed=st.integers(0, 10**6),
+)
+@example(old=(2, 1), new=(1, 3), mode="exact", shuffle=4, seed=1)
+def test_blend_epochized_finishes_the_running_pass(epochized: Path, old, new, mode: str, shuffle, seed: int) -> None:
+    assume(old != new)
+    expected = _one_pass(epochized, old, mode, shuffle)
+    steps = random.Random(seed).randint(0, sum(expected.values()) // old[0])
+    before: list[str] = []
     states = []
-    for loader in saving:
-        next(iter(loader))
+    for rank in range(old[0]):
+        loader = _epochized_loader(epochized, rank, *old, mode=mode, shuffle=shuffle)
+        for batch in itertools.islice(loader, steps):
+            before += batch.__key__
         states.append(loader.save_state_rank())
-    with pytest.raises(NotSupportedError, match="blend_epochized|fixed number of epochs"):
-        _loader(epochized, 0, 1, 0, mode="random").restore_state_global(states)
+    after = []
+    for rank in range(new[0]):
+        loader = _epochized_loader(epochized, rank, *new, mode=mode, shuffle=shuffle)
+        loader.restore_state_global(states)
+        after += [key for batch in loader for key in batch.__key__]
+    _check_pass(Counter(before + after), expected)
+
+
+def test_a_carried_pass_moves_again_and_the_next_pass_is_the_new_topologys(epochized: Path) -> None:
+    """2 x 1 saves; 3 x 0 restores and saves inside the pass it carried; 1 x 0 finishes that pass
+    (repeat=False ends it there); with repeat=True the next pass is one pass of 1 x 0."""
+    expected = _one_pass(epochized, (2, 1), "exact", None)
+    total = sum(expected.values())
+    states, delivered = [], []
+    for rank in range(2):
+        loader = _epochized_loader(epochized, rank, 2, 1, mode="exact", repeat=True)
+        delivered += [key for batch in itertools.islice(loader, 20) for key in batch.__key__]
+        states.append(loader.save_state_rank())
+    middle = []
+    for rank in range(3):
+        loader = _epochized_loader(epochized, rank, 3, 0, mode="exact", repeat=True)
+        loader.restore_state_global(states)
+        delivered += [key for batch in itertools.islice(loader, 15) for key in batch.__key__]
+        middle.append(loader.save_state_rank())
+    assert any(_carried(state)[0] or _carried(state)[1] for state in middle)  # saved inside the carried pass
+    last = _epochized_loader(epochized, 0, 1, 0, mode="exact", repeat=True)
+    last.restore_state_global(middle)
+    stream = [key for batch in itertools.islice(last, 2 * total - len(delivered)) for key in batch.__key__]
+    _check_pass(Counter(delivered + stream[: total - len(delivered)]), expected)
+    _check_pass(Counter(stream[total - len(delivered) :]), _one_pass(epochized, (1, 0), "exact", None))
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_a_carried_pass_resumes_exactly_on_its_topology(epochized: Path, mode: str) -> None:
+    """States saved inside the carried pass (its pass weights, the repeats' carried flag) and at
+    its end restore exactly, through JSON, on the topology they were saved with."""
+    states = []
+    for rank in range(2):
+        loader = _epochized_loader(epochized, rank, 2, 0, mode=mode, repeat=True)
+        list(itertools.islice(loader, 9))
+        states.append(loader.save_state_rank())
+    total = sum(_one_pass(epochized, (2, 0), mode, None).values())
+    carried = total - 2 * 9
+    loader = _epochized_loader(epochized, 0, 1, 0, mode=mode, repeat=True)
+    loader.restore_state_global(states)
+    it = iter(loader)
+    saved = {}
+    stream = []
+    for step in range(carried + 10):
+        if step in (0, 7, carried - 1, carried):
+            saved[step] = json.loads(json.dumps(loader.save_state_rank()))
+        stream += next(it).__key__
+    assert "pass_weights" in json.dumps(saved[7]) or mode == "random"
+    for step, state in saved.items():
+        again = _epochized_loader(epochized, 0, 1, 0, mode=mode, repeat=True)
+        again.restore_state_rank(state)
+        assert [key for batch in itertools.islice(again, len(stream) - step) for key in batch.__key__] == stream[step:], step

@@ -194,8 +194,8 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
 
 
 @click.command(cls=Command, name="redist")
-@click.argument("input_files", nargs=-1, required=True, type=_FILES)
-@click.argument("output_path", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "output_option", type=click.Path(file_okay=False, path_type=Path), default=None, help="The output folder (else the last argument is).")
 @click.option("--new-world-size", "--world-size", type=click.IntRange(min=1), default=None, help="Number of ranks of the new topology.")
 @click.option(
     "--new-num-workers",
@@ -204,10 +204,11 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
     default=None,
     help="Loader workers per rank of the new topology (default: the saved number of global workers divided over the new ranks, as Energon's redist).",
 )
-def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int | None, new_num_workers: int | None) -> None:
+def redist(paths: tuple[Path, ...], output_option: Path | None, new_world_size: int | None, new_num_workers: int | None) -> None:
     """Make the loader states of another number of ranks or workers from a saved checkpoint.
 
-    INPUT_FILES: one global checkpoint (save_state_global) or every rank's file; OUTPUT_PATH: a
+    PATHS: the input files, then the output folder (or give it with -o OUT). The inputs are one
+    global checkpoint (save_state_global) or every rank's file; the output, a
     folder, which gets one global checkpoint named like the input, or one file per rank named
     like the inputs (state_rank0.pt, ...: the number is the rank) or else rank0, rank1, ... Any new world size and number of workers (Energon's redist only moves
     worker states between ranks). What each new worker reads of the rest of the running epoch
@@ -218,6 +219,7 @@ def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int
     from ..elastic import redistribute
     from ..errors import ConfigError, StateError
 
+    input_files, output_path = _inputs_and_output(paths, output_option)
     is_global, saved = read_rank_states(input_files)
     if any(s.redistributed for s in saved):
         raise ValueProblem("the checkpoint was redistributed already; redistribute the original one")
@@ -237,6 +239,19 @@ def redist(input_files: tuple[Path, ...], output_path: Path, new_world_size: int
         for state, file in zip(states, written):
             _save(state, file)
     click.echo(f"{len(saved)} rank(s) x {saved[0].num_workers} worker(s) -> {new_world_size} rank(s) x {workers} worker(s): wrote {', '.join(str(f) for f in written[:4])}{' ...' if len(written) > 4 else ''}")
+
+
+def _inputs_and_output(paths: tuple[Path, ...], output: Path | None) -> tuple[tuple[Path, ...], Path]:
+    """The input files and the output folder: ``-o OUT``, else the last path (Energon's order)."""
+    if output is None:
+        if len(paths) < 2:
+            raise click.UsageError("give the input file(s) and then the output folder, or the output with -o OUT")
+        paths, output = paths[:-1], paths[-1]
+    for path in paths:
+        _FILES.convert(str(path), None, None)  # an input that is missing or a folder: a usage error
+    if output.exists() and not output.is_dir():
+        raise click.UsageError(f"the output {output} is a file; give a folder (it is made if missing)")
+    return paths, output
 
 
 def _same_global_workers(saved: list[SavedRank], new_world_size: int) -> int:

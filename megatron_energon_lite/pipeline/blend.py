@@ -31,11 +31,15 @@ State keys:
     ``sources``: the sources' states.
     ``offset`` (only after an elastic restore): the global position where the saved topology's
     stream stopped; this worker's items continue the exact schedule from there.
+    ``pass_weights`` (exact mode, only in a ``blend_epochized`` pass carried in by an elastic
+    restore): the schedule's weights for that pass, the samples carried of each dataset.
 
-Elastic resume (``undelivered`` / ``carry_in``, endless blends only): each dataset's remainder
-goes to its source, and the items and costs counted so far are spread over the new workers, so
-``counts`` summed over all workers, and the exact schedule's global stream, go on as if the
-topology had not changed.
+Elastic resume (``undelivered`` / ``carry_in``): each dataset's remainder goes to its source, and
+the items and costs counted so far are spread over the new workers, so ``counts`` summed over
+all workers, and the exact schedule's global stream, go on as if the topology had not changed.
+A ``blend_epochized`` blend gives the rest of its pass, every repetition of every dataset
+(``RepeatNode.pass_remainder``); a new worker's carried pass mixes what it carried of each
+dataset (in exact mode by those amounts), then its own passes follow.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from __future__ import annotations
 import bisect
 from fractions import Fraction
 from itertools import accumulate
-from math import lcm
+from math import gcd, lcm
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -218,6 +222,8 @@ class BlendNode(Node[Any]):
         self.position = position if position is not None else (lambda n: n)
         self.position_batch = position_batch  # consecutive items at consecutive positions (a batch)
         self.schedule = ExactSchedule(integer_weights(weights)) if mode == "exact" else None
+        self._own_schedule = self.schedule  # self.schedule differs only in a carried pass
+        self._pass_weights: list[int] | None = None
         self._stream: UniformStream | None = None
         self._counts = [0] * len(self.sources)
         self._costs = [0] * len(self.sources)
@@ -231,6 +237,7 @@ class BlendNode(Node[Any]):
         self._draws = 0
         self._exhausted = [w == 0 for w in self.weights]
         self._stream = UniformStream(self.seed, "blend", epoch)
+        self._pass_weights, self.schedule = None, self._own_schedule
         if self.schedule is not None:
             self.schedule.reset()
 
@@ -277,6 +284,8 @@ class BlendNode(Node[Any]):
         self._emitted, self._draws = emitted, draws
         self._counts, self._costs, self._exhausted = counts, costs, exhausted
         self._offset = check_count(state.get("offset", 0), "offset", stage=self.tag)
+        if "pass_weights" in state:
+            self._carry_pass_weights(self._check_pass_weights(state["pass_weights"]))
         if self.schedule is not None:
             with nested("schedule"):
                 self.schedule.reset(state["schedule"])
@@ -293,35 +302,82 @@ class BlendNode(Node[Any]):
             "schedule": None if self.schedule is None else self.schedule.get_state(),
             "sources": [source.get_state() for source in self.sources],
             **({"offset": self._offset} if self._offset else {}),
+            **({"pass_weights": list(self._pass_weights)} if self._pass_weights is not None else {}),
         }
 
+    def _check_pass_weights(self, value: Any) -> list[int]:
+        if self.schedule is None or self.infinite:
+            raise invalid(("pass_weights",), "no pass weights (only an exact blend_epochized blend has them)", value, stage=self.tag)
+        weights = check_list(value, "pass_weights", stage=self.tag, length=len(self.sources), of="weights, one per dataset")
+        weights = [check_count(w, "pass_weights", i, stage=self.tag) for i, w in enumerate(weights)]
+        if not any(weights):
+            raise invalid(("pass_weights",), "at least one positive weight", value, stage=self.tag)
+        return weights
+
+    def _carry_pass_weights(self, weights: list[int]) -> None:
+        """The exact schedule of a carried pass: by the samples carried of each dataset (its own
+        weights could leave out a dataset this worker has no samples of)."""
+        divisor = gcd(*weights)
+        self._pass_weights = weights
+        self.schedule = ExactSchedule([w // divisor for w in weights])
+
     def undelivered(self) -> Remainder:
-        """Each source's remainder as dataset ``k``'s, and where this blend stood."""
-        if not self.infinite:
-            raise NotSupportedError(
-                format_message(
-                    "a blend_epochized blend cannot be moved to another topology yet",
-                    where=", ".join(self.names),
-                    fix="restore on the topology the state was saved with, or blend by weight",
-                )
-            )
-        parts = [source.undelivered() for source in self.sources]
+        """Each source's remainder as dataset ``k``'s, and where this blend stood (epochized: the
+        rest of the pass of each dataset, ``epochs`` the pass)."""
+        cursor = BlendCursor(self._offset + self._emitted, tuple(self._counts), tuple(self._costs))
+        if self.infinite:
+            parts = [source.undelivered() for source in self.sources]
+            epochs, layers = tuple(part.epochs[0] for part in parts), None
+        else:
+            parts = [self._pass_source(k).pass_remainder() for k in range(len(self.sources))]
+            epochs, layers = (self._epoch,) * len(parts), tuple(part.layers[0] for part in parts)
         return Remainder(
-            epochs=tuple(part.epochs[0] for part in parts),
+            epochs=epochs,
             ranges=tuple(part.ranges[0] for part in parts),
             waiting=tuple(part.waiting[0] for part in parts),
-            blend=BlendCursor(self._offset + self._emitted, tuple(self._counts), tuple(self._costs)),
+            blend=cursor,
+            layers=layers,
         )
+
+    def _pass_source(self, k: int) -> Any:
+        source = self.sources[k]
+        if not hasattr(source, "pass_remainder"):
+            raise NotSupportedError(
+                format_message(
+                    "this blend_epochized blend's dataset is not a repeat of a fixed number of epochs; it cannot be moved to another topology",
+                    where=self.names[k],
+                    found=source.tag,
+                    fix="restore on the topology the state was saved with",
+                )
+            )
+        return source
 
     def carry_in(self, remainder: Remainder) -> None:
         """Dataset ``k``'s remainder to source ``k``; ``remainder.blend``: this worker's share of
         the counts and costs, and the global position where the saved stream stopped."""
         cursor = remainder.blend
-        if self.schedule is not None:
-            self._check_reads_carried(remainder, cursor.emitted)
-        for k, source in enumerate(self.sources):
-            source.carry_in(remainder.dataset(k))
-        self._counts, self._costs, self._offset = list(cursor.counts), list(cursor.costs), cursor.emitted
+        if not self.infinite:
+            self._carry_in_pass(remainder)
+        else:
+            if self.schedule is not None:
+                self._check_reads_carried(remainder, cursor.emitted)
+            for k, source in enumerate(self.sources):
+                source.carry_in(remainder.dataset(k))
+            self._offset = cursor.emitted
+        self._counts, self._costs = list(cursor.counts), list(cursor.costs)
+
+    def _carry_in_pass(self, remainder: Remainder) -> None:
+        """Epochized: pass ``remainder.epochs[0]`` is what was carried of each dataset; a dataset
+        with nothing carried is done for it."""
+        self._start(remainder.epochs[0])
+        carried = []
+        for k in range(len(self.sources)):
+            part = remainder.dataset(k)
+            self._pass_source(k).carry_in_pass(part)
+            carried.append(sum(end - start for start, end in part.ranges[0]))
+        self._exhausted = [n == 0 for n in carried]
+        if self.schedule is not None and any(carried):
+            self._carry_pass_weights(carried)
 
     # --- iteration -----------------------------------------------------------------------------
     def schedule_rates(self, offset: int) -> list[int] | None:
@@ -330,8 +386,8 @@ class BlendNode(Node[Any]):
         every worker draws the datasets at the same rates).  A worker's positions are one
         residue class modulo the period when its stride (global workers x batch size) shares a
         factor with the period: it may then never take some dataset."""
-        if self.schedule is None:
-            return None
+        if self.schedule is None or not self.infinite:
+            return None  # an epochized blend's schedule is per worker: it takes every dataset
         schedule = ExactSchedule(self.schedule.weights)
         rates = [0] * len(self.sources)
         for n in range(schedule.period * self.position_batch):

@@ -59,12 +59,18 @@ class Remainder:
     ranges ``[start, end)`` its source had not read of that epoch; ``waiting[k]``: the split
     indices of its samples waiting in buffers (read, not delivered: of that epoch, or of the one
     before when the source had just begun a new one); ``blend``: the blend's cursor, if any.
+
+    In a pass of a ``blend_epochized`` blend (each dataset a fixed number of times), ``epochs[k]``
+    is the pass and ``layers[k]`` the ranges still to read in each repetition of it (index: the
+    repetition; the same sample may be in several); ``ranges[k]`` is their concatenation.
+    ``layers`` is None elsewhere.
     """
 
     epochs: tuple[int, ...]
     ranges: tuple[list[tuple[int, int]], ...]
     waiting: tuple[list[int], ...] = field(default_factory=lambda: ([],))  # a fresh list each
     blend: BlendCursor | None = None
+    layers: tuple[list[list[tuple[int, int]]], ...] | None = None
 
     @classmethod
     def of_one(cls, epoch: int, ranges: list[tuple[int, int]]) -> Remainder:
@@ -82,7 +88,22 @@ class Remainder:
             if not 0 <= dataset < len(waiting):
                 raise NotSupportedError(format_message("a buffered sample names a dataset the pipeline does not read", found=f"dataset {dataset} of {len(waiting)}"))
             waiting[dataset].append(index)
-        return Remainder(self.epochs, self.ranges, tuple(waiting), self.blend)
+        return Remainder(self.epochs, self.ranges, tuple(waiting), self.blend, self.layers)
+
+
+def samples_between(ranges: Sequence[tuple[int, int]], first: int, last: int) -> list[tuple[int, int]]:
+    """The samples at positions ``[first, last)`` of ``ranges`` counted in order, as ranges."""
+    taken: list[tuple[int, int]] = []
+    position = 0
+    for start, end in ranges:
+        length = end - start
+        lo, hi = max(first, position), min(last, position + length)
+        if lo < hi:
+            taken.append((start + lo - position, start + hi - position))
+        position += length
+        if position >= last:
+            break
+    return taken
 
 
 class Node(Generic[T]):

@@ -74,7 +74,11 @@ def test_redist_makes_states_that_finish_the_pass_on_the_new_topology(rank_state
         for state, file in zip(rank_states, inputs):
             torch.save(state, file)
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["checkpoint", "redist", *map(str, inputs), str(out), "--new-world-size", str(world), "--new-num-workers", str(workers)])
+    if world == 2:  # the spelling of the issue and of Energon's option names
+        arguments = [*map(str, inputs), "--world-size", str(world), "--num-workers", str(workers), "-o", str(out)]
+    else:
+        arguments = [*map(str, inputs), str(out), "--new-world-size", str(world), "--new-num-workers", str(workers)]
+    result = CliRunner().invoke(cli, ["checkpoint", "redist", *arguments])
     assert result.exit_code == 0, result.output
     assert f"2 rank(s) x 1 worker(s) -> {world} rank(s) x {workers} worker(s)" in result.output
     if as_global:
@@ -121,6 +125,12 @@ def test_redist_refuses_bad_requests(rank_states: list[dict], tmp_path: Path) ->
     result = CliRunner().invoke(command_redist, [str(global_file), str(out), "--new-world-size", "1"])
     assert result.exit_code == 1 and "batch_size" in result.output, result.output
     assert not out.exists()
+    result = CliRunner().invoke(command_redist, [str(global_file), "--new-world-size", "1"])  # no output folder
+    assert result.exit_code == 2 and "output folder" in result.output, result.output
+    result = CliRunner().invoke(command_redist, [str(global_file), "-o", str(global_file), "--new-world-size", "1"])
+    assert result.exit_code == 2 and "is a file" in result.output, result.output
+    result = CliRunner().invoke(command_redist, [str(tmp_path / "missing.json"), str(out), "--new-world-size", "1"])
+    assert result.exit_code == 2 and "missing.json" in result.output and "does not exist" in result.output, result.output
 
 
 def test_a_file_that_is_no_loader_state(tmp_path: Path) -> None:

@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 from resume import END, ListSource, check_resume_at_every_step, run
 
 from megatron_energon_lite.errors import ConfigError, StateError
-from megatron_energon_lite.pipeline.blend import BlendNode, ExactSchedule, consumed_counts, integer_weights
+from megatron_energon_lite.pipeline.blend import (
+    BlendNode,
+    ExactSchedule,
+    consumed_counts,
+    integer_weights,
+)
 from megatron_energon_lite.pipeline.repeat import RepeatNode
 from megatron_energon_lite.pipeline.shuffle import ShuffleBufferNode
 
@@ -152,3 +157,23 @@ def test_consumed_counts_leave_out_what_waits_in_the_shuffle_buffer() -> None:
     consumed = consumed_counts(node.get_state(), 2)
     assert consumed == [taken.count(0), taken.count(1)]
     assert consumed_counts({"stage": "Source"}, 2) is None
+
+
+def test_pass_weights_in_a_saved_state_are_checked() -> None:
+    """``pass_weights`` (an exact blend_epochized pass carried in by an elastic restore) is read
+    only where it can exist, with one non-negative count per dataset, one of them positive."""
+    def epochized(mode: str) -> BlendNode:
+        return BlendNode([RepeatNode(source, 2) for source in sources(4, 3)], [8, 6], seed=5, mode=mode)
+
+    state = epochized("exact").get_state()
+    carried = epochized("exact")
+    carried.reset({**state, "pass_weights": [1, 3]})
+    assert carried.get_state()["pass_weights"] == [1, 3]
+    # The carried pass's 1:3 schedule (its own 8:6 would take source 0 twice in four).
+    assert Counter(origin(e) for e in run(carried, 4)) == {0: 1, 1: 3}
+    for bad, message in (([0, 0], "positive"), ([1], "one per dataset"), ([1, -2], "pass_weights"), ("1,3", "pass_weights")):
+        with pytest.raises(StateError, match=message):
+            epochized("exact").reset({**state, "pass_weights": bad})
+    for node in (epochized("random"), BlendNode(sources(4, 3), [1, 1], seed=5, mode="exact", infinite=True)):
+        with pytest.raises(StateError, match="only an exact blend_epochized"):
+            node.reset({**node.get_state(), "pass_weights": [1, 1]})

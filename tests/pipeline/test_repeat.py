@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from resume import END, ListSource, check_resume_at_every_step, run
 
-from megatron_energon_lite.errors import ConfigError
+from megatron_energon_lite.errors import ConfigError, StateError
 from megatron_energon_lite.pipeline.concat import ConcatNode
 from megatron_energon_lite.pipeline.filter import FilterNode
 from megatron_energon_lite.pipeline.map import MapNode
@@ -123,3 +123,14 @@ def test_start_epoch_on_a_chain_that_cannot_names_the_stage_that_stops_it() -> N
     with pytest.raises(ConfigError, match="Map stage cannot start a new epoch") as raised:
         chain.start_epoch(1)
     assert "Map <- Concat" in str(raised.value)
+
+
+def test_the_carried_flag_in_a_saved_state_is_checked() -> None:
+    """``carried`` (a pass carried in by an elastic restore) is a bool, and only a repeat of a
+    fixed number of epochs has one."""
+    counted = RepeatNode(ListSource(VALUES), repeats=2)
+    state = counted.get_state()
+    with pytest.raises(StateError, match="true or false"):
+        RepeatNode(ListSource(VALUES), repeats=2).reset({**state, "carried": "yes"})
+    with pytest.raises(StateError, match="no carried pass"):
+        RepeatNode(ListSource(VALUES)).reset({**state, "carried": True})
