@@ -270,3 +270,28 @@ def test_a_carried_pass_resumes_exactly_on_its_topology(epochized: Path, mode: s
         again = _epochized_loader(epochized, 0, 1, 0, mode=mode, repeat=True)
         again.restore_state_rank(state)
         assert [key for batch in itertools.islice(again, len(stream) - step) for key in batch.__key__] == stream[step:], step
+
+
+def test_an_exact_schedule_too_long_to_tabulate_moves_without_walking_its_period(tmp_path: Path) -> None:
+    """Weights 0.3333333 : 0.6666667 have a period of 10**7 positions (not tabulated): the new
+    workers' rates come from a window and their schedules step on from a saved cursor, so the
+    restore does not walk the period (before, it did, per new worker: hours); the blend stays
+    within one sample of its weights at every step across the change."""
+    path = write_text_blend(tmp_path, SIZES, {"a": 0.3333333, "b": 0.6666667})
+    stream: list[str] = []
+
+    def run(loaders, steps: int) -> None:
+        iterators = [iter(loader) for loader in loaders]
+        for _ in range(steps):
+            for it in iterators:
+                stream.extend(next(it).__key__)
+            share_a = sum(key.startswith("a") for key in stream)
+            assert abs(share_a - len(stream) * 0.3333333) < 1, (len(stream), share_a)
+
+    saving = [_loader(path, rank, 2, 1, mode="exact") for rank in range(2)]
+    run(saving, 5)
+    states = [loader.save_state_rank() for loader in saving]
+    restored = [_loader(path, rank, 3, 0, mode="exact") for rank in range(3)]
+    for loader in restored:
+        loader.restore_state_global(states)
+    run(restored, 10)

@@ -32,6 +32,7 @@ Vorbis, ...) or a clip must be resampled, PyAV decodes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import io
 import itertools
@@ -98,6 +99,13 @@ def backend() -> str:
     module = sys.modules.get("av")
     if module is not None:
         return f"pyav {module.__version__}"
+    return _installed_backend()
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_backend() -> str:
+    # Reading package metadata costs ~2 ms; every loader (and every topology an elastic restore
+    # rebuilds) asks for it.
     try:
         return f"pyav {importlib.metadata.version('av')}"
     except importlib.metadata.PackageNotFoundError:

@@ -45,9 +45,10 @@ dataset (in exact mode by those amounts), then its own passes follow.
 from __future__ import annotations
 
 import bisect
+import math
 from fractions import Fraction
+from functools import lru_cache
 from itertools import accumulate
-from math import gcd, lcm
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -84,12 +85,14 @@ __all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "blended_costs", "consum
 
 #: Periods up to this length are tabulated once, so a jump to any position costs O(sources).
 TABLE_LIMIT = 1 << 16
+#: Positions an untabulated schedule walks to measure a worker's rates (elastic resume).
+RATE_WINDOW = 1 << 17
 
 
 def integer_weights(weights: Sequence[Fraction | float | int]) -> list[int]:
     """Exact integer weights with the same ratios (floats are read as the decimal they print as)."""
     fractions = [w if isinstance(w, Fraction) else Fraction(repr(float(w))) for w in weights]
-    scale = lcm(*(f.denominator for f in fractions))
+    scale = math.lcm(*(f.denominator for f in fractions))
     return [int(f * scale) for f in fractions]
 
 
@@ -116,7 +119,7 @@ class ExactSchedule:
         self._table: list[int] | None = None
         self._prefix: np.ndarray | None = None
         if self.period <= TABLE_LIMIT:
-            self._tabulate()
+            self._table, self._prefix = _tabulated(tuple(self.weights))
         self.reset()
 
     def reset(self, state: dict | None = None) -> None:
@@ -145,29 +148,28 @@ class ExactSchedule:
 
     def _step(self, position: int, counts: list[int]) -> int:
         """The source at ``position`` given the counts before it (no table)."""
-        if len(self.weights) == 1:
-            return 0
-        n, total, scale = position + 1, self.period, self._scale
-        best, best_num, best_den = -1, 0, 1
-        for i, w in enumerate(self.weights):
-            # Eligible: (w_i * n - c_i * total) / total >= 1 / scale, in integers.
-            if w == 0 or (w * n - counts[i] * total) * scale < total:
-                continue
-            num = (counts[i] + 1) * scale - 1  # deadline ~ num / w_i
-            if best < 0 or num * best_den < best_num * w:
-                best, best_num, best_den = i, num, w
-        return best
+        return _step(self.weights, self.period, self._scale, position, counts)
 
-    def _tabulate(self) -> None:
-        counts = [0] * len(self.weights)
-        table = []
-        prefix = np.zeros((self.period + 1, len(self.weights)), dtype=np.int64)
-        for p in range(self.period):
-            i = self._step(p, counts)
-            table.append(i)
-            counts[i] += 1
-            prefix[p + 1] = counts
-        self._table, self._prefix = table, prefix
+    def rates(self, first: int, bases: Sequence[int], stride: int, *, start: dict | None = None) -> list[int]:
+        """How often the positions ``first + base + k * stride`` (each of ``bases``, ``k = 0, 1,
+        ...``) take each source: a worker's rates (elastic resume).
+
+        Tabulated: over ``k < period``, exactly and in O(period) once per stride: those
+        positions modulo the period are the residue class of ``first + base`` modulo
+        ``g = gcd(stride, period)``, each of its positions ``g`` times.  Otherwise over the window
+        ``k < RATE_WINDOW // stride`` (``0 <= base < stride``), walked once from the cursor
+        ``start`` (not past ``first``; None: the beginning) and shared by every worker.
+        """
+        weights = tuple(self.weights)
+        if self._table is not None:
+            g = math.gcd(stride, self.period)
+            by_residue = _residue_counts(weights, g)
+            return [int(n) * g for n in sum(by_residue[(first + base) % g] for base in bases)]
+        steps = max(1, RATE_WINDOW // stride)
+        begin = (0, (0,) * len(weights)) if start is None else (start["position"], tuple(start["counts"]))
+        window = _window_sources(weights, begin, first, steps * stride)
+        taken = np.concatenate([window[base::stride] for base in bases])
+        return np.bincount(taken, minlength=len(weights)).tolist()
 
     def source_at(self, position: int) -> int:
         """The source of ``position`` (>= the cursor); moves the cursor past it."""
@@ -184,6 +186,57 @@ class ExactSchedule:
         counts[source] += 1
         self.position = position + 1
         return source
+
+
+def _step(weights: Sequence[int], period: int, scale: int, position: int, counts: list[int]) -> int:
+    """The source at ``position`` given the counts before it (:class:`ExactSchedule`'s rule)."""
+    if len(weights) == 1:
+        return 0
+    n = position + 1
+    best, best_num, best_den = -1, 0, 1
+    for i, w in enumerate(weights):
+        # Eligible: (w_i * n - c_i * period) / period >= 1 / scale, in integers.
+        if w == 0 or (w * n - counts[i] * period) * scale < period:
+            continue
+        num = (counts[i] + 1) * scale - 1  # deadline ~ num / w_i
+        if best < 0 or num * best_den < best_num * w:
+            best, best_num, best_den = i, num, w
+    return best
+
+
+@lru_cache(maxsize=8)
+def _tabulated(weights: tuple[int, ...]) -> tuple[list[int], np.ndarray]:
+    """One period of the schedule (a source per position) and the counts before each position;
+    made once per process for each weights (every worker's pipeline has the same), never
+    written to."""
+    period, scale = sum(weights), 2 * len(weights) - 2
+    counts = [0] * len(weights)
+    table = []
+    prefix = np.zeros((period + 1, len(weights)), dtype=np.int64)
+    for p in range(period):
+        i = _step(weights, period, scale, p, counts)
+        table.append(i)
+        counts[i] += 1
+        prefix[p + 1] = counts
+    return table, prefix
+
+
+@lru_cache(maxsize=8)
+def _residue_counts(weights: tuple[int, ...], modulus: int) -> np.ndarray:
+    """``counts[r, i]``: the positions ``p ≡ r (mod modulus)`` of one period that source ``i``
+    takes (``modulus`` divides the period)."""
+    table = np.asarray(_tabulated(weights)[0], dtype=np.int64)
+    residues = np.arange(len(table)) % modulus
+    return np.bincount(residues * len(weights) + table, minlength=modulus * len(weights)).reshape(modulus, len(weights))
+
+
+@lru_cache(maxsize=4)
+def _window_sources(weights: tuple[int, ...], start: tuple[int, tuple[int, ...]], first: int, length: int) -> np.ndarray:
+    """The sources of positions ``[first, first + length)`` of an untabulated schedule, walked
+    from the cursor ``start`` (position, counts)."""
+    schedule = ExactSchedule(list(weights))
+    schedule.reset({"position": start[0], "counts": list(start[1])})
+    return np.fromiter((schedule.source_at(p) for p in range(first, first + length)), dtype=np.int64, count=length)
 
 
 class BlendNode(Node[Any]):
@@ -317,14 +370,15 @@ class BlendNode(Node[Any]):
     def _carry_pass_weights(self, weights: list[int]) -> None:
         """The exact schedule of a carried pass: by the samples carried of each dataset (its own
         weights could leave out a dataset this worker has no samples of)."""
-        divisor = gcd(*weights)
+        divisor = math.gcd(*weights)
         self._pass_weights = weights
         self.schedule = ExactSchedule([w // divisor for w in weights])
 
     def undelivered(self) -> Remainder:
         """Each source's remainder as dataset ``k``'s, and where this blend stood (epochized: the
         rest of the pass of each dataset, ``epochs`` the pass)."""
-        cursor = BlendCursor(self._offset + self._emitted, tuple(self._counts), tuple(self._costs))
+        schedule = self.schedule.get_state() if self.schedule is not None and self.infinite else None
+        cursor = BlendCursor(self._offset + self._emitted, tuple(self._counts), tuple(self._costs), schedule)
         if self.infinite:
             parts = [source.undelivered() for source in self.sources]
             epochs, layers = tuple(part.epochs[0] for part in parts), None
@@ -360,7 +414,9 @@ class BlendNode(Node[Any]):
             self._carry_in_pass(remainder)
         else:
             if self.schedule is not None:
-                self._check_reads_carried(remainder, cursor.emitted)
+                self._check_reads_carried(remainder, cursor)
+                if cursor.schedule is not None:  # an untabulated schedule steps on from there
+                    self.schedule.reset(cursor.schedule)
             for k, source in enumerate(self.sources):
                 source.carry_in(remainder.dataset(k))
             self._offset = cursor.emitted
@@ -380,25 +436,26 @@ class BlendNode(Node[Any]):
             self._carry_pass_weights(carried)
 
     # --- iteration -----------------------------------------------------------------------------
-    def schedule_rates(self, offset: int) -> list[int] | None:
+    def schedule_rates(self, offset: int, start: dict | None = None) -> list[int] | None:
         """Exact mode: how many of this worker's positions in one period of the schedule take each
         dataset, its stream starting at global position ``offset`` (None in other modes, where
         every worker draws the datasets at the same rates).  A worker's positions are one
         residue class modulo the period when its stride (global workers x batch size) shares a
-        factor with the period: it may then never take some dataset."""
+        factor with the period: it may then never take some dataset.  (Periods too long to
+        tabulate: over a window, see :meth:`ExactSchedule.rates`; ``start``, a schedule cursor
+        not past ``offset``, spares walking it from the beginning.)"""
         if self.schedule is None or not self.infinite:
             return None  # an epochized blend's schedule is per worker: it takes every dataset
-        schedule = ExactSchedule(self.schedule.weights)
-        rates = [0] * len(self.sources)
-        for n in range(schedule.period * self.position_batch):
-            rates[schedule.source_at(offset + self.position(n))] += 1
-        return rates
+        # Positions are affine per batch: item k * batch + j sits at position(j) + k * stride.
+        bases = [self.position(j) for j in range(self.position_batch)]
+        stride = self.position(self.position_batch) - bases[0]
+        return self.schedule.rates(offset, bases, stride, start=start)
 
-    def _check_reads_carried(self, remainder: Remainder, offset: int) -> None:
+    def _check_reads_carried(self, remainder: Remainder, cursor: BlendCursor) -> None:
         """A worker that never takes dataset ``k`` must not be given samples of ``k`` to carry:
         they would never come (elastic resume shares by :meth:`schedule_rates`, so this is a
         safety net)."""
-        rates = self.schedule_rates(offset)
+        rates = self.schedule_rates(cursor.emitted, cursor.schedule)
         for k, ranges in enumerate(remainder.ranges):
             if ranges and not rates[k]:
                 raise NotSupportedError(

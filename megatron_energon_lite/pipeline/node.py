@@ -43,11 +43,14 @@ FORWARDS_EPOCHS = "forwards"
 @dataclass(frozen=True)
 class BlendCursor:
     """Where a worker's blend stood, for elastic resume: the items it yielded (its place in the
-    exact schedule) and, per dataset, how many items and how much cost came from it."""
+    exact schedule) and, per dataset, how many items and how much cost came from it; ``schedule``:
+    an endless exact blend's schedule cursor (``{"position", "counts"}``), so a schedule too long
+    to tabulate need not be walked from its beginning."""
 
     emitted: int
     counts: tuple[int, ...]
     costs: tuple[int, ...]
+    schedule: dict | None = None
 
 
 @dataclass(frozen=True)

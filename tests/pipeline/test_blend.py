@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from resume import END, ListSource, check_resume_at_every_step, run
 
 from megatron_energon_lite.errors import ConfigError, StateError
+from megatron_energon_lite.pipeline import blend as blend_module
 from megatron_energon_lite.pipeline.blend import (
     BlendNode,
     ExactSchedule,
@@ -54,6 +55,48 @@ def test_jumping_to_positions_gives_the_full_schedule(weights: list[int], positi
         if not tabulated:
             schedule._table = None
         assert [schedule.source_at(p) for p in sorted(set(positions))] == [expected[p] for p in sorted(set(positions))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 12), min_size=1, max_size=4).filter(lambda w: sum(w) > 0),
+    st.integers(1, 24),
+    st.integers(0, 500),
+    st.data(),
+)
+def test_a_workers_rates_count_its_positions_in_one_period(weights: list[int], stride: int, first: int, data) -> None:
+    """``rates`` by residue classes equals counting positions ``first + base + k * stride`` over
+    ``k < period`` one by one."""
+    bases = data.draw(st.lists(st.integers(0, stride - 1), min_size=1, max_size=4, unique=True))
+    schedule = ExactSchedule(weights)
+    one_by_one = [0] * len(weights)
+    for base in bases:
+        walk = ExactSchedule(weights)
+        for k in range(schedule.period):
+            one_by_one[walk.source_at(first + base + k * stride)] += 1
+    assert schedule.rates(first, bases, stride) == one_by_one
+
+
+def test_rates_of_a_schedule_too_long_to_tabulate_are_counted_over_a_window(monkeypatch) -> None:
+    """A period of 10**7 is not walked: the window of RATE_WINDOW positions is, once for all
+    workers, from the cursor given (the same counts as from the beginning)."""
+    monkeypatch.setattr(blend_module, "RATE_WINDOW", 4096)
+    weights = integer_weights([0.3333333, 0.6666667])
+    schedule = ExactSchedule(weights)
+    assert schedule.period == 10**7 and schedule._table is None
+    stride, first = 64, 100_000
+    walk = ExactSchedule(weights)
+    expected = {base: [0, 0] for base in (0, 5, 63)}
+    for p in range(first, first + 4096):
+        source = walk.source_at(p)
+        if (p - first) % stride in expected:
+            expected[(p - first) % stride][source] += 1
+    cursor = ExactSchedule(weights)
+    cursor.source_at(first - 10)
+    for base, counts in expected.items():
+        assert schedule.rates(first, [base], stride) == counts
+        assert schedule.rates(first, [base], stride, start=cursor.get_state()) == counts
+    assert schedule.rates(first, [0, 5], stride) == [a + b for a, b in zip(expected[0], expected[5])]
 
 
 def test_exact_schedule_refuses_going_back() -> None:
