@@ -32,6 +32,7 @@ from .pipeline.blend import BlendNode
 from .pipeline.node import BlendCursor, Remainder, find_stage, samples_between
 from .pipeline.passes import on_top
 from .rank_state import (
+    MOVED_FROM,
     REDISTRIBUTED_FROM,
     STATE_VERSION,
     TOPOLOGY_KEYS,
@@ -46,6 +47,7 @@ __all__ = [
     "elastic_rank_state",
     "even_share",
     "merge_ranges",
+    "moved_states",
     "pool_remainders",
     "redistribute",
     "redistributed_rank_state",
@@ -109,6 +111,9 @@ def redistribute(states: Sequence[Any], world_size: int, num_workers: int) -> li
         check_same_config(state.get("config", {}), first, ignore=TOPOLOGY_KEYS, where=f"rank {rank}'s state")
     if (saved.world_size, saved.num_workers) == (world_size, num_workers):
         return [dict(state) for state in states]
+    moved = moved_states(states, world_size, num_workers)
+    if moved is not None:
+        return moved
     return [
         {
             "version": STATE_VERSION,
@@ -138,12 +143,68 @@ def redistributed_rank_state(state: dict, dataset: SavableDataset, worker_config
     return elastic_rank_state(state[REDISTRIBUTED_FROM], dataset, worker_config)
 
 
+def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> list[dict] | None:
+    """Every rank's state of ``world_size`` ranks x ``num_workers`` workers made by moving the
+    saved worker states, when the number of global workers is the same (Energon's redist); None
+    where that does not apply.
+
+    A worker's slices, seed and random draws are functions of its global id and the global
+    worker count, so global worker ``g``'s state, moved as it is, goes on exactly as it would
+    have: every worker's stream (this epoch and the later ones) is the uninterrupted one; only
+    the order in which a rank takes its workers' batches is the new topology's.  Not moved (the
+    rest of the epoch is divided instead): an endless exact blend (its positions in the global
+    stream depend on ranks and workers), virtual epochs and val limits (per-rank lengths shared
+    over the rank's workers), and a new rank whose workers come from saved ranks whose loops
+    were in different places (one had ended, another not).
+    """
+    saved = topology_of(states)
+    old_workers, new_workers = max(1, saved.num_workers), max(1, num_workers)
+    config = states[0].get("config", {})
+    if saved.world_size * old_workers != world_size * new_workers:
+        return None
+    if config.get("blend_kind") == "blend" and config.get("blend_mode") == "exact":
+        return None
+    if config.get("virtual_epoch_length") or config.get("limit") is not None:
+        return None
+    parsed = []
+    for rank, state in enumerate(states):
+        old = WorkerConfig(rank=rank, world_size=saved.world_size, num_workers=saved.num_workers)
+        parsed.append(RankState.from_json(state, config=state.get("config", {}), worker_config=old))
+    moved = []
+    for rank in range(world_size):
+        homes = [divmod(rank * new_workers + local, old_workers) for local in range(new_workers)]
+        ended = {parsed[old_rank].pass_ended for old_rank, _ in homes}
+        if len(ended) > 1:
+            return None
+        # A saved rank's workers before its next_worker had given one batch more: start with
+        # the first that had not.
+        ahead = [local < parsed[old_rank].next_worker for old_rank, local in homes]
+        moved.append(
+            {
+                **RankState(
+                    worker_states=tuple(parsed[old_rank].worker_states[local] for old_rank, local in homes),
+                    next_worker=ahead.index(False) if False in ahead else 0,
+                    pass_ended=ended.pop(),
+                    config={**config, "worker_config.rank": rank, "worker_config.world_size": world_size, "worker_config.num_workers": num_workers},
+                ).to_json(),
+                MOVED_FROM: {"world_size": saved.world_size, "num_workers": saved.num_workers},
+            }
+        )
+    return moved
+
+
 def elastic_rank_state(states: Sequence[dict], dataset: SavableDataset, worker_config: WorkerConfig) -> RankState:
-    """This rank's state on ``worker_config``'s topology, from every rank's state of another one."""
+    """This rank's state on ``worker_config``'s topology, from every rank's state of another one:
+    the saved worker states moved (:func:`moved_states`) where the global worker count is the
+    same, else the rest of the running epoch divided anew."""
     saved = topology_of(states)
     current = dataset.config()
     for rank, state in enumerate(states):
         check_same_config(state.get("config", {}), current, ignore=TOPOLOGY_KEYS, where=f"rank {rank}'s state")
+    wc = worker_config
+    moved = moved_states(states, wc.world_size, wc.num_workers)
+    if moved is not None:
+        return RankState.from_json(moved[wc.rank], config=current, worker_config=wc)
     restart = not dataset.passes_continue
     remainders: list[Remainder] = []
     loop_ended = True
@@ -157,7 +218,6 @@ def elastic_rank_state(states: Sequence[dict], dataset: SavableDataset, worker_c
             pipeline.reset(worker_state)  # None: the worker had not yielded; all its epoch is left
             remainders.append(pipeline.undelivered())
     pooled = pool_remainders(remainders, ended=loop_ended)
-    wc = worker_config
     new_workers = wc.world_size * wc.workers_per_rank
     rates = _schedule_rates(dataset, wc, pooled)
     worker_states = []

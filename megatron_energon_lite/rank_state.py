@@ -18,7 +18,7 @@ from .pipeline.passes import upgrade_v1_worker_state
 from .pipeline.state_check import check_bool, check_index, invalid
 from .worker import WorkerConfig
 
-__all__ = ["REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config"]
+__all__ = ["MOVED_FROM", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config"]
 
 STATE_VERSION = 2
 #: Versions this one reads (older ones are upgraded).
@@ -26,6 +26,9 @@ READABLE_VERSIONS = (1, 2)
 #: The key of a redistributed rank state (``energon-lite checkpoint redist``, ``elastic.redistribute``):
 #: the saved global state it was made from; the rest of the epoch is divided when it is restored.
 REDISTRIBUTED_FROM = "redistributed_from"
+#: Key of a rank state made by moving saved worker states to the same global workers on another
+#: topology (``elastic.moved_states``): ``{"world_size", "num_workers"}`` it was saved with.
+MOVED_FROM = "moved_from"
 #: The parts of a loader's configuration that an elastic restore (``elastic.py``) may change.
 TOPOLOGY_KEYS = ("worker_config.rank", "worker_config.world_size", "worker_config.num_workers")
 
@@ -92,9 +95,10 @@ class RankState:
 
 
 #: Parts of the configuration Energon does not compare on restore: under ``as_energon`` a state
-#: restores into a loader with another task encoder or decoder (logged once); the plain import
-#: refuses, since the restored samples would not be the ones the state describes.
-_ENERGON_DOES_NOT_CHECK = ("task_encoder", "decoder")
+#: restores into a loader with another task encoder, decoder or micro batch size (logged once;
+#: Energon's own redist tests change the batch size); the plain import refuses, since the
+#: restored samples or batches would not be the ones the state describes.
+_ENERGON_DOES_NOT_CHECK = ("task_encoder", "decoder", "batch_size")
 
 
 def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = (), where: str | None = None) -> None:
@@ -105,7 +109,7 @@ def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = ()
     differences = [(k, saved.get(k, "<missing>"), current.get(k, "<missing>")) for k in keys if saved.get(k, "<missing>") != current.get(k, "<missing>")]
     allowed = [k for k, _, _ in differences if k in _ENERGON_DOES_NOT_CHECK]
     if allowed and energon_mode.enabled():
-        energon_mode.log_once("restore-other-encoder", "restoring a state saved with another %s, as Energon does (import megatron_energon_lite.as_energon)", " and ".join(allowed))
+        energon_mode.log_once(f"restore-other-{'-'.join(allowed)}", "restoring a state saved with another %s, as Energon does (import megatron_energon_lite.as_energon)", " and ".join(allowed))
         differences = [d for d in differences if d[0] not in _ENERGON_DOES_NOT_CHECK]
     if differences:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in differences)

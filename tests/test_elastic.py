@@ -9,7 +9,9 @@ each with its real worker processes.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
+import logging
 import random
 from collections import Counter
 from pathlib import Path
@@ -24,6 +26,7 @@ from megatron_energon_lite import (
     NotSupportedError,
     StateError,
     WorkerConfig,
+    energon_mode,
     get_savable_loader,
     get_train_dataset,
     get_val_dataset,
@@ -182,6 +185,55 @@ def test_after_the_carried_epoch_the_next_follows_the_new_topology(dataset: Path
     assert sorted(keys[rest:]) == ALL_KEYS  # the next epoch, whole
 
 
+def _worker_streams(batches: list[list[str]], rank: int, workers: int, first: int) -> dict[int, list[list[str]]]:
+    """A rank's batches by global worker: the loader takes its workers in turn from ``first``."""
+    streams: dict[int, list[list[str]]] = {}
+    for j, batch in enumerate(batches):
+        streams.setdefault(rank * workers + (first + j) % workers, []).append(batch)
+    return streams
+
+
+@pytest.mark.parametrize("new", [(1, 4), (4, 1), (4, 0)])
+@pytest.mark.parametrize("saved_after", [4, 3])
+def test_the_same_global_workers_move_their_states(dataset: Path, new, saved_after: int) -> None:
+    """Saved on 2 ranks x 2 workers, restored on another topology of 4 global workers: each
+    worker's state moves as it is, so every worker goes on with exactly its uninterrupted batches,
+    across epochs (40 batches of 2 per worker: six passes over the 53 samples).  After 3 batches
+    per rank each rank's worker 0 had given one more; the new ranks start with a worker that had
+    not."""
+    def loader(rank: int, world: int, workers: int):
+        config = WorkerConfig(rank=rank, world_size=world, num_workers=workers)
+        return get_savable_loader(get_train_dataset(dataset, batch_size=2, shuffle_buffer_size=4, max_samples_per_sequence=3, worker_config=config))
+
+    per_worker = 40
+    states, expected = [], {}
+    for rank in range(2):
+        saving = loader(rank, 2, 2)
+        it = iter(saving)
+        for _ in range(saved_after):
+            next(it)
+        states.append(saving.save_state_rank())
+        batches = [list(next(it).__key__) for _ in range(2 * per_worker)]
+        expected.update(_worker_streams(batches, rank, 2, first=saved_after % 2))
+        del it, saving
+    got = {}
+    workers = max(1, new[1])
+    for rank in range(new[0]):
+        restored = loader(rank, *new)
+        restored.restore_state_global(states)
+        state = restored.save_state_rank()  # before iterating: the restored state as it is
+        if new == (1, 4):  # saved workers 0 and 2 were ahead after an odd number of batches
+            assert state["next_worker"] == saved_after % 2
+        batches = [list(batch.__key__) for batch in itertools.islice(restored, workers * per_worker)]
+        got.update(_worker_streams(batches, rank, workers, first=state["next_worker"]))
+        del restored
+    gc.collect()
+    assert sorted(got) == [0, 1, 2, 3]
+    for worker in got:
+        n = min(len(got[worker]), len(expected[worker]))
+        assert n >= per_worker - 1 and got[worker][:n] == expected[worker][:n], worker
+
+
 def test_a_state_list_with_a_missing_rank_is_refused(dataset: Path) -> None:
     _, states = _save_after(dataset, 3, 0, [1, 1, 1], shuffle=None)
     loader = _loader(dataset, 0, 2, 0, shuffle=None)
@@ -198,6 +250,38 @@ def test_another_batch_size_is_refused_naming_it(dataset: Path) -> None:
     other = get_savable_loader(get_train_dataset(dataset, batch_size=3, shuffle_buffer_size=None, max_samples_per_sequence=3, repeat=False, worker_config=config))
     with pytest.raises(StateError, match="batch_size: saved 2, now 3"):
         other.restore_state_global(states)
+
+
+def test_as_energon_another_batch_size_is_allowed_and_the_samples_go_on(dataset: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Energon's redist test: saved on 2 ranks x 2 workers with batches of 2, restored under
+    ``as_energon`` on 1 rank x 4 workers with batches of 1 (logged once): every worker's samples
+    go on as they would have."""
+    def loader(rank: int, world: int, workers: int, batch: int):
+        config = WorkerConfig(rank=rank, world_size=world, num_workers=workers)
+        return get_savable_loader(get_train_dataset(dataset, batch_size=batch, shuffle_buffer_size=4, max_samples_per_sequence=3, worker_config=config))
+
+    states, expected = [], {}
+    for rank in range(2):
+        saving = loader(rank, 2, 2, 2)
+        it = iter(saving)
+        for _ in range(4):
+            next(it)
+        states.append(saving.save_state_rank())
+        for worker, batches in _worker_streams([list(next(it).__key__) for _ in range(20)], rank, 2, first=0).items():
+            expected[worker] = [key for batch in batches for key in batch]
+        del it, saving
+    energon_mode.enable()
+    try:
+        restored = loader(0, 1, 4, 1)
+        with caplog.at_level(logging.WARNING):
+            restored.restore_state_global(states)
+        streams = _worker_streams([list(b.__key__) for b in itertools.islice(restored, 80)], 0, 4, first=0)
+        del restored
+    finally:
+        energon_mode.disable()
+    gc.collect()
+    assert "restoring a state saved with another batch_size" in caplog.text
+    assert {worker: [key for batch in batches for key in batch] for worker, batches in streams.items()} == expected
 
 
 def test_a_pack_generator_between_two_outputs_is_refused(dataset: Path) -> None:

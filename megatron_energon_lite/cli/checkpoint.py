@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from ..errors import format_message
-from ..rank_state import REDISTRIBUTED_FROM
+from ..rank_state import MOVED_FROM, REDISTRIBUTED_FROM
 from .params import Command, ValueProblem
 
 _FILES = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -179,7 +179,14 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
                 "the rest of the running epoch is divided when this rank restores it"
             )
             continue
-        click.echo(f"    Saved on: rank {config.get('worker_config.rank', '?')} of {config.get('worker_config.world_size', '?')}, {config.get('worker_config.num_workers', '?')} workers per rank")
+        moved = state.get(MOVED_FROM)
+        placed = "Moved to" if isinstance(moved, dict) else "Saved on"
+        click.echo(f"    {placed}: rank {config.get('worker_config.rank', '?')} of {config.get('worker_config.world_size', '?')}, {config.get('worker_config.num_workers', '?')} workers per rank")
+        if isinstance(moved, dict):
+            click.echo(
+                f"    Moved (energon-lite checkpoint redist) from a checkpoint of {moved.get('world_size', '?')} rank(s) x {moved.get('num_workers', '?')} worker(s): "
+                "the same global workers, each worker's state as saved"
+            )
         click.echo(f"    Next worker ID: {state.get('next_worker')}; the loop over the loader had {'ended' if state.get('pass_ended') else 'not ended'}")
         click.echo(f"    Number of worker states: {rank_state.num_workers}")
         if not show_workers:
