@@ -13,6 +13,12 @@ time; the two cases alternate; medians of ``--repeats``.
 
 ``--blend MODE``: the loader reads a blend (weights 1:2, ``blend_mode`` MODE) of two datasets of
 ``--shards`` shards each; an exact blend also computes every new worker's schedule rates.
+
+``--new-workers M``: the new ranks have M loader workers (their first batch then includes
+starting them).  With ``--new-ranks`` x M equal to ``--ranks``, the global worker count is kept
+and the saved worker states are moved instead of the rest of the epoch divided:
+
+    .venv/bin/python benchmarks/bench_elastic.py --new-ranks 32 --new-workers 2
 """
 
 from __future__ import annotations
@@ -32,16 +38,16 @@ from megatron_energon_lite.format.prepare import prepare_dataset
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 
 
-def make_loader(data: Path, rank: int, world: int, args):
-    config = WorkerConfig(rank=rank, world_size=world, num_workers=0)
+def make_loader(data: Path, rank: int, world: int, args, workers: int = 0):
+    config = WorkerConfig(rank=rank, world_size=world, num_workers=workers)
     blend = {"blend_mode": args.blend} if args.blend else {}
     ds = get_train_dataset(data, worker_config=config, batch_size=args.batch_size, shuffle_buffer_size=args.shuffle_buffer, max_samples_per_sequence=args.msps, **blend)
     return get_savable_loader(ds)
 
 
-def timed_restore(data: Path, world: int, states: list[dict], args) -> tuple[float, float]:
+def timed_restore(data: Path, world: int, states: list[dict], args, workers: int = 0) -> tuple[float, float]:
     """(seconds from restore_state_global to the first batch, of which restore_state_global)."""
-    loader = make_loader(data, 0, world, args)
+    loader = make_loader(data, 0, world, args, workers)
     start = time.perf_counter()
     loader.restore_state_global(states)
     restored = time.perf_counter()
@@ -53,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--new-ranks", type=int, default=16)
+    parser.add_argument("--new-workers", type=int, default=0, help="Loader workers per new rank.")
     parser.add_argument("--shards", type=int, default=200)
     parser.add_argument("--samples-per-shard", type=int, default=50)
     parser.add_argument("--shuffle-buffer", type=int, default=100)
@@ -84,12 +91,13 @@ def main() -> None:
     print(f"saved {args.ranks} ranks x 0 workers ({what} {args.shards * args.samples_per_shard} samples, "
           f"shuffle buffer {args.shuffle_buffer}: {buffered} samples buffered in all)")
 
-    cases = {"same topology": args.ranks, f"{args.new_ranks} ranks (elastic)": args.new_ranks}
+    how = "moved worker states" if args.new_ranks * max(1, args.new_workers) == args.ranks else "elastic"
+    cases = {"same topology": (args.ranks, 0), f"{args.new_ranks} ranks x {args.new_workers} workers ({how})": (args.new_ranks, args.new_workers)}
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     for repeat in range(args.repeats):
         order = list(cases.items()) if repeat % 2 == 0 else list(reversed(cases.items()))
-        for name, world in order:
-            results[name].append(timed_restore(data, world, states, args))
+        for name, (world, workers) in order:
+            results[name].append(timed_restore(data, world, states, args, workers))
     print(f"\nrank 0 of a fresh loader: restore_state_global + first batch (median of {args.repeats}, ms)\n")
     print("| restored on | restore + first batch | of which restore |")
     print("| --- | ---: | ---: |")
