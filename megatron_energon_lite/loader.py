@@ -41,6 +41,13 @@ from .format.metadataset import (
     with_subflavors,
     with_subset,
 )
+from .handover import (
+    SlabRing,
+    activate_slabs,
+    dump_for_main,
+    load_from_worker,
+    slab_bytes_from_env,
+)
 from .pipeline.aux_sources import activate_cache_pool
 from .pipeline.build import (
     PipelineSpec,
@@ -138,6 +145,8 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self.stuck_reports: StuckReports | None = None
         #: Set by the loader: the cache pool its cookers get (active while a pipeline runs).
         self.cache_pool: CachePool | None = None
+        #: Set by the loader when it runs worker processes: the shared memory items go out through.
+        self.slabs: SlabRing | None = None
         from .debug_log import WorkerLog
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
@@ -168,6 +177,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         activate_cache_pool(self.cache_pool)  # before a restore replays cookers
         pipeline = self._pipeline(logical)
         if info is not None:  # a worker process: its skips and stalls are logged by the main process
+            activate_slabs(self.slabs, physical)
             collect_skip_reports()
             if self.stuck_reports is not None:
                 self.stuck_reports.attach()
@@ -207,9 +217,7 @@ class UnpicklableItem:
 
 
 def _unpickle_payload(data: bytes) -> Any:
-    from multiprocessing.reduction import ForkingPickler
-
-    return ForkingPickler.loads(data)
+    return load_from_worker(data)
 
 
 class _Carrier:
@@ -217,7 +225,7 @@ class _Carrier:
 
     A multiprocessing queue pickles in a background thread that only prints a failure, so the
     main process would wait forever for the lost item.  Pickling the payload ourselves inside
-    ``__reduce__`` (tensors still go through shared memory) turns the failure into an
+    ``__reduce__`` (tensors go through shared memory: :mod:`.handover`) turns the failure into an
     :class:`UnpicklableItem` that names the sample.
     """
 
@@ -227,10 +235,8 @@ class _Carrier:
         self.payload = payload
 
     def __reduce__(self):
-        from multiprocessing.reduction import ForkingPickler
-
         try:
-            return _unpickle_payload, (bytes(ForkingPickler.dumps(self.payload)),)
+            return _unpickle_payload, (dump_for_main(self.payload),)
         except Exception as exc:  # noqa: BLE001 - any pickling failure is reported, not lost
             item = self.payload[0]
             key = getattr(item, "__key__", None) or (item.get("__key__") if isinstance(item, dict) else None)
@@ -242,6 +248,18 @@ class _Carrier:
                 "batch/encode_batch (no open files, locks, lambdas or generators)",
             )
             return UnpicklableItem, (message,)
+
+
+def _slab_ring(num_workers: int, prefetch_factor: int) -> SlabRing | None:
+    """The workers' slabs: one per batch a worker may have queued, and one the loop holds."""
+    slab_bytes = slab_bytes_from_env()
+    if slab_bytes == 0:
+        return None
+    try:
+        return SlabRing(num_workers, prefetch_factor + 1, slab_bytes)
+    except (OSError, ValueError) as exc:  # address space or memory limits
+        logger.warning("no shared-memory slabs for the workers (%s); batches go through torch's shared memory", exc)
+        return None
 
 
 def _convert_item(entry: tuple[Any, int, dict | None, tuple]) -> Any:
@@ -283,6 +301,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         )
         self._stuck_reports = StuckReports() if num_workers > 0 else None
         self.dataset.stuck_reports = self._stuck_reports
+        # Made before the workers are forked, so that they share it (see handover.py).
+        self._slabs = _slab_ring(num_workers, prefetch_factor) if num_workers > 0 else None
+        self.dataset.slabs = self._slabs
         #: What cookers get as ``TaskEncoder.cache`` (in the workers: their forked copy).
         self.cache_pool = cache_pool
         self.dataset.cache_pool = cache_pool
@@ -311,6 +332,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 self._unrotate_workers()
             if self._stuck_reports is not None:
                 self._stuck_reports.start()
+            if self._slabs is not None and self._iterator is None:  # new workers start
+                self._slabs.reclaim_in_flight()
             self._stream = super().__iter__()
             iter_id = self.next_id()
             if self._debug_log is not None:

@@ -1,0 +1,247 @@
+"""The hand-over of items from loader workers to the main process through slabs of shared memory.
+
+torch's default path sends every tensor of a batch through a new shared-memory segment whose file
+descriptor the main process fetches over a socket: a copy, two system calls and a socket round
+trip per tensor, with the main process (which also runs the training loop) doing its share.
+Here each worker owns a ring of slabs in one anonymous ``MAP_SHARED`` mapping that the loader
+creates before it forks its workers: a worker copies a batch's tensors into a free slab of its
+ring and pickles only a small descriptor for each (slot, offset, dtype, shape); the main process
+maps them as tensors over the same memory, without a copy.  The mapping has no name (nothing in
+/dev/shm) and goes with the last process that maps it, however it ends (``kill -9`` included).
+
+Lifetime: a slab is lent to the main process with the tensors made over it and returns to its
+worker when the last of them is garbage (a ``weakref.finalize`` on the array they view), so the
+training loop may hold a batch as long as it likes.  A worker that finds no free slab (the loop
+holds many batches), a tensor that does not fit in what is left of the slab, and a tensor that
+cannot be placed (not a dense CPU tensor, one that needs a gradient) take torch's path instead,
+transparently; a batch larger than a slab is logged once with its size.
+
+Per slab, a control word says who has it (free, written by its worker and in flight, held by the
+main process) and a sequence number written after the data: the main process checks it against
+the descriptor, so a slab that was not written completely is never read as a batch.
+
+Tensors that share storage in the worker (a tensor and its view) arrive as separate copies.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import logging
+import mmap
+import os
+import pickle
+import threading
+import weakref
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import DatasetError, format_message
+
+__all__ = ["SLAB_MIB_ENV", "SlabRing", "activate_slabs", "dump_for_main", "load_from_worker", "slab_bytes_from_env"]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable: MiB per slab (default 64); 0 turns slabs off (torch's path for all).
+SLAB_MIB_ENV = "ENERGON_LITE_SLAB_MIB"
+_DEFAULT_SLAB_MIB = 64
+#: Offsets of tensors in a slab are multiples of this (cache lines; any dtype's alignment).
+_ALIGN = 64
+
+# Control words: who has a slab.
+_FREE, _IN_FLIGHT, _HELD = 0, 1, 2
+
+_rings: weakref.WeakValueDictionary[int, SlabRing] = weakref.WeakValueDictionary()
+_ring_ids = itertools.count()
+_lock = threading.Lock()
+#: In a worker process: (its loader's ring, its physical worker id).
+_active: tuple[SlabRing, int] | None = None
+_logged_too_large = False
+
+
+def slab_bytes_from_env() -> int:
+    """Bytes per slab from :data:`SLAB_MIB_ENV` (0: slabs off)."""
+    raw = os.environ.get(SLAB_MIB_ENV, "").strip()
+    try:
+        mib = _DEFAULT_SLAB_MIB if not raw else float(raw)
+    except ValueError:
+        logger.warning("%s=%r is not a number of MiB; using %d", SLAB_MIB_ENV, raw, _DEFAULT_SLAB_MIB)
+        mib = _DEFAULT_SLAB_MIB
+    return max(0, int(mib * (1 << 20)) // _ALIGN * _ALIGN)
+
+
+class SlabRing:
+    """``slots`` slabs of ``slab_bytes`` for each of ``workers`` workers, in one anonymous shared
+    mapping, made by the main process before it forks the workers.  Pages are committed only
+    where a batch was written (a slab of 64 MiB that holds 6 MiB batches costs 6 MiB)."""
+
+    def __init__(self, workers: int, slots: int, slab_bytes: int) -> None:
+        self.workers, self.slots, self.slab_bytes = workers, slots, slab_bytes
+        data = workers * slots * slab_bytes
+        control = workers * slots * 2 * 8  # (state, sequence) per slab, int64
+        self._map = mmap.mmap(-1, data + control, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.data = np.frombuffer(self._map, dtype=np.uint8, count=data)
+        self.control = np.frombuffer(self._map, dtype=np.int64, count=workers * slots * 2, offset=data).reshape(workers, slots, 2)
+        self._sequence = 0  # a worker's own counter (each forked copy counts on its own)
+        with _lock:
+            self.id = next(_ring_ids)
+            _rings[self.id] = self
+
+    def slab(self, worker: int, slot: int) -> np.ndarray:
+        start = (worker * self.slots + slot) * self.slab_bytes
+        return self.data[start : start + self.slab_bytes]
+
+    def reclaim_in_flight(self) -> None:
+        """Before new workers start: slabs written by the old ones and never received (their
+        queue was dropped) are free again; slabs the main process holds stay held."""
+        states = self.control[..., 0]
+        states[states == _IN_FLIGHT] = _FREE
+
+    # --- worker side ---------------------------------------------------------------------------
+    def acquire(self, worker: int) -> tuple[int, int] | None:
+        """A free slot of ``worker``'s ring, marked in flight, and its sequence number."""
+        states = self.control[worker, :, 0]
+        free = np.flatnonzero(states == _FREE)
+        if not len(free):
+            return None
+        slot = int(free[0])
+        states[slot] = _IN_FLIGHT
+        self._sequence += 1
+        return slot, self._sequence
+
+    def give_back(self, worker: int, slot: int) -> None:
+        self.control[worker, slot, 0] = _FREE
+
+    def seal(self, worker: int, slot: int, sequence: int) -> None:
+        """The slab's data is complete (written last, checked by the main process)."""
+        self.control[worker, slot, 1] = sequence
+
+    # --- main side -----------------------------------------------------------------------------
+    def lease(self, worker: int, slot: int, sequence: int) -> np.ndarray:
+        """The slab as an array whose death (with every tensor made over it) frees the slab."""
+        if not (0 <= worker < self.workers and 0 <= slot < self.slots):
+            raise DatasetError(format_message("a batch names a slab that does not exist", found=f"worker {worker}, slot {slot}", expected=f"{self.workers} workers x {self.slots} slots"))
+        state, sealed = (int(v) for v in self.control[worker, slot])
+        if state != _IN_FLIGHT or sealed != sequence:
+            raise DatasetError(
+                format_message(
+                    "a dataloader worker's batch was not written completely to shared memory; it is discarded",
+                    where=f"worker {worker}, slab {slot}",
+                    expected=f"slab in flight with sequence {sequence}",
+                    found=f"state {state}, sequence {sealed}",
+                    fix="see the worker's error above (it probably died while writing)",
+                )
+            )
+        self.control[worker, slot, 0] = _HELD
+        # Over a memoryview of its own, so that the arrays sliced from it name it as their base
+        # (slices of an array over the mapping itself would skip it): it lives as long as they do.
+        start = (worker * self.slots + slot) * self.slab_bytes
+        array = np.frombuffer(memoryview(self._map)[start : start + self.slab_bytes], dtype=np.uint8)
+        weakref.finalize(array, _release, self.control, worker, slot)
+        return array
+
+    def close(self) -> None:
+        with _lock:
+            _rings.pop(self.id, None)
+
+
+def _release(control: np.ndarray, worker: int, slot: int) -> None:
+    control[worker, slot, 0] = _FREE
+
+
+def activate_slabs(ring: SlabRing | None, worker: int) -> None:
+    """In a worker process: its items go out through ``ring``'s slabs of ``worker``."""
+    global _active
+    _active = None if ring is None else (ring, worker)
+
+
+class _SlabPickler(ForkingPickler):
+    """Pickles an item with its dense CPU tensors copied into one slab (see :func:`dump_for_main`)."""
+
+    def __init__(self, file: io.BytesIO, ring: SlabRing, worker: int) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.ring, self.worker = ring, worker
+        self.slot: tuple[int, int] | None = None
+        self.used = 0
+        self.refused = False  # no free slab: the rest goes torch's way
+        self.placed: dict[int, tuple] = {}
+        self.too_large = 0
+
+    def persistent_id(self, obj: Any) -> tuple | None:
+        if type(obj) is not torch.Tensor or self.refused:
+            return None
+        known = self.placed.get(id(obj))
+        if known is not None:
+            return known
+        if obj.device.type != "cpu" or obj.layout is not torch.strided or obj.requires_grad or obj.is_quantized or obj.numel() == 0:
+            return None
+        nbytes = obj.numel() * obj.element_size()
+        offset = -(-self.used // _ALIGN) * _ALIGN
+        if offset + nbytes > self.ring.slab_bytes:
+            self.too_large += nbytes
+            return None
+        if self.slot is None:
+            self.slot = self.ring.acquire(self.worker)
+            if self.slot is None:
+                self.refused = True
+                return None
+        target = torch.from_numpy(self.ring.slab(self.worker, self.slot[0])[offset : offset + nbytes]).view(obj.dtype).view(obj.shape)
+        target.copy_(obj)
+        self.used = offset + nbytes
+        descriptor = ("slab", self.ring.id, self.worker, self.slot[0], self.slot[1], offset, obj.dtype, tuple(obj.shape))
+        self.placed[id(obj)] = descriptor
+        return descriptor
+
+
+def dump_for_main(payload: Any) -> bytes:
+    """``payload`` pickled for the main process: through this worker's slabs when it has a ring,
+    else (and for what does not fit) as torch pickles it."""
+    global _logged_too_large
+    if _active is None:
+        return bytes(ForkingPickler.dumps(payload))
+    ring, worker = _active
+    buffer = io.BytesIO()
+    pickler = _SlabPickler(buffer, ring, worker)
+    try:
+        pickler.dump(payload)
+    except BaseException:
+        if pickler.slot is not None:
+            ring.give_back(worker, pickler.slot[0])
+        raise
+    if pickler.slot is not None:
+        ring.seal(worker, *pickler.slot)
+    if pickler.too_large and not _logged_too_large:
+        _logged_too_large = True
+        logger.info(
+            "a batch holds more tensor data than a slab (%d bytes did not fit in %d); it went through torch's shared memory (set %s to a larger number of MiB)",
+            pickler.used + pickler.too_large, ring.slab_bytes, SLAB_MIB_ENV,
+        )
+    return buffer.getvalue()
+
+
+class _SlabUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file)
+        self.leases: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def persistent_load(self, descriptor: Any) -> torch.Tensor:
+        if not (isinstance(descriptor, tuple) and len(descriptor) == 8 and descriptor[0] == "slab"):
+            raise pickle.UnpicklingError(f"unknown persistent id {descriptor!r}")
+        _, ring_id, worker, slot, sequence, offset, dtype, shape = descriptor
+        ring = _rings.get(ring_id)
+        if ring is None:
+            raise DatasetError(format_message("a batch arrived for a loader whose shared memory is gone", found=f"ring {ring_id}"))
+        key = (ring_id, worker, slot)
+        lease = self.leases.get(key)
+        if lease is None:
+            lease = self.leases[key] = ring.lease(worker, slot, sequence)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        return torch.from_numpy(lease[offset : offset + nbytes]).view(dtype).view(shape)
+
+
+def load_from_worker(data: bytes) -> Any:
+    """The payload :func:`dump_for_main` made, its slab tensors mapped over the shared memory."""
+    return _SlabUnpickler(io.BytesIO(data)).load()
