@@ -15,6 +15,17 @@ Phases: import -> build dataset + loader -> first batch -> warm-up -> timed batc
 loader and time its shutdown (workers joined; webdataset stops here) -> a new loader to its first
 batch (imports warm) -> a new loader + restore_state_rank() to its first batch, compared by sample
 key with the batch that followed the save.
+
+Dataset ``"text-packed"`` reads the text shards through a packing task encoder (ours and Energon
+only): consecutive samples of each ``packing_buffer_size`` buffer are grouped while their texts
+stay within ``pack_chars`` characters, and each group becomes one TextSample (texts joined by a
+newline, keys by ``+``). Batches hold packs; ``input_samples_per_s`` counts the texts in them.
+
+Loader ``"ceiling"`` (captioning only) is no loader: the JPEG bytes of the shards are read into
+memory with ``tarfile`` (untimed), then decoded with our loader's own image decoder for
+``image_decode="torchrgb8"`` (``megatron_energon_lite.decode.image.decode_image``) into CHW uint8
+tensors, in 1 process (``workers`` 0, in this process) or ``workers`` forked processes each
+decoding its share; timed from the start signal until every process is done.
 """
 
 import json
@@ -32,6 +43,10 @@ def emit(**figures) -> None:
     print("@@BENCH " + json.dumps(figures), flush=True)
 
 
+#: Joins the keys of the texts in one pack (synthetic keys are digits and slashes, never a '+').
+PACK_KEY_SEPARATOR = "+"
+
+
 # -- the three loaders -------------------------------------------------------------------------
 
 
@@ -41,20 +56,59 @@ def energon_like(package: str, cfg: dict):
     The same code for both: only the import differs.
     """
     if package == "ours":
-        from megatron_energon_lite import DefaultTaskEncoder, WorkerConfig, get_savable_loader, get_train_dataset
+        from megatron_energon_lite import (
+            DefaultTaskEncoder,
+            TextSample,
+            WorkerConfig,
+            get_savable_loader,
+            get_train_dataset,
+            stateless,
+        )
         from megatron_energon_lite.decode import SampleDecoder
     else:
         from megatron.energon import (
             DefaultTaskEncoder,
             SampleDecoder,
+            TextSample,
             WorkerConfig,
             get_savable_loader,
             get_train_dataset,
+            stateless,
         )
 
     class Uint8TaskEncoder(DefaultTaskEncoder):
         # Images as uint8 CHW tensors (the default, "torchrgb", gives float32 in 0..1).
         decoder = SampleDecoder(image_decode="torchrgb8")
+
+    budget = cfg.get("pack_chars", 0)
+
+    class TextPackingTaskEncoder(Uint8TaskEncoder):
+        """Packs consecutive texts of the buffer while their total length stays within ``budget``."""
+
+        def select_samples_to_pack(self, samples):
+            groups, current, used = [], [], 0
+            for sample in samples:
+                length = len(sample.text)
+                if current and used + length > budget:  # a text longer than the budget is a pack alone
+                    groups.append(current)
+                    current, used = [], 0
+                current.append(sample)
+                used += length
+            if current:
+                groups.append(current)
+            return groups
+
+        @stateless
+        def pack_selected_samples(self, samples):
+            # The loaders set the pack's restore key themselves; the joined key lets the parent count texts.
+            return TextSample.derive_from(
+                samples[0],
+                __key__=PACK_KEY_SEPARATOR.join(s.__key__ for s in samples),
+                text="\n".join(s.text for s in samples),
+            )
+
+    packed = cfg["dataset"] == "text-packed"
+    extra = {"packing_buffer_size": cfg["packing_buffer"]} if packed else {}
 
     def make():
         dataset = get_train_dataset(
@@ -63,7 +117,8 @@ def energon_like(package: str, cfg: dict):
             batch_size=cfg["batch_size"],
             shuffle_buffer_size=cfg["shuffle_buffer"],
             max_samples_per_sequence=cfg["max_samples_per_sequence"],
-            task_encoder=Uint8TaskEncoder(),
+            task_encoder=TextPackingTaskEncoder() if packed else Uint8TaskEncoder(),
+            **extra,
         )
         return get_savable_loader(dataset)
 
@@ -92,6 +147,93 @@ def webdataset_plain(cfg: dict):
         return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg["workers"])
 
     return make
+
+
+# -- the decode ceiling: no loader ----------------------------------------------------------------
+
+#: Images each decoding process decodes before the start signal (imports, caches), untimed.
+CEILING_WARMUP_IMAGES = 8
+
+
+def read_jpegs(shards: list, count: int) -> list:
+    """The bytes of the first ``count`` JPEG members of the shards in order, cycled if they hold fewer."""
+    import tarfile
+
+    images = []
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                if member.isfile() and member.name.lower().endswith((".jpg", ".jpeg")):
+                    images.append(tar.extractfile(member).read())
+                    if len(images) == count:
+                        return images
+    if not images:
+        raise RuntimeError(f"no .jpg members in {len(shards)} shards")
+    return [images[i % len(images)] for i in range(count)]  # the same bytes objects again: no copies
+
+
+def decode_ceiling(cfg: dict) -> None:
+    """JPEG bytes in memory -> CHW uint8 tensors with our loader's decoder, in 1 or N processes."""
+    import multiprocessing
+    import threading
+
+    # Our loader's registered image decoder with the settings of SampleDecoder(image_decode="torchrgb8"):
+    # the very calls the loader makes per image (simplejpeg where installed, else Pillow; then CHW).
+    from megatron_energon_lite.decode import SampleDecoder
+    from megatron_energon_lite.decode.image import decode_image
+
+    decoder = SampleDecoder(image_decode="torchrgb8")
+    emit(import_s=time.time() - cfg["t_spawn"])
+    # As many images as the loaders decode in their timed batches.
+    images = read_jpegs(cfg["shards"], cfg["batches"] * cfg["batch_size"])
+    first = decode_image(images[0], decoder)  # imports what decoding needs before timing and forking
+    emit(batch=f"{str(first.dtype).replace('torch.', '')}{list(first.shape)}")
+
+    def decode_all(share: list) -> int:
+        for data in share:
+            decode_image(data, decoder)
+        return len(share)
+
+    if cfg["workers"] == 0:
+        decode_all(images[:CEILING_WARMUP_IMAGES])
+        start = time.perf_counter()
+        decoded = decode_all(images)
+        elapsed = time.perf_counter() - start
+    else:
+        context = multiprocessing.get_context("fork")  # as DataLoader workers on Linux: the bytes are inherited
+        processes = cfg["workers"]
+        ready = context.Barrier(processes + 1)
+        results = context.SimpleQueue()
+
+        def work(share: list) -> None:
+            try:
+                import torch
+
+                torch.set_num_threads(1)  # as DataLoader does in its workers
+                decode_all(share[:CEILING_WARMUP_IMAGES])
+                ready.wait()
+                results.put(decode_all(share))
+            except BaseException as exc:  # noqa: BLE001 - hand it to the parent, which reports it
+                results.put(f"{type(exc).__name__}: {exc}")
+                ready.abort()  # a failure before the start must not leave the parent waiting
+
+        workers = [context.Process(target=work, args=(images[i::processes],), daemon=True) for i in range(processes)]
+        for worker in workers:
+            worker.start()
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:
+            raise RuntimeError(f"a decoding process failed before the start: {results.get()}") from None
+        start = time.perf_counter()
+        counts = [results.get() for _ in workers]
+        elapsed = time.perf_counter() - start
+        for worker in workers:
+            worker.join()
+        failed = [count for count in counts if not isinstance(count, int)]
+        if failed:
+            raise RuntimeError(f"a decoding process failed: {failed[0]}")
+        decoded = sum(counts)
+    emit(samples_per_s=decoded / elapsed, timed_samples=decoded, timed_s=elapsed)
 
 
 # -- batch inspection ---------------------------------------------------------------------------
@@ -152,6 +294,10 @@ def main() -> None:
             import torch
 
             torch.set_num_threads(cfg["torch_threads"])
+        if cfg["loader"] == "ceiling":
+            phase = "decode ceiling"
+            decode_ceiling(cfg)
+            return
         if cfg["loader"] == "webdataset":
             make = webdataset_plain(cfg)
         else:
@@ -170,12 +316,18 @@ def main() -> None:
             next(iterator)
 
         phase = "timed batches"
-        samples = 0
+        samples = inputs = 0
+        packed = cfg["dataset"] == "text-packed"
         start = time.perf_counter()
         for _ in range(cfg["batches"]):
-            samples += batch_len(next(iterator))
+            batch = next(iterator)
+            samples += batch_len(batch)
+            if packed:  # counted in the timed loop, as the other loaders' batch_len is
+                inputs += sum(len(key.split(PACK_KEY_SEPARATOR)) for key in batch_keys(batch))
         elapsed = time.perf_counter() - start
         emit(samples_per_s=samples / elapsed, timed_samples=samples, timed_s=elapsed)
+        if packed:
+            emit(input_samples_per_s=inputs / elapsed, texts_per_pack=inputs / samples)
 
         stateful = cfg["loader"] != "webdataset"
         consumed = 1 + cfg["warmup"] + cfg["batches"]
