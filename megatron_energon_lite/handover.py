@@ -20,6 +20,11 @@ Per slab, a control word says who has it (free, written by its worker and in fli
 main process) and a sequence number written after the data: the main process checks it against
 the descriptor, so a slab that was not written completely is never read as a batch.
 
+Fewer copies: the default batching stacks a batch's tensors straight into a slab of its worker
+(:func:`slab_empty`), so the hand-over has nothing left to copy: its descriptor points at where
+the stacked tensor already is.  Such a slab is held by the worker until the batch is sent (or
+dropped without being sent: then it is free again).
+
 Tensors that share storage in the worker (a tensor and its view) arrive as separate copies.
 """
 
@@ -41,7 +46,7 @@ import torch
 
 from .errors import DatasetError, format_message
 
-__all__ = ["SLAB_MIB_ENV", "SlabRing", "activate_slabs", "dump_for_main", "load_from_worker", "slab_bytes_from_env"]
+__all__ = ["SLAB_MIB_ENV", "SlabRing", "activate_slabs", "dump_for_main", "load_from_worker", "slab_bytes_from_env", "slab_empty"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +56,8 @@ _DEFAULT_SLAB_MIB = 64
 #: Offsets of tensors in a slab are multiples of this (cache lines; any dtype's alignment).
 _ALIGN = 64
 
-# Control words: who has a slab.
-_FREE, _IN_FLIGHT, _HELD = 0, 1, 2
+# Control words: who has a slab (allocated: a worker's batch was made in it and is not sent yet).
+_FREE, _IN_FLIGHT, _HELD, _ALLOCATED = 0, 1, 2, 3
 
 _rings: weakref.WeakValueDictionary[int, SlabRing] = weakref.WeakValueDictionary()
 _ring_ids = itertools.count()
@@ -86,6 +91,10 @@ class SlabRing:
         self.data = np.frombuffer(self._map, dtype=np.uint8, count=data)
         self.control = np.frombuffer(self._map, dtype=np.int64, count=workers * slots * 2, offset=data).reshape(workers, slots, 2)
         self._sequence = 0  # a worker's own counter (each forked copy counts on its own)
+        # In a worker, its main thread (allocating batches) and its queue feeder (sending them)
+        # both change its control words.
+        self._worker_lock = threading.Lock()
+        self._address = self.data.ctypes.data
         with _lock:
             self.id = next(_ring_ids)
             _rings[self.id] = self
@@ -95,29 +104,52 @@ class SlabRing:
         return self.data[start : start + self.slab_bytes]
 
     def reclaim_in_flight(self) -> None:
-        """Before new workers start: slabs written by the old ones and never received (their
-        queue was dropped) are free again; slabs the main process holds stay held."""
+        """Before new workers start: slabs written or allocated by the old ones and never
+        received (their queue was dropped) are free again; slabs the main process holds stay
+        held."""
         states = self.control[..., 0]
-        states[states == _IN_FLIGHT] = _FREE
+        states[(states == _IN_FLIGHT) | (states == _ALLOCATED)] = _FREE
 
     # --- worker side ---------------------------------------------------------------------------
-    def acquire(self, worker: int) -> tuple[int, int] | None:
-        """A free slot of ``worker``'s ring, marked in flight, and its sequence number."""
-        states = self.control[worker, :, 0]
-        free = np.flatnonzero(states == _FREE)
-        if not len(free):
-            return None
-        slot = int(free[0])
-        states[slot] = _IN_FLIGHT
-        self._sequence += 1
-        return slot, self._sequence
+    def acquire(self, worker: int, state: int = _IN_FLIGHT) -> tuple[int, int] | None:
+        """A free slot of ``worker``'s ring, marked ``state``, and its sequence number."""
+        with self._worker_lock:
+            states = self.control[worker, :, 0]
+            free = np.flatnonzero(states == _FREE)
+            if not len(free):
+                return None
+            slot = int(free[0])
+            states[slot] = state
+            self._sequence += 1
+            return slot, self._sequence
 
     def give_back(self, worker: int, slot: int) -> None:
         self.control[worker, slot, 0] = _FREE
 
     def seal(self, worker: int, slot: int, sequence: int) -> None:
         """The slab's data is complete (written last, checked by the main process)."""
-        self.control[worker, slot, 1] = sequence
+        with self._worker_lock:
+            self.control[worker, slot, 1] = sequence
+            self.control[worker, slot, 0] = _IN_FLIGHT
+
+    def allocation_of(self, worker: int, tensor: torch.Tensor) -> tuple[int, int, int] | None:
+        """``(slot, sequence, offset)`` when ``tensor`` is contiguous and lies in a slab that
+        ``worker`` allocated (:func:`slab_empty`) and has not sent yet."""
+        address = tensor.data_ptr() - self._address
+        first = worker * self.slots * self.slab_bytes
+        if not (first <= address < first + self.slots * self.slab_bytes) or not tensor.is_contiguous():
+            return None
+        slot, offset = divmod(address - first, self.slab_bytes)
+        state, sequence = (int(v) for v in self.control[worker, slot])
+        if state != _ALLOCATED or offset + tensor.numel() * tensor.element_size() > self.slab_bytes:
+            return None
+        return slot, sequence, offset
+
+    def _drop_allocation(self, worker: int, slot: int, sequence: int) -> None:
+        """The worker's tensor over an allocated slab is gone: free unless it was sent."""
+        with self._worker_lock:
+            if tuple(int(v) for v in self.control[worker, slot]) == (_ALLOCATED, sequence):
+                self.control[worker, slot, 0] = _FREE
 
     # --- main side -----------------------------------------------------------------------------
     def lease(self, worker: int, slot: int, sequence: int) -> np.ndarray:
@@ -152,6 +184,30 @@ def _release(control: np.ndarray, worker: int, slot: int) -> None:
     control[worker, slot, 0] = _FREE
 
 
+def slab_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    """In a worker with slabs: an uninitialised tensor in a free slab of its own, for a batch
+    that will be sent as it is (the hand-over then copies nothing); None elsewhere, when it
+    does not fit or no slab is free."""
+    if _active is None:
+        return None
+    ring, worker = _active
+    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0 or nbytes > ring.slab_bytes:
+        return None
+    taken = ring.acquire(worker, _ALLOCATED)
+    if taken is None:
+        return None
+    slot, sequence = taken
+    with ring._worker_lock:
+        ring.control[worker, slot, 1] = sequence
+    start = (worker * ring.slots + slot) * ring.slab_bytes
+    # Its own array (over its own memoryview): when the worker drops the batch unsent, the slab
+    # is free again.
+    array = np.frombuffer(memoryview(ring._map)[start : start + nbytes], dtype=np.uint8)
+    weakref.finalize(array, ring._drop_allocation, worker, slot, sequence)
+    return torch.from_numpy(array).view(dtype).view(shape)
+
+
 def activate_slabs(ring: SlabRing | None, worker: int) -> None:
     """In a worker process: its items go out through ``ring``'s slabs of ``worker``."""
     global _active
@@ -164,7 +220,8 @@ class _SlabPickler(ForkingPickler):
     def __init__(self, file: io.BytesIO, ring: SlabRing, worker: int) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
         self.ring, self.worker = ring, worker
-        self.slot: tuple[int, int] | None = None
+        self.slot: tuple[int, int] | None = None  # where this pickler copies tensors
+        self.sent: set[tuple[int, int]] = set()  # allocated slabs whose tensors go as they are
         self.used = 0
         self.refused = False  # no free slab: the rest goes torch's way
         self.placed: dict[int, tuple] = {}
@@ -178,6 +235,13 @@ class _SlabPickler(ForkingPickler):
             return known
         if obj.device.type != "cpu" or obj.layout is not torch.strided or obj.requires_grad or obj.is_quantized or obj.numel() == 0:
             return None
+        allocated = self.ring.allocation_of(self.worker, obj)
+        if allocated is not None:  # made in a slab already: nothing to copy
+            slot, sequence, offset = allocated
+            self.sent.add((slot, sequence))
+            descriptor = ("slab", self.ring.id, self.worker, slot, sequence, offset, obj.dtype, tuple(obj.shape))
+            self.placed[id(obj)] = descriptor
+            return descriptor
         nbytes = obj.numel() * obj.element_size()
         offset = -(-self.used // _ALIGN) * _ALIGN
         if offset + nbytes > self.ring.slab_bytes:
@@ -211,8 +275,8 @@ def dump_for_main(payload: Any) -> bytes:
         if pickler.slot is not None:
             ring.give_back(worker, pickler.slot[0])
         raise
-    if pickler.slot is not None:
-        ring.seal(worker, *pickler.slot)
+    for slot, sequence in [*pickler.sent, *([pickler.slot] if pickler.slot is not None else [])]:
+        ring.seal(worker, slot, sequence)
     if pickler.too_large and not _logged_too_large:
         _logged_too_large = True
         logger.info(

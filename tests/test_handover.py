@@ -38,7 +38,9 @@ from megatron_energon_lite.handover import (
     activate_slabs,
     dump_for_main,
     load_from_worker,
+    slab_empty,
 )
+from megatron_energon_lite.samples import batch_stack
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -112,6 +114,44 @@ def test_a_slab_whose_seal_does_not_match_is_an_error(ring: SlabRing) -> None:
     ring.close()
     with pytest.raises(DatasetError, match="shared memory is gone"):
         load_from_worker(data)
+
+
+def test_a_batch_made_in_a_slab_is_sent_without_a_copy(ring: SlabRing) -> None:
+    """batch_stack in a worker stacks into a slab (slab_empty); the hand-over then points at it."""
+    images = [torch.full((3, 4, 5), i, dtype=torch.uint8) for i in range(6)]
+    batch = batch_stack(images)
+    assert _states(ring) == [3, 0]  # allocated by the worker, not sent yet
+    address = batch.data_ptr()
+    data = dump_for_main({"image": batch, "extra": torch.ones(2)})  # extra is copied to slab 1
+    assert _states(ring) == [1, 1]
+    del batch
+    gc.collect()
+    assert _states(ring) == [1, 1]  # sent: dropping the worker's tensor does not free it
+    loaded = load_from_worker(data)
+    assert loaded["image"].data_ptr() == address  # the memory it was stacked into: no copy
+    assert torch.equal(loaded["image"], torch.stack(images)) and torch.equal(loaded["extra"], torch.ones(2))
+    del loaded
+    gc.collect()
+    assert _states(ring) == [0, 0]
+
+
+def test_an_allocated_slab_dropped_unsent_is_free_again(ring: SlabRing) -> None:
+    unsent = slab_empty((4, 4), torch.float32)
+    assert unsent is not None and _states(ring) == [3, 0]
+    del unsent
+    gc.collect()
+    assert _states(ring) == [0, 0]
+    assert slab_empty((1 << 20,), torch.float32) is None  # larger than a slab
+    held = [slab_empty((8,), torch.int64), slab_empty((8,), torch.int64)]
+    assert slab_empty((8,), torch.int64) is None and _states(ring) == [3, 3]  # none free
+    # A late finalizer of an earlier allocation of the same slab leaves a newer one alone.
+    ring._drop_allocation(1, 0, sequence=-1)
+    assert _states(ring) == [3, 3]
+    del held
+    gc.collect()
+    assert _states(ring) == [0, 0]
+    activate_slabs(None, 0)
+    assert slab_empty((8,), torch.int64) is None  # not in a worker
 
 
 @pytest.fixture(scope="module")
