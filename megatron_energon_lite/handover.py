@@ -124,7 +124,27 @@ class SlabRing:
             return slot, self._sequence
 
     def give_back(self, worker: int, slot: int) -> None:
-        self.control[worker, slot, 0] = _FREE
+        with self._worker_lock:
+            self.control[worker, slot, 0] = _FREE
+
+    def allocate(self, worker: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """An uninitialised tensor in a free slab of ``worker``, marked allocated (see
+        :func:`slab_empty`), or None when it does not fit or no slab is free."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        if nbytes == 0 or nbytes > self.slab_bytes:
+            return None
+        taken = self.acquire(worker, _ALLOCATED)
+        if taken is None:
+            return None
+        slot, sequence = taken
+        with self._worker_lock:
+            self.control[worker, slot, 1] = sequence
+        start = (worker * self.slots + slot) * self.slab_bytes
+        # Its own array (over its own memoryview): when the worker drops the batch unsent, the
+        # slab is free again.
+        array = np.frombuffer(memoryview(self._map)[start : start + nbytes], dtype=np.uint8)
+        weakref.finalize(array, self._drop_allocation, worker, slot, sequence)
+        return torch.from_numpy(array).view(dtype).view(shape)
 
     def seal(self, worker: int, slot: int, sequence: int) -> None:
         """The slab's data is complete (written last, checked by the main process)."""
@@ -191,21 +211,7 @@ def slab_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | Non
     if _active is None:
         return None
     ring, worker = _active
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0 or nbytes > ring.slab_bytes:
-        return None
-    taken = ring.acquire(worker, _ALLOCATED)
-    if taken is None:
-        return None
-    slot, sequence = taken
-    with ring._worker_lock:
-        ring.control[worker, slot, 1] = sequence
-    start = (worker * ring.slots + slot) * ring.slab_bytes
-    # Its own array (over its own memoryview): when the worker drops the batch unsent, the slab
-    # is free again.
-    array = np.frombuffer(memoryview(ring._map)[start : start + nbytes], dtype=np.uint8)
-    weakref.finalize(array, ring._drop_allocation, worker, slot, sequence)
-    return torch.from_numpy(array).view(dtype).view(shape)
+    return ring.allocate(worker, shape, dtype)
 
 
 def activate_slabs(ring: SlabRing | None, worker: int) -> None:
