@@ -39,7 +39,7 @@ import pickle
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -220,34 +220,39 @@ def activate_slabs(ring: SlabRing | None, worker: int) -> None:
     _active = None if ring is None else (ring, worker)
 
 
-class _SlabPickler(ForkingPickler):
-    """Pickles an item with its dense CPU tensors copied into one slab (see :func:`dump_for_main`)."""
+class _Placement:
+    """Puts the dense CPU tensors of one item into a slab of its worker, for its pickler.
 
-    def __init__(self, file: io.BytesIO, ring: SlabRing, worker: int) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+    ``reduce`` is the pickler's reducer for ``torch.Tensor`` (its dispatch table, which pickle
+    consults for tensors alone: a ``persistent_id`` would be a Python call for every string and
+    number of the item, and doubled the pickling time of a text batch).  It holds no reference
+    to the pickler, whose memo would otherwise live in a cycle until the garbage collector runs.
+    """
+
+    def __init__(self, ring: SlabRing, worker: int, torch_reduce: Callable[[torch.Tensor], tuple] | None) -> None:
         self.ring, self.worker = ring, worker
-        self.slot: tuple[int, int] | None = None  # where this pickler copies tensors
+        self.torch_reduce = torch_reduce
+        self.slot: tuple[int, int] | None = None  # where tensors are copied
         self.sent: set[tuple[int, int]] = set()  # allocated slabs whose tensors go as they are
         self.used = 0
         self.refused = False  # no free slab: the rest goes torch's way
-        self.placed: dict[int, tuple] = {}
         self.too_large = 0
 
-    def persistent_id(self, obj: Any) -> tuple | None:
-        if type(obj) is not torch.Tensor or self.refused:
-            return None
-        known = self.placed.get(id(obj))
-        if known is not None:
-            return known
-        if obj.device.type != "cpu" or obj.layout is not torch.strided or obj.requires_grad or obj.is_quantized or obj.numel() == 0:
+    def reduce(self, obj: torch.Tensor) -> tuple:
+        descriptor = self._place(obj)
+        if descriptor is not None:
+            return _slab_tensor, (descriptor,)
+        return self.torch_reduce(obj) if self.torch_reduce is not None else obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+    def _place(self, obj: torch.Tensor) -> tuple | None:
+        """The descriptor of ``obj`` in a slab (copied there, unless it was made there), or None."""
+        if self.refused or obj.device.type != "cpu" or obj.layout is not torch.strided or obj.requires_grad or obj.is_quantized or obj.numel() == 0:
             return None
         allocated = self.ring.allocation_of(self.worker, obj)
         if allocated is not None:  # made in a slab already: nothing to copy
             slot, sequence, offset = allocated
             self.sent.add((slot, sequence))
-            descriptor = ("slab", self.ring.id, self.worker, slot, sequence, offset, obj.dtype, tuple(obj.shape))
-            self.placed[id(obj)] = descriptor
-            return descriptor
+            return ("slab", self.ring.id, self.worker, slot, sequence, offset, obj.dtype, tuple(obj.shape))
         nbytes = obj.numel() * obj.element_size()
         offset = -(-self.used // _ALIGN) * _ALIGN
         if offset + nbytes > self.ring.slab_bytes:
@@ -261,9 +266,7 @@ class _SlabPickler(ForkingPickler):
         target = torch.from_numpy(self.ring.slab(self.worker, self.slot[0])[offset : offset + nbytes]).view(obj.dtype).view(obj.shape)
         target.copy_(obj)
         self.used = offset + nbytes
-        descriptor = ("slab", self.ring.id, self.worker, self.slot[0], self.slot[1], offset, obj.dtype, tuple(obj.shape))
-        self.placed[id(obj)] = descriptor
-        return descriptor
+        return ("slab", self.ring.id, self.worker, self.slot[0], self.slot[1], offset, obj.dtype, tuple(obj.shape))
 
 
 def dump_for_main(payload: Any) -> bytes:
@@ -274,44 +277,52 @@ def dump_for_main(payload: Any) -> bytes:
         return bytes(ForkingPickler.dumps(payload))
     ring, worker = _active
     buffer = io.BytesIO()
-    pickler = _SlabPickler(buffer, ring, worker)
+    pickler = ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL)
+    # Exact type: tensor subclasses (parameters) go torch's way.
+    placement = _Placement(ring, worker, pickler.dispatch_table.get(torch.Tensor))
+    pickler.dispatch_table[torch.Tensor] = placement.reduce
     try:
         pickler.dump(payload)
     except BaseException:
-        if pickler.slot is not None:
-            ring.give_back(worker, pickler.slot[0])
+        if placement.slot is not None:
+            ring.give_back(worker, placement.slot[0])
         raise
-    for slot, sequence in [*pickler.sent, *([pickler.slot] if pickler.slot is not None else [])]:
+    for slot, sequence in [*placement.sent, *([placement.slot] if placement.slot is not None else [])]:
         ring.seal(worker, slot, sequence)
-    if pickler.too_large and not _logged_too_large:
+    if placement.too_large and not _logged_too_large:
         _logged_too_large = True
         logger.info(
             "a batch holds more tensor data than a slab (%d bytes did not fit in %d); it went through torch's shared memory (set %s to a larger number of MiB)",
-            pickler.used + pickler.too_large, ring.slab_bytes, SLAB_MIB_ENV,
+            placement.used + placement.too_large, ring.slab_bytes, SLAB_MIB_ENV,
         )
     return buffer.getvalue()
 
 
-class _SlabUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
-        self.leases: dict[tuple[int, int, int], np.ndarray] = {}
+#: While :func:`load_from_worker` runs: the slabs its payload's tensors were leased from.
+_loading = threading.local()
 
-    def persistent_load(self, descriptor: Any) -> torch.Tensor:
-        if not (isinstance(descriptor, tuple) and len(descriptor) == 8 and descriptor[0] == "slab"):
-            raise pickle.UnpicklingError(f"unknown persistent id {descriptor!r}")
-        _, ring_id, worker, slot, sequence, offset, dtype, shape = descriptor
-        ring = _rings.get(ring_id)
-        if ring is None:
-            raise DatasetError(format_message("a batch arrived for a loader whose shared memory is gone", found=f"ring {ring_id}"))
-        key = (ring_id, worker, slot)
-        lease = self.leases.get(key)
-        if lease is None:
-            lease = self.leases[key] = ring.lease(worker, slot, sequence)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-        return torch.from_numpy(lease[offset : offset + nbytes]).view(dtype).view(shape)
+
+def _slab_tensor(descriptor: tuple) -> torch.Tensor:
+    """A tensor over the main process's mapping of a slab (unpickling a :func:`dump_for_main`)."""
+    leases = getattr(_loading, "leases", None)
+    if leases is None or not (isinstance(descriptor, tuple) and len(descriptor) == 8 and descriptor[0] == "slab"):
+        raise pickle.UnpicklingError(f"a slab tensor {descriptor!r} outside load_from_worker")
+    _, ring_id, worker, slot, sequence, offset, dtype, shape = descriptor
+    ring = _rings.get(ring_id)
+    if ring is None:
+        raise DatasetError(format_message("a batch arrived for a loader whose shared memory is gone", found=f"ring {ring_id}"))
+    key = (ring_id, worker, slot)
+    lease = leases.get(key)
+    if lease is None:
+        lease = leases[key] = ring.lease(worker, slot, sequence)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(lease[offset : offset + nbytes]).view(dtype).view(shape)
 
 
 def load_from_worker(data: bytes) -> Any:
     """The payload :func:`dump_for_main` made, its slab tensors mapped over the shared memory."""
-    return _SlabUnpickler(io.BytesIO(data)).load()
+    _loading.leases = {}
+    try:
+        return pickle.loads(data)
+    finally:
+        _loading.leases = None
