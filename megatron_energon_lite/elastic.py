@@ -118,11 +118,16 @@ def redistribute(states: Sequence[Any], world_size: int, num_workers: int) -> li
         {
             "version": STATE_VERSION,
             "writer": f"megatron-energon-lite {__version__}",
-            "config": {**first, "worker_config.rank": rank, "worker_config.world_size": world_size, "worker_config.num_workers": num_workers},
+            "config": _config_on(first, rank, world_size, num_workers),
             REDISTRIBUTED_FROM: list(states),
         }
         for rank in range(world_size)
     ]
+
+
+def _config_on(config: dict, rank: int, world_size: int, num_workers: int) -> dict:
+    """A saved configuration with the place of ``rank`` in another topology."""
+    return {**config, **dict(zip(TOPOLOGY_KEYS, (rank, world_size, num_workers)))}
 
 
 def redistributed_rank_state(state: dict, dataset: SavableDataset, worker_config: WorkerConfig) -> RankState:
@@ -185,7 +190,7 @@ def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> l
                     worker_states=tuple(parsed[old_rank].worker_states[local] for old_rank, local in homes),
                     next_worker=ahead.index(False) if False in ahead else 0,
                     pass_ended=ended.pop(),
-                    config={**config, "worker_config.rank": rank, "worker_config.world_size": world_size, "worker_config.num_workers": num_workers},
+                    config=_config_on(config, rank, world_size, num_workers),
                 ).to_json(),
                 MOVED_FROM: {"world_size": saved.world_size, "num_workers": saved.num_workers},
             }

@@ -216,10 +216,6 @@ class UnpicklableItem:
         self.message = message
 
 
-def _unpickle_payload(data: bytes) -> Any:
-    return load_from_worker(data)
-
-
 class _Carrier:
     """What a worker sends: its payload pickled at once, in the worker's main thread, or the
     error that names the sample when it cannot be pickled.
@@ -253,7 +249,7 @@ class _Carrier:
     def __reduce__(self):
         if self.data is None:
             return UnpicklableItem, (self.message,)
-        return _unpickle_payload, (self.data,)
+        return load_from_worker, (self.data,)
 
 
 def _slab_ring(num_workers: int, prefetch_factor: int) -> SlabRing | None:

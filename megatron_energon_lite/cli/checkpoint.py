@@ -215,13 +215,16 @@ def redist(paths: tuple[Path, ...], output_option: Path | None, new_world_size: 
     """Make the loader states of another number of ranks or workers from a saved checkpoint.
 
     PATHS: the input files, then the output folder (or give it with -o OUT). The inputs are one
-    global checkpoint (save_state_global) or every rank's file; the output, a
-    folder, which gets one global checkpoint named like the input, or one file per rank named
-    like the inputs (state_rank0.pt, ...: the number is the rank) or else rank0, rank1, ... Any new world size and number of workers (Energon's redist only moves
-    worker states between ranks). What each new worker reads of the rest of the running epoch
-    depends on the dataset, which only the training process has: each new rank's state holds its
-    place and the saved states, checked here, and restore_state_rank divides the rest when it
-    restores it (as restore_state_global does).
+    global checkpoint (save_state_global) or every rank's file; the output folder gets one
+    global checkpoint named like the input, or one file per rank named like the inputs
+    (state_rank0.pt, ...: the number is the rank), else rank0, rank1, ...
+
+    Any new world size and number of workers. With the number of global workers kept, each
+    worker's state moves to the worker with its global id (as Energon's redist does). Otherwise
+    what each new worker reads of the rest of the running epoch depends on the dataset, which
+    only the training process has: each new rank's state holds its place and the saved states,
+    checked here, and restore_state_rank divides the rest when it restores it (as
+    restore_state_global does).
     """
     from ..elastic import redistribute
     from ..errors import ConfigError, StateError
