@@ -19,6 +19,7 @@ from typing import Any, Iterator, Mapping
 import torch
 import torch.utils.data
 
+from .bundles import Bundle, BundleLimits, Interleave, bundle_seconds_from_env, bundled
 from .cache.base import CachePool
 from .errors import (
     SKIP_REPORT_LIMIT,
@@ -147,6 +148,9 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self.cache_pool: CachePool | None = None
         #: Set by the loader when it runs worker processes: the shared memory items go out through.
         self.slabs: SlabRing | None = None
+        #: Set by the loader when its workers send items in bundles: the main process's limits
+        #: on their sizes, and the seconds a worker may spend on one (see bundles.py).
+        self.bundles: tuple[BundleLimits, float] | None = None
         from .debug_log import WorkerLog
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
@@ -170,8 +174,18 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
             self._pipelines[logical] = pipeline
         return pipeline
 
-    def __iter__(self) -> Iterator[tuple[Any, int, dict | None, tuple]]:
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
+        entries = self._entries(info)  # a generator: nothing runs (or raises) before the first item is asked for
+        if info is None or self.bundles is None:
+            return entries
+        limits, seconds = self.bundles
+        # The worker's logical id (checked against the topology by _entries, which raises into the bundle).
+        logical = (info.id + self._rotation) % self.worker_config.workers_per_rank
+        return bundled(entries, logical, _carried, _carried_size, seconds, limits, where=f"in DataLoader worker process {info.id}")
+
+    def _entries(self, info: Any) -> Iterator[tuple[Any, int, dict | None, tuple]]:
+        """``(item, logical worker id, state after this item, skip reports)`` until the pass ends."""
         physical = self.worker_config.current_worker_id("the loader's dataset")
         logical = (physical + self._rotation) % self.worker_config.workers_per_rank
         activate_cache_pool(self.cache_pool)  # before a restore replays cookers
@@ -264,11 +278,26 @@ def _slab_ring(num_workers: int, prefetch_factor: int) -> SlabRing | None:
         return None
 
 
-def _convert_item(entry: tuple[Any, int, dict | None, tuple]) -> Any:
+def _converted(entry: tuple[Any, int, dict | None, tuple]) -> tuple[Any, int, dict | None, tuple]:
     """As Energon's DataLoader (batch_size=None): numpy arrays in items become tensors."""
     item, logical, state, skips = entry
-    converted = (item if item is SKIPS_ONLY else torch.utils.data.default_convert(item), logical, state, skips)
-    return converted if torch.utils.data.get_worker_info() is None else _Carrier(converted)
+    return (item if item is SKIPS_ONLY else torch.utils.data.default_convert(item), logical, state, skips)
+
+
+def _carried(entry: tuple[Any, int, dict | None, tuple]) -> _Carrier:
+    return _Carrier(_converted(entry))
+
+
+def _carried_size(carrier: _Carrier) -> int:
+    return 0 if carrier.data is None else len(carrier.data)
+
+
+def _convert_item(entry: Any) -> Any:
+    """The DataLoader's ``collate_fn``: an entry converted (and in a worker, pickled); a bundle
+    holds its entries so already."""
+    if isinstance(entry, Bundle):
+        return entry
+    return _converted(entry) if torch.utils.data.get_worker_info() is None else _carried(entry)
 
 
 class SavableDataLoader(torch.utils.data.DataLoader):
@@ -306,12 +335,17 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         # Made before the workers are forked, so that they share it (see handover.py).
         self._slabs = _slab_ring(num_workers, prefetch_factor) if num_workers > 0 else None
         self.dataset.slabs = self._slabs
+        seconds = bundle_seconds_from_env() if num_workers > 0 else 0
+        self._bundle_limits = BundleLimits(num_workers) if seconds > 0 else None
+        self.dataset.bundles = None if self._bundle_limits is None else (self._bundle_limits, seconds)
         #: What cookers get as ``TaskEncoder.cache`` (in the workers: their forked copy).
         self.cache_pool = cache_pool
         self.dataset.cache_pool = cache_pool
         self._stream: Iterator | None = None
         self._worker_states: list[dict | None] = [None] * self.worker_config.workers_per_rank
         self._next_worker = 0
+        #: The logical worker (0 .. workers_per_rank - 1) that produced the last item yielded.
+        self.last_worker_id: int | None = None
         self._first_worker = 0  # the logical worker served by physical worker 0
         self._started = False
         #: The loop over the loader ended (StopIteration) after the last item it yielded.
@@ -337,6 +371,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             if self._slabs is not None and self._iterator is None:  # new workers start
                 self._slabs.reclaim_in_flight()
             self._stream = super().__iter__()
+            if self._bundle_limits is not None:
+                self._stream = Interleave(self._stream, self.worker_config.workers_per_rank, self._first_worker, self._bundle_limits)
             iter_id = self.next_id()
             if self._debug_log is not None:
                 self._debug_log.start_pass(iter_id)
@@ -371,6 +407,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             self._worker_states[logical] = state
             self._pass_ended = False
             self._next_worker = (logical + 1) % n
+            self.last_worker_id = logical
             if debug_log is not None:
                 debug_log.yielded(item, logical)
             yield item
