@@ -76,6 +76,7 @@ def main() -> None:
 
     show_media(root)
     stream_save_restore(root, batches=args.batches)
+    write_html_preview(root, args.out / "preview.html")
 
 
 def show_media(root: Path) -> None:
@@ -152,6 +153,13 @@ def stream_save_restore(root: Path, *, batches: int) -> None:
     if not same:
         raise SystemExit("the restored loader did not continue exactly")
     print("\nDemo finished.")
+
+
+def write_html_preview(root: Path, page: Path) -> None:
+    """Ends the demo with the samples as one self-contained web page (images, video frames, audio)."""
+    command = [sys.executable, "-m", "megatron_energon_lite.cli.main", "preview", str(root), "--split-parts", "val", "-n", "12", "--html", str(page)]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    print(f"\nHTML preview of the demo dataset: {page.resolve()} (open it in a browser)")
 
 
 if __name__ == "__main__":

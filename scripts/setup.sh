@@ -20,3 +20,13 @@ if [ ! -f "$stamp" ]; then
     rm -f .venv/.installed-*
     touch "$stamp"
 fi
+# Chromium renders the HTML preview in one test (tests/preview/test_chromium.py). Installed from
+# Debian's packages when missing and we may (root, apt-get); setup goes on without it.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 && ! command -v google-chrome >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+        && { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1; then
+        :
+    else
+        echo "setup: chromium is missing and could not be installed (that needs root and apt-get); the HTML preview test will be skipped"
+    fi
+fi

@@ -30,7 +30,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "info": ("info", "info", "Print sample counts, sizes, splits, sample type and parts of the dataset at PATH."),
     "lint": ("lint", "lint", "Check the dataset at PATH: indexes vs counts, then decode every sample."),
-    "preview": ("preview", "preview", "Print samples of the dataset at PATH (images as size and mode, tensors as shape)."),
+    "preview": ("preview", "preview", "Show samples of the dataset or metadataset at PATH: drawn in the terminal, or as an HTML page or a contact sheet."),
     "analyze-debug": (
         "analyze_debug",
         "analyze_debug",
