@@ -756,8 +756,22 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     return spec
 
 
-def _dataset(spec: PipelineSpec) -> SavableDataset:
-    """The dataset of a spec: the default pipeline, or what the task encoder's ``build_*`` overrides compose."""
+def _dataset(spec: PipelineSpec, mock: Any = None) -> SavableDataset:
+    """The dataset of a spec: the default pipeline, or what the task encoder's ``build_*`` overrides
+    compose; with ``mock`` (the argument, else the YAML's ``mock:``) its first item per worker, again
+    and again (``mock.py``)."""
+    from .mock import MockDataset, mock_mode
+
+    from_yaml = mock is None
+    mode = mock_mode(getattr(spec.plan, "mock", False) if from_yaml else mock, where=f"{spec.plan.source}: mock" if from_yaml else "mock=...")
+    dataset = _real_dataset(spec)
+    if mode is None:
+        return dataset
+    endless = spec.training and spec.repeat and not dataset.passes_continue
+    return MockDataset(dataset, mode=mode, endless=endless, name=f"{spec.path} (split {spec.split_part})")
+
+
+def _real_dataset(spec: PipelineSpec) -> SavableDataset:
     if not overrides_build(spec.task_encoder):
         return PipelineDataset(spec)
     validate(spec)
@@ -801,6 +815,7 @@ def get_train_dataset(
     task_encoder: TaskEncoder = _UNSET,
     repeat: bool = True,
     blend_mode: str | None = None,
+    mock: bool | str | None = None,
     **kwargs,
 ) -> SavableDataset:
     """Energon's ``get_train_dataset``: shuffled slices, optional shuffle buffer, infinite by default.
@@ -819,6 +834,10 @@ def get_train_dataset(
     ``auto_decode``, ``image_decode``, ``av_decode``, ``video_decode_audio`` and ``handler``
     (see :func:`_apply_deprecated_decoder_kwargs`); ours: ``trust_dataset_code`` (run the
     dataset's ``sample_loader.py``), ``group_buffer_size`` and ``storage_options``.
+
+    ``mock`` (ours; default: the YAML's ``mock:``, else off): ``True`` yields each worker's first
+    real batch again and again, the same object, without reading or decoding after it (the
+    training loop's ceiling); ``"copy"``: a fresh copy of it each time.  See ``mock.py``.
     """
     spec = _spec(
         path,
@@ -837,7 +856,7 @@ def get_train_dataset(
         repeat=repeat,
         blend_mode=blend_mode,
     )
-    return _dataset(spec)
+    return _dataset(spec, mock)
 
 
 def get_val_dataset(
@@ -851,13 +870,14 @@ def get_val_dataset(
     limit: int | None = None,
     task_encoder: TaskEncoder = _UNSET,
     _leaf_plan: BlendPlan | None = None,
+    mock: bool | str | None = None,
     **kwargs,
 ) -> SavableDataset:
     """Energon's ``get_val_dataset``: sequential, one pass, ``limit`` batches per pass.
 
     Takes the keyword arguments of :func:`get_train_dataset` (``worker_config`` defaults the same
     way), plus Energon's ``max_samples_per_sequence`` and ``shuffle_over_epochs_multiplier``
-    (accepted; validation reads in order, so the latter changes nothing).
+    (accepted; validation reads in order, so the latter changes nothing), and ``mock``.
     """
     spec = _spec(
         path,
@@ -873,7 +893,7 @@ def get_val_dataset(
         repeat=False,
         plan=_leaf_plan,
     )
-    return _dataset(spec)
+    return _dataset(spec, mock)
 
 
 # Energon's loader arguments. Those that tune its snapshot/replay machinery or features we do

@@ -14,8 +14,9 @@ multiplied or merged down to the leaf:
   percentage range applied to what is left, innermost first.
 
 Parsing is strict like Energon's (unknown keys are errors), and every error names the YAML file
-and the key path (``splits.train.blend[2].weight``).  Our one extension is ``blend_mode: exact``
-on a ``blend`` (see :data:`BLEND_MODES`), which Energon would reject as an unknown key.
+and the key path (``splits.train.blend[2].weight``).  Our two extensions, which Energon would
+reject as unknown keys: ``blend_mode: exact`` on a ``blend`` (see :data:`BLEND_MODES`), and a
+top-level ``mock: true`` (or ``copy``) for mock data (``mock.py``).
 """
 
 from __future__ import annotations
@@ -180,6 +181,10 @@ class BlendPlan:
     leaves: tuple[LeafDataset, ...]
     blend_mode: str | None = None  # set by the YAML; the Python argument may also set it
     source: str | None = None  # the YAML file, if any
+    #: Ours: the YAML's top-level ``mock:`` (true, "copy" or false): the loader yields the first
+    #: real item again and again (``megatron_energon_lite/mock.py``).  Only the file the loader
+    #: is given decides; a referenced metadataset's flag is read but not used.
+    mock: bool | str = False
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "blend_mode": self.blend_mode, "leaves": [leaf.describe() for leaf in self.leaves]}
@@ -311,7 +316,7 @@ def load_blend_plan(source: Any, split_part: str, *, training: bool, check_datas
         plan = _Parser(path.parent, str(path), (path,), check_datasets=check_datasets).split(load_structured(path), split_part)
     if not training:
         leaves = tuple(replace(leaf, weight=Fraction(1), repetitions=1.0) for leaf in plan.leaves)
-        return BlendPlan("single" if len(leaves) == 1 else "concat", leaves, None, plan.source)
+        return BlendPlan("single" if len(leaves) == 1 else "concat", leaves, None, plan.source, plan.mock)
     return plan
 
 
@@ -403,7 +408,10 @@ class _Parser:
         return f"{self.file}: {key_path}"
 
     def split(self, raw: Any, split_part: str) -> BlendPlan:
-        top = check_mapping(raw, file=self.file, key_path="", allowed=("__module__", "__class__", "splits"), required=("splits",))
+        top = check_mapping(raw, file=self.file, key_path="", allowed=("__module__", "__class__", "splits", "mock"), required=("splits",))
+        mock = top.get("mock", False)
+        if not (isinstance(mock, bool) or mock in ("copy", "same")):
+            raise ConfigError(format_message("invalid mock", where=self.where("mock"), expected="true (mock data: the first real item again and again), 'copy' or false", found=repr(mock)[:80]))
         module = top.get("__module__")
         if module is not None and module not in _OUR_MODULES:
             raise ConfigError(format_message("unknown __module__", where=self.where("__module__"), expected=" or ".join(_OUR_MODULES), found=repr(module)))
@@ -425,7 +433,7 @@ class _Parser:
             plan = self.node_plan(splits[split_part], key_path, split_part)
         else:
             plan = self.v1_plan(splits[split_part], key_path, split_part)
-        return replace(plan, source=self.file)
+        return replace(plan, source=self.file, mock=mock)
 
     # V2 ------------------------------------------------------------------------------------------
     def node_plan(self, node: Any, key_path: str, split_part: str) -> BlendPlan:
