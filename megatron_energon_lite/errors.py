@@ -26,7 +26,7 @@ The two error handlers a ``WorkerConfig`` takes by default live here too (Energo
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "AuxFileNotFoundError",
@@ -41,6 +41,7 @@ __all__ = [
     "LazyNotPicklableError",
     "MissingDependencyError",
     "NotSupportedError",
+    "SkipRecord",
     "SkipSample",
     "StateError",
     "StorageError",
@@ -143,31 +144,53 @@ class SkipSample(Exception):
     """
 
 
-#: Skip messages of the default handler waiting to be sent to the loader's main process (None:
-#: not collecting, the handler logs here). A worker's own log may not reach the training job's
+class SkipRecord(NamedTuple):
+    """One skip of the default error handler, as the loader's main process logs and lists it."""
+
+    #: The sample's ``__key__`` (of several skipped together: the first).
+    key: Any
+    #: Samples skipped together (a batch, a packing buffer), else 1.
+    samples: int
+    #: Where the (first) sample came from, when it says so (its ``__sources__``).
+    dataset: str | None
+    shard: str | None
+    #: The stage or hook that failed (``load``, ``encode_sample``, ...), when known.
+    stage: str | None
+    #: ``"<exception type>: <message>"``.
+    reason: str
+    #: The log line.
+    message: str
+
+
+#: Skips of the default handler waiting to be sent to the loader's main process (None: not
+#: collecting, the handler logs here). A worker's own log may not reach the training job's
 #: logging, so the loader's worker stream collects them and the main process logs and counts them.
-_skip_reports: list[str] | None = None
+_skip_reports: list[SkipRecord] | None = None
 _skip_overflow = 0
-_skips_logged = 0
-#: Messages kept between two items; more are only counted (bounded memory on a bad stretch).
+#: Skips kept between two items; more are only counted (bounded memory on a bad stretch).
 SKIP_REPORT_LIMIT = 1000
+#: The stage whose guard is calling the error handler (set by the guard, for the skip record).
+_failing_stage: str | None = None
 
 
-def skips_logged() -> int:
-    """How many skips the default handler logged in this process so far."""
-    return _skips_logged
+def set_failing_stage(stage: str | None) -> None:
+    global _failing_stage
+    _failing_stage = stage
 
 
-def collect_skip_reports() -> None:
-    """From now on, the default handler collects its messages for :func:`take_skip_reports`
-    (called in a loader's worker processes, which do nothing else)."""
+def collect_skip_reports(on: bool = True) -> None:
+    """From now on (``on``), the default handler collects its skips for :func:`take_skip_reports`
+    instead of logging them: in a loader's worker processes for good, in the main process while
+    a loader's pipeline runs (off: once what was collected has been taken)."""
     global _skip_reports
-    if _skip_reports is None:
+    if on and _skip_reports is None:
         _skip_reports = []
+    elif not on and _skip_reports is not None and not _skip_reports and not _skip_overflow:
+        _skip_reports = None
 
 
-def take_skip_reports() -> tuple[tuple[str, ...], int]:
-    """The collected skip messages and how many more were only counted; empties the collection."""
+def take_skip_reports() -> tuple[tuple[SkipRecord, ...], int]:
+    """The collected skips and how many more were only counted; empties the collection."""
     global _skip_overflow
     if not _skip_reports and not _skip_overflow:
         return (), 0
@@ -180,19 +203,31 @@ def take_skip_reports() -> tuple[tuple[str, ...], int]:
 def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:
     """The default error handler: logs the failure with the sample's key (the sample is skipped);
     inside a loader's worker stream, the main process logs it."""
-    global _skip_overflow, _skips_logged
+    global _skip_overflow
     if isinstance(sample, (list, tuple)):  # a batch, or a packing buffer: name its members
         keys = [_sample_key(member) for member in sample]
         shown = ", ".join(map(str, keys[:8])) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
         what = f"{len(keys)} samples [{shown}]"
     else:
-        what = f"sample {_sample_key(sample)}"
-    message = f"skipping {what} (sources {sources}): {type(exc).__name__}: {exc}"
+        keys = [_sample_key(sample)]
+        what = f"sample {keys[0]}"
+    stage = _failing_stage
+    reason = f"{type(exc).__name__}: {exc}"
+    message = f"skipping {what}{f' at {stage}' if stage else ''} (sources {sources}): {reason}"
+    first = next(iter(sources), None) if isinstance(sources, (list, tuple)) else None
+    record = SkipRecord(
+        key=keys[0] if keys else None,
+        samples=len(keys),
+        dataset=getattr(first, "dataset_path", None),
+        shard=getattr(first, "shard_name", None),
+        stage=stage,
+        reason=reason,
+        message=message,
+    )
     if _skip_reports is None:
-        _skips_logged += 1
         logger.warning("%s", message)
     elif len(_skip_reports) < SKIP_REPORT_LIMIT:
-        _skip_reports.append(message)
+        _skip_reports.append(record)
     else:
         _skip_overflow += 1
 

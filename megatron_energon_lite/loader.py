@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import logging
 import re
+import time
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -22,7 +23,6 @@ import torch.utils.data
 from .bundles import Bundle, BundleLimits, Interleave, bundle_seconds_from_env, bundled
 from .cache.base import CachePool
 from .errors import (
-    SKIP_REPORT_LIMIT,
     ConfigError,
     DatasetError,
     EmptyDatasetError,
@@ -30,7 +30,6 @@ from .errors import (
     WatchdogTimeoutError,
     collect_skip_reports,
     format_message,
-    skips_logged,
     take_skip_reports,
 )
 from .format.metadataset import (
@@ -62,6 +61,15 @@ from .pipeline.passes import on_top
 from .pipeline.state_check import nested
 from .pipeline.watchdog import StuckReports
 from .rank_state import REDISTRIBUTED_FROM, RankState
+from .skip_report import SkipLedger
+from .stall import (
+    StageClock,
+    StageTimes,
+    StallClock,
+    StallReport,
+    activate_clock,
+    timed,
+)
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
@@ -151,6 +159,8 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         #: Set by the loader when its workers send items in bundles: the main process's limits
         #: on their sizes, and the seconds a worker may spend on one (see bundles.py).
         self.bundles: tuple[BundleLimits, float] | None = None
+        #: Set by the loader when its stall report is on: where each process's stage times go.
+        self.stage_times: StageTimes | None = None
         from .debug_log import WorkerLog
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
@@ -185,28 +195,67 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         return bundled(entries, logical, _carried, _carried_size, seconds, limits, where=f"in DataLoader worker process {info.id}")
 
     def _entries(self, info: Any) -> Iterator[tuple[Any, int, dict | None, tuple]]:
-        """``(item, logical worker id, state after this item, skip reports)`` until the pass ends."""
+        """``(item, logical worker id, state after this item, skip reports)`` until the pass ends.
+
+        Skips are collected for the main process to log and list, and with the stall report on,
+        the stages run under this process's clock.  A worker process runs nothing else, so both
+        stay on there (the hand-over after each item is timed too); in the main process they are
+        on only while this pipeline runs: another loader's may run between two items."""
         physical = self.worker_config.current_worker_id("the loader's dataset")
         logical = (physical + self._rotation) % self.worker_config.workers_per_rank
-        activate_cache_pool(self.cache_pool)  # before a restore replays cookers
-        pipeline = self._pipeline(logical)
-        if info is not None:  # a worker process: its skips and stalls are logged by the main process
-            activate_slabs(self.slabs, physical)
-            collect_skip_reports()
-            if self.stuck_reports is not None:
-                self.stuck_reports.attach()
-        while True:
-            try:
-                item = pipeline.next()
-            except StopIteration:  # this worker's pass is over; the next call begins the next
-                skips = take_skip_reports()
-                if skips[0] or skips[1]:  # skipped after this worker's last item
-                    yield SKIPS_ONLY, logical, None, skips
-                return
-            item = set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
-            if self._debug_log is not None:
-                self._debug_log.yielded(item, logical)
-            yield item, logical, pipeline.get_state(), take_skip_reports()
+        in_worker = info is not None
+        clock = None if self.stage_times is None else self.stage_times.clock(physical)
+        timing = None if clock is None else clock.for_next_item()  # the clock, when this item is timed
+        _enter_pipeline(timing)
+        try:
+            activate_cache_pool(self.cache_pool)  # before a restore replays cookers
+            pipeline = self._pipeline(logical)
+            if in_worker:
+                activate_slabs(self.slabs, physical)
+                if self.stuck_reports is not None:
+                    self.stuck_reports.attach()
+            while True:
+                try:
+                    item = pipeline.next() if timing is None else timing.run("pipeline", None, pipeline.next)
+                except StopIteration:  # this worker's pass is over; the next call begins the next
+                    skips = take_skip_reports()
+                    if skips[0] or skips[1]:  # skipped after this worker's last item
+                        entry = SKIPS_ONLY, logical, None, skips
+                        if not in_worker:
+                            _leave_pipeline()
+                        yield entry
+                    return
+                state = pipeline.get_state() if timing is None else timing.run("pipeline", None, pipeline.get_state)
+                entry = self._entry(item, logical, state)
+                if clock is not None:
+                    clock.publish()
+                if not in_worker:
+                    _leave_pipeline()
+                yield entry  # in a worker, a timed item's hand-over is timed too
+                timing = None if clock is None else clock.for_next_item()
+                _enter_pipeline(timing)
+        finally:
+            if clock is not None:
+                clock.publish()
+            if not in_worker:
+                _leave_pipeline()
+
+    def _entry(self, item: Any, logical: int, state: dict) -> tuple[Any, int, dict, tuple]:
+        item = set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
+        if self._debug_log is not None:
+            self._debug_log.yielded(item, logical)
+        return item, logical, state, take_skip_reports()
+
+
+def _enter_pipeline(clock: StageClock | None) -> None:
+    """A loader's pipeline runs in this process now: collect its skips, time it (``clock``)."""
+    collect_skip_reports()
+    activate_clock(clock)
+
+
+def _leave_pipeline() -> None:
+    collect_skip_reports(False)
+    activate_clock(None)
 
 
 class _SkipsOnly:
@@ -266,6 +315,16 @@ class _Carrier:
         return load_from_worker, (self.data,)
 
 
+def _dataset_names(dataset: Any) -> list[str]:
+    """The plan's datasets, for the stall report (none when ``dataset`` is not our pipeline)."""
+    while not isinstance(dataset, PipelineDataset) and isinstance(getattr(dataset, "dataset", None), SavableDataset):
+        dataset = dataset.dataset
+    if not isinstance(dataset, PipelineDataset):
+        return []
+    names = [str(leaf.path) for leaf in dataset.spec.plan.leaves]
+    return [f"{name} (#{k})" if names.count(name) > 1 else name for k, name in enumerate(names)]
+
+
 def _slab_ring(num_workers: int, prefetch_factor: int) -> SlabRing | None:
     """The workers' slabs: one per batch a worker may have queued, and one the loop holds."""
     slab_bytes = slab_bytes_from_env()
@@ -285,7 +344,7 @@ def _converted(entry: tuple[Any, int, dict | None, tuple]) -> tuple[Any, int, di
 
 
 def _carried(entry: tuple[Any, int, dict | None, tuple]) -> _Carrier:
-    return _Carrier(_converted(entry))
+    return timed("hand-over", _Carrier, _converted(entry))
 
 
 def _carried_size(carrier: _Carrier) -> int:
@@ -312,7 +371,15 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         SavableDataLoader._next_id = value + 1
         return value
 
-    def __init__(self, dataset: SavableDataset, *, prefetch_factor: int = 2, cache_pool: CachePool | None = None) -> None:
+    def __init__(
+        self,
+        dataset: SavableDataset,
+        *,
+        prefetch_factor: int = 2,
+        cache_pool: CachePool | None = None,
+        stall_report: bool = False,
+        stall_report_every_s: float | None = None,
+    ) -> None:
         if not isinstance(dataset, SavableDataset):
             raise ConfigError(format_message("get_loader expects the result of get_train_dataset, get_val_dataset or a dataset wrapper", found=type(dataset).__name__))
         self.savable_dataset = dataset
@@ -338,6 +405,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         seconds = bundle_seconds_from_env() if num_workers > 0 else 0
         self._bundle_limits = BundleLimits(num_workers) if seconds > 0 else None
         self.dataset.bundles = None if self._bundle_limits is None else (self._bundle_limits, seconds)
+        self._stall: StallClock | None = None
+        if stall_report or stall_report_every_s is not None:
+            times = StageTimes(num_workers, _dataset_names(dataset))
+            self._stall = StallClock(times, num_workers, stall_report_every_s)
+            self.dataset.stage_times = times
         #: What cookers get as ``TaskEncoder.cache`` (in the workers: their forked copy).
         self.cache_pool = cache_pool
         self.dataset.cache_pool = cache_pool
@@ -350,9 +422,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._started = False
         #: The loop over the loader ended (StopIteration) after the last item it yielded.
         self._pass_ended = False
-        #: Samples the default error handler skipped so far (logged here with key and reason,
-        #: also when a worker process skipped them).
-        self.skipped_samples = 0
+        #: Samples the default error handler skipped (logged here with key and reason, also when
+        #: a worker process skipped them).
+        self._skips = SkipLedger(num_workers)
         from .debug_log import LoaderLog
 
         self.id = self.next_id()
@@ -379,16 +451,15 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         stream = self._stream
         debug_log = self._debug_log
         n = self.worker_config.workers_per_rank
-        in_process = self.worker_config.num_workers == 0
+        stall = self._stall
         while True:
-            logged_before = skips_logged()
+            asked = time.perf_counter() if stall is not None else 0.0
             try:
                 entry = next(stream)
             except RuntimeError as exc:
                 self._raise_if_stuck(exc)
                 raise
             except StopIteration:
-                self.skipped_samples += skips_logged() - logged_before if in_process else 0
                 self._stream = None
                 self._pass_ended = True
                 self._next_worker = self._first_worker
@@ -397,11 +468,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 return
             if isinstance(entry, UnpicklableItem):
                 raise DatasetError(entry.message)
-            if in_process:  # logged already, by this process
-                self.skipped_samples += skips_logged() - logged_before
             item, logical, state, skips = entry
             if skips[0] or skips[1]:
-                self._report_skips(logical, *skips)
+                self._skips.add(logical, *skips)
             if item is SKIPS_ONLY:
                 continue
             self._worker_states[logical] = state
@@ -410,6 +479,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             self.last_worker_id = logical
             if debug_log is not None:
                 debug_log.yielded(item, logical)
+            if stall is not None:
+                stall.waited_for(asked, time.perf_counter())
             yield item
 
     def _unrotate_workers(self) -> None:
@@ -438,13 +509,31 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 )
             ) from exc
 
-    def _report_skips(self, logical: int, messages: tuple[str, ...], more: int) -> None:
-        """Logs, in this (the main) process, the samples a worker skipped, and counts them."""
-        for message in messages:
-            logger.warning("worker %d: %s", logical, message)
-        if more:
-            logger.warning("worker %d: skipped %d more samples (messages not kept: more than %d in a row)", logical, more, SKIP_REPORT_LIMIT)
-        self.skipped_samples += len(messages) + more
+    @property
+    def skipped_samples(self) -> int:
+        """Skips of the default error handler so far (one may name several samples: a batch)."""
+        return self._skips.skips
+
+    def skip_report(self) -> dict[str, Any]:
+        """The samples the default error handler skipped so far, also in worker processes: counts
+        per dataset and shard, and the first ones with key, shard, stage and reason (see
+        ``skip_report.py``)."""
+        return self._skips.report()
+
+    def stall_report(self) -> StallReport:
+        """Where the time went since the loop first asked for a batch (see ``stall.py``): how long
+        it waited for batches, and the workers' (without workers: the loader's) time per stage,
+        per dataset for reads, decodes and cooks.  ``.summary()`` is one line, ``.as_dict()``
+        the figures.  Needs ``stall_report=True`` (or ``stall_report_every_s``) when the loader
+        is made."""
+        if self._stall is None:
+            raise ConfigError(
+                format_message(
+                    "this loader does not time its stages",
+                    fix="make it with get_savable_loader(dataset, stall_report=True) (or stall_report_every_s=N to also log a summary every N seconds)",
+                )
+            )
+        return self._stall.report()
 
     # --- state ---------------------------------------------------------------------------------
     def save_state_rank(self) -> dict:
@@ -907,7 +996,7 @@ _ENERGON_LOADER_ARGS = frozenset({
 })
 
 
-def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_args: dict) -> SavableDataLoader:
+def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_args: dict, ours: dict[str, Any]) -> SavableDataLoader:
     """``prefetch_factor`` None: the dataset's ``WorkerConfig.prefetch_factor``, else 2."""
     import warnings
 
@@ -944,25 +1033,35 @@ def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_a
         prefetch_factor = getattr(worker_config, "prefetch_factor", None) or 2
     if worker_config is not None and not getattr(worker_config, "persistent_workers", True):
         logger.info("WorkerConfig(persistent_workers=False) is ignored: each worker keeps its pipeline's position, so workers persist")
-    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor, cache_pool=cache_pool)
+    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor, cache_pool=cache_pool, **ours)
 
 
-def get_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, **energon_args) -> SavableDataLoader:
+def _stall_args(stall_report: bool, stall_report_every_s: float | None) -> dict[str, Any]:
+    if not isinstance(stall_report, bool):
+        raise ConfigError(format_message("stall_report must be True or False", found=repr(stall_report)[:80]))
+    if stall_report_every_s is not None and (isinstance(stall_report_every_s, bool) or not isinstance(stall_report_every_s, (int, float)) or not stall_report_every_s > 0):
+        raise ConfigError(format_message("stall_report_every_s must be a number of seconds > 0, or None", found=repr(stall_report_every_s)[:80]))
+    return {"stall_report": stall_report, "stall_report_every_s": stall_report_every_s}
+
+
+def get_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, stall_report: bool = False, stall_report_every_s: float | None = None, **energon_args) -> SavableDataLoader:
     """A loader over ``dataset`` (the same class as the savable one: saving costs nothing here).
     ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2.
     As in Energon, ``watchdog_timeout_seconds`` (default 60, None: off),
     ``watchdog_initial_timeout_seconds`` (first item; default the same) and ``fail_on_timeout``
     watch each item's production: the stuck stack is logged, and with ``fail_on_timeout`` the
-    process (the dataloader worker) exits."""
-    return _make_loader(dataset, prefetch_factor, energon_args)
+    process (the dataloader worker) exits.  Ours: ``stall_report=True`` times the loader's stages
+    for :meth:`SavableDataLoader.stall_report`; ``stall_report_every_s=N`` also logs a one-line
+    summary of the last N seconds (logger ``megatron_energon_lite.stall``, level INFO)."""
+    return _make_loader(dataset, prefetch_factor, energon_args, _stall_args(stall_report, stall_report_every_s))
 
 
-def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, **energon_args) -> SavableDataLoader:
+def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, stall_report: bool = False, stall_report_every_s: float | None = None, **energon_args) -> SavableDataLoader:
     """Energon's savable loader.  Energon's checkpoint tuning arguments (``checkpoint_every_sec``,
     ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here.
     ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2.
-    The watchdog arguments work as in :func:`get_loader`."""
-    return _make_loader(dataset, prefetch_factor, energon_args)
+    The watchdog and stall report arguments work as in :func:`get_loader`."""
+    return _make_loader(dataset, prefetch_factor, energon_args, _stall_args(stall_report, stall_report_every_s))
 
 
 def get_val_datasets(path, *, split_part: str = "val", **kwargs) -> list[tuple[SavableDataset, dict[str, Any]]]:

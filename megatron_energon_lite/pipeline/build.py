@@ -319,14 +319,14 @@ def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, h
         seed=seed,
         # In-order slices (multiplier None) are read one at a time, as Energon needs them.
         parallel_slices=1 if spec.training and multiplier is None else spec.parallel_slices,
-        guard=guard(stage="load", tolerance=hooks.default_failure_tolerance),
+        guard=guard(stage="load", tolerance=hooks.default_failure_tolerance, dataset=k),
         **({"slice_order": order} if order is not None else {}),
     )
     if cook and is_crude(loader):
         subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
         cooker = None if hooks.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
         stores = aux_stores(leaf, te.decoder, primary=cooker is not None and cooker.need_primary)
-        node = MapNode(node, hook(te.cook_crude_sample, cooker, stores), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample")), tag="Cook")
+        node = MapNode(node, hook(te.cook_crude_sample, cooker, stores), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample"), dataset=k), tag="Cook")
     return node
 
 

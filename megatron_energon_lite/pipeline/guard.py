@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable
 
+from .. import stall
 from ..errors import (
     ConfigError,
     DatasetError,
@@ -38,6 +39,7 @@ from ..errors import (
     SkipSample,
     StateError,
     format_message,
+    set_failing_stage,
 )
 from ..worker import ErrorHandler, log_exception
 from .node import get_restore_key
@@ -108,9 +110,9 @@ class SampleGuard:
         stage: the stage or hook name used in messages.
     """
 
-    __slots__ = ("handler", "tolerance", "stage", "failures", "_last")
+    __slots__ = ("handler", "tolerance", "stage", "dataset", "failures", "_last")
 
-    def __init__(self, handler: ErrorHandler = log_exception, *, tolerance: int = 100, stage: str = "hook") -> None:
+    def __init__(self, handler: ErrorHandler = log_exception, *, tolerance: int = 100, stage: str = "hook", dataset: int | None = None) -> None:
         if not isinstance(tolerance, int) or isinstance(tolerance, bool) or tolerance < 0:
             raise ConfigError(
                 format_message(
@@ -122,14 +124,17 @@ class SampleGuard:
         self.handler = handler
         self.tolerance = tolerance
         self.stage = stage
+        #: The plan's dataset whose stage this is (before the blend; None after it): for the stall report.
+        self.dataset = dataset
         #: Consecutive failures so far; stages save and restore it with their state.
         self.failures = 0
         self._last: collections.deque[str] = collections.deque(maxlen=_REMEMBERED_FAILURES)
 
     def call(self, item: Any, fn: Callable[..., Any], *args: Any) -> Any:
         """Returns ``fn(*args)``, or :data:`DROPPED` when the policy dropped ``item``."""
+        clock = stall.active_clock  # the loader's stall report is on: time the hook as its stage
         try:
-            return fn(*args)
+            return fn(*args) if clock is None else clock.run(self.stage, self.dataset, fn, *args)
         except SkipSample:
             return DROPPED
         except SYSTEM_EXCEPTIONS:
@@ -161,6 +166,7 @@ class SampleGuard:
         self._last.clear()
 
     def _failed(self, exc: Exception, item: Any) -> None:
+        set_failing_stage(self.stage)
         try:
             self.handler(exc, item, _sources(item))
         except Exception as raised:  # the policy is to stop: name where, keep the exception's type
@@ -168,6 +174,8 @@ class SampleGuard:
             if add_note is not None:
                 add_note(f"raised by {self.stage} on {describe_item(item)}; the error handler re-raised it")
             raise
+        finally:
+            set_failing_stage(None)
         self.failures += 1
         self._last.append(describe_item(item))
         if self.tolerance and self.failures >= self.tolerance:

@@ -13,6 +13,7 @@ import sys
 import sysconfig
 from typing import Any, Callable, Mapping
 
+from .. import stall
 from ..decode import SampleDecoder
 from ..errors import ConfigError, DatasetError, NotSupportedError, format_message
 from ..format.dataset_config import (
@@ -136,11 +137,13 @@ class SampleLoader:
     def reader(self) -> SplitReader | None:
         return self._reader
 
-    def load(self, index: int, read_until: int | None = None) -> Sample | CrudeSample | None:
+    def load(self, index: int, read_until: int | None = None, about: dict | None = None) -> Sample | CrudeSample | None:
         """The sample at split index ``index``; None if ``split.yaml`` excludes its key.
 
         ``read_until``: the caller reads the samples up to this split index next (a hint that
-        lets a remote read fetch them in the same request).
+        lets a remote read fetch them in the same request).  ``about``: filled with the sample's
+        ``__key__`` and ``__sources__`` once its parts are read, so that an error handler told of
+        a failure after that (a part that does not decode) can name the sample and its shard.
         """
         if self._jsonl is not None:
             return self._load_jsonl(index)
@@ -155,18 +158,17 @@ class SampleLoader:
             shard_name=raw.shard,
             file_names=tuple(f"{raw.key}.{p}" for p in parts),
         )
+        if about is not None:
+            about["__key__"], about["__sources__"] = raw.key, (source,)
         if self.sample_factory is not None:  # Energon's raw sample dict, parts undecoded
             raw_sample = {"__key__": raw.key, "__shard__": raw.shard, "__restore_key__": (RESTORE_TAG, index), "__sources__": (source,), **parts}
             return set_restore_key(self.sample_factory.load_sample(raw_sample), (RESTORE_TAG, index))
-        decoded = self.decoder.decode(parts, key=raw.key, dataset=str(self.path)) if self.decoder is not None else dict(parts)
-        return make_sample(
-            config,
-            key=raw.key,
-            decoded=decoded,
-            restore_key=(RESTORE_TAG, index),
-            source=source,
-            subflavors=self.subflavors,
-        )
+        clock = stall.active_clock  # the loader's stall report is on: time the decode apart from the read
+        decoded = self._decode(parts, raw.key) if clock is None else clock.run("decode", None, self._decode, parts, raw.key)
+        return make_sample(config, key=raw.key, decoded=decoded, restore_key=(RESTORE_TAG, index), source=source, subflavors=self.subflavors)
+
+    def _decode(self, parts: dict[str, bytes], key: str) -> dict[str, Any]:
+        return self.decoder.decode(parts, key=key, dataset=str(self.path)) if self.decoder is not None else dict(parts)
 
     def _load_jsonl(self, index: int) -> CrudeSample:
         sample = CrudeSample(json=self._jsonl.read(index))
@@ -258,10 +260,10 @@ class JoinLoader:
     def __len__(self) -> int:
         return len(self.index)
 
-    def load(self, row: int, read_until: int | None = None) -> Sample | None:
+    def load(self, row: int, read_until: int | None = None, about: dict | None = None) -> Sample | None:
         samples = []  # rows map to scattered samples of each member: no read-ahead hint
         for m, (loader, index) in enumerate(zip(self.loaders, self.index.rows[row])):
-            sample = loader.load(int(index)) if index >= 0 else None
+            sample = loader.load(int(index), about=about if m == 0 else None) if index >= 0 else None
             if sample is None and m == 0:
                 return None  # the primary sample is excluded by key
             if sample is not None and m > 0:

@@ -204,7 +204,8 @@ class SliceSource(Node):
         raise StopIteration
 
     def _load(self, index: int, slice_end: int):
-        sample = self.guard.call({"__restore_key__": (RESTORE_TAG, index)}, self.loader.load, index, slice_end)
+        about = {"__restore_key__": (RESTORE_TAG, index)}  # the loader adds the key and sources
+        sample = self.guard.call(about, self.loader.load, index, slice_end, about)
         if sample is DROPPED:
             return None
         if sample is not None:

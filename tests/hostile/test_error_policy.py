@@ -67,8 +67,16 @@ def test_a_sample_that_does_not_decode_is_skipped_with_its_key(captions: Path, w
     assert len(keys) == 11 and bad_key not in keys
     # Logged by the main process (caplog sees only this process), also when a worker skipped it.
     [record] = [r for r in caplog.records if bad_key in r.getMessage()]
-    assert "skipping sample" in record.getMessage() and "DecodeError" in record.getMessage()
+    message = record.getMessage()
+    assert f"skipping sample {bad_key} at load" in message and "DecodeError" in message and f"shard_name='{shard.relative_to(captions)}'" in message
     assert loader.skipped_samples == 1
+    # ... and listed by the loader, counted per dataset and shard.
+    report = loader.skip_report()
+    assert report["skipped"] == 1 and report["samples"] == 1 and report["not_listed"] == 0
+    assert report["by_dataset"] == {str(captions): {"samples": 1, "shards": {str(shard.relative_to(captions)): 1}}}
+    [listed] = report["listed"]
+    assert listed["key"] == bad_key and listed["stage"] == "load" and listed["shard"] == str(shard.relative_to(captions))
+    assert listed["reason"].startswith("DecodeError") and listed["dataset"] == str(captions) and listed["worker"] in range(max(workers, 1))
 
 
 def test_skips_after_a_workers_last_item_still_reach_the_main_process(captions: Path, caplog) -> None:

@@ -166,6 +166,10 @@ def test_skip_policy_drops_the_sample_and_the_buffer_and_names_them(dataset: Pat
     named = listed[2].split(", ")
     assert int(listed[1]) == BUFFER and BAD_BUFFER_KEY in named and len(named) == BUFFER, buffer
     assert all(f"'{key}.txt'" in buffer for key in named)
+    report = loader.skip_report()  # the same two skips, listed with the hook that failed
+    assert report["skipped"] == 2 and report["samples"] == 1 + BUFFER
+    assert sorted((entry["stage"], entry["samples"]) for entry in report["listed"]) == sorted([("batch_group_criterion", 1), ("select_samples_to_pack", BUFFER)])
+    assert {entry["key"] for entry in report["listed"]} == {BAD_KEY, named[0]}
     if workers == 0:
         assert named == BAD_BUFFER
     assert len(keys) == len(set(keys)), "a sample was delivered twice"
