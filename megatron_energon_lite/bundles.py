@@ -33,6 +33,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from torch._utils import ExceptionWrapper
 
+from .errors import ConfigError, DatasetError, format_message
+
 __all__ = ["BUNDLE_MS_ENV", "Bundle", "BundleLimits", "Interleave", "PASS_OVER", "bundle_seconds_from_env", "bundled"]
 
 #: Environment variable: milliseconds a worker may spend filling one bundle (default 5); 0 sends
@@ -66,8 +68,6 @@ def bundle_seconds_from_env() -> float:
     raw = os.environ.get(BUNDLE_MS_ENV, "").strip()
     if not raw:
         return _DEFAULT_BUNDLE_MS / 1000
-    from .errors import ConfigError, format_message
-
     try:
         value = float(raw)
     except ValueError:
@@ -193,8 +193,6 @@ class Interleave:
         for bundle in self._stream:  # torch ends its pass: nothing more may come
             self._take(bundle)
             if any(self._pending):
-                from .errors import DatasetError, format_message
-
                 raise DatasetError(format_message("a dataloader worker sent items after its pass was over", found=f"worker {bundle.logical}"))
         raise StopIteration
 

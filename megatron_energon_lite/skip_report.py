@@ -20,6 +20,7 @@ from .errors import SKIP_REPORT_LIMIT, SkipRecord
 
 __all__ = ["LISTED_SKIPS", "SkipLedger"]
 
+# The loader's logger: a skip is the loader's news, wherever the ledger that logs it lives.
 logger = logging.getLogger("megatron_energon_lite.loader")
 
 #: Skips listed by ``skip_report()``; later ones are only counted.
