@@ -42,6 +42,7 @@ __all__ = [
     "SimilarityInterleavedSample",
     "SourceInfo",
     "TextSample",
+    "TokensSample",
     "VQAOCRSample",
     "VQASample",
     "VidQASample",
@@ -397,6 +398,18 @@ class VQAOCRSample(Sample):
     words_text: list[str] | None = None
 
 
+@_sample_dataclass
+class TokensSample(Sample):
+    """Token ids read from a Megatron ``.bin/.idx`` dataset (ours; Energon has no such type).
+
+    A whole document, or a window of ``sequence_length + 1`` tokens when the dataset entry sets
+    ``sequence_length`` (consecutive windows share one token, as Megatron's GPT samples do).
+    """
+
+    #: int64 (n,)
+    tokens: Tensor
+
+
 _SAMPLE_TYPES: dict[str, type[Sample]] = {}
 
 _S = TypeVar("_S", bound=type)
@@ -454,6 +467,7 @@ for _cls in (
     InterleavedSample,
     SimilarityInterleavedSample,
     VQAOCRSample,
+    TokensSample,
 ):
     register_sample_type(_cls)
 del _cls

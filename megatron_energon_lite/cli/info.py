@@ -5,9 +5,11 @@ from __future__ import annotations
 import sqlite3
 
 import click
+import numpy as np
 
 from ..errors import EnergonLiteError
 from ..format.dataset_config import load_dataset_config
+from ..format.indexed import IndexedReader, indexed_prefix
 from ..format.jsonl import JsonlReader
 from ..format.media_metadata import media_counts
 from ..format.metadata import (
@@ -46,6 +48,23 @@ def part_counts(root: AnyPath) -> dict[str, int] | None:
     return dict(rows)
 
 
+def echo_indexed(prefix: AnyPath) -> None:
+    """Counts, sizes and document lengths of the Megatron indexed dataset at ``prefix``."""
+    reader = IndexedReader(prefix)
+    mode = ", multimodal" if reader.index.sequence_modes is not None else ""
+    click.echo(f"Megatron indexed dataset {prefix}")
+    click.echo(f"  dtype:       {reader.dtype.name}{mode}")
+    click.echo(f"  documents:   {reader.num_documents}, sequences: {reader.num_sequences}, tokens: {reader.num_tokens}")
+    for name, size in ((".bin", reader.bin_size), (".idx", reader.idx_size)):
+        click.echo(f"  {name + ':':<12} {_size(size)} ({size} bytes)")
+    lengths = np.diff(reader.document_starts)
+    if len(lengths):
+        click.echo(
+            f"  doc length:  min {int(lengths.min())}, median {float(np.median(lengths)):g}, max {int(lengths.max())} tokens"
+        )
+    reader.close()
+
+
 def _describe_config(root: AnyPath, name: str | None) -> str:
     try:
         config = load_dataset_config(root, name, trust_dataset_code=False)
@@ -65,7 +84,8 @@ def _describe_config(root: AnyPath, name: str | None) -> str:
 def info(path: AnyPath, split_config: str | None, dataset_config: str | None) -> None:
     """Print sample counts, sizes, splits, sample type and parts of the dataset at PATH.
 
-    For a metadataset YAML: each split's blend, with one line per dataset it reads.
+    For a metadataset YAML: each split's blend, with one line per dataset it reads.  For a
+    Megatron indexed dataset (its prefix, X.idx or X.bin): tokens, documents and their lengths.
     """
     if is_metadataset_path(path):
         if split_config or dataset_config:
@@ -74,6 +94,12 @@ def info(path: AnyPath, split_config: str | None, dataset_config: str | None) ->
         if problems:
             click.echo(f"{problems} entr{'y' if problems == 1 else 'ies'} of {path} cannot be read", err=True)
             raise SystemExit(1)
+        return
+    prefix = indexed_prefix(path)
+    if prefix is not None:
+        if split_config or dataset_config:
+            raise click.UsageError("--split-config and --dataset-config apply to a dataset folder, not to a Megatron .bin/.idx dataset")
+        echo_indexed(prefix)
         return
     if path.is_file():
         reader = JsonlReader(path)

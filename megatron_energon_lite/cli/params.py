@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import EnergonLiteError
+from ..format.indexed import indexed_prefix
 from ..storage import AnyPath, RemotePath, as_path
 
 
@@ -44,7 +45,8 @@ class DatasetPathType(click.ParamType):
         if isinstance(value, RemotePath):
             return value
         path = as_path(value)
-        if not isinstance(path, RemotePath) and not path.exists():
+        # The prefix X of a Megatron X.bin/X.idx pair names a dataset without being a file.
+        if not isinstance(path, RemotePath) and not path.exists() and indexed_prefix(path) is None:
             raise ValueProblem(f"{value!r} does not exist", param_hint="'PATH'")
         return path
 

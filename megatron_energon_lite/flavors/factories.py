@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..epathlib import EPath
 from ..format.dataset_config import load_dataset_config
 from ..pipeline.build import PipelineSpec, factory_arguments
+from ..samples import TokensSample
 from .base_dataset import BaseCoreDatasetFactory
 from .crude import CrudeWebdataset
 from .jsonl import DefaultCrudeJsonlDatasetFactory
@@ -17,7 +18,8 @@ __all__ = ["plan_factory"]
 
 def plan_factory(spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]], size: int) -> BaseCoreDatasetFactory:
     """Dataset ``index`` of ``spec``'s plan as a factory: ``JoinedWebdatasetFactory`` for a join,
-    ``DefaultCrudeJsonlDatasetFactory`` for a ``.jsonl`` file, the user's class that its
+    ``DefaultCrudeJsonlDatasetFactory`` for a ``.jsonl`` file, ``StandardWebdatasetFactory`` of
+    ``TokensSample`` for a Megatron ``.bin/.idx`` dataset, the user's class that its
     ``dataset.yaml`` names, ``CrudeWebdataset`` for a crude dataset, else
     ``StandardWebdatasetFactory`` of the sample type its ``dataset.yaml`` names."""
     leaf = spec.plan.leaves[index]
@@ -27,6 +29,10 @@ def plan_factory(spec: PipelineSpec, index: int, slices: list[list[tuple[int, in
         return factory
     if str(leaf.path).endswith(".jsonl"):
         return DefaultCrudeJsonlDatasetFactory.of_plan(spec, index, slices, size)
+    if spec.datasets[index].indexed_prefix is not None:  # a Megatron .bin/.idx dataset: TokensSamples
+        factory = StandardWebdatasetFactory.of_plan(spec, index, slices, size)
+        factory.__sample_type__ = TokensSample
+        return factory
     dataset_config = leaf.dataset_config or spec.dataset_config
     config = load_dataset_config(leaf.path, dataset_config, trust_dataset_code=spec.trust_dataset_code)
     if config.factory_class is not None:  # the user's own class, made as the loader's workers make it

@@ -30,6 +30,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError, DatasetError, format_message
 from ..storage import AnyPath, RemotePath, as_path
+from .indexed import indexed_prefix
+from .indexed_samples import check_sequence_length
 from .jsonl import jsonl_index_path
 from .metadata import check_mapping, is_prepared, load_structured
 
@@ -57,7 +59,7 @@ _OUR_MODULES = ("megatron.energon", "megatron_energon_lite")
 #: ``cost``: weights share a cost the task encoder reports per sample (``sample_cost``, e.g.
 #: tokens) instead of the number of samples.
 BLEND_MODES = ("random", "exact", "cost")
-_REF_KEYS = ("path", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config", "subset")
+_REF_KEYS = ("path", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config", "subset", "sequence_length")
 _V1_REF_KEYS = ("path", "weight", "split_part", "subflavor", "subflavors", "shuffle_over_epochs_multiplier", "dataset_config", "split_config")
 _NODE_KINDS = ("path", "blend", "blend_epochized", "join")
 _JOIN_KEYS = ("join", "joiner", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "subset")
@@ -132,6 +134,9 @@ class LeafDataset:
     #: A dataset factory the user constructed whose ``load_sample`` builds this dataset's samples
     #: (None: the loader builds them as ``dataset.yaml`` says).
     sample_factory: Any = field(default=None, compare=False, repr=False)
+    #: Ours, for a Megatron ``.bin/.idx`` dataset: samples are windows of this many tokens (plus
+    #: one, for the labels) instead of whole documents (``format/indexed_samples.py``).
+    sequence_length: int | None = None
 
     def sample_range(self, total: int) -> tuple[int, int]:
         """``[start, end)`` of the split's samples this leaf reads (Energon's subset arithmetic)."""
@@ -166,6 +171,8 @@ class LeafDataset:
             "shuffle_over_epochs_multiplier": self.shuffle_over_epochs_multiplier,
             "subset": None if self.absolute_range is None and self.relative_range is None else [self.absolute_range, self.relative_range],
             **({"join": [[m.path, m.split_part, m.nonmatch, *([dict(m.subflavors)] if m.subflavors else [])] for m in self.join.members]} if self.join is not None else {}),
+            # Only when set, so that the fingerprints of states saved before it existed still match.
+            **({"sequence_length": self.sequence_length} if self.sequence_length is not None else {}),
         }
 
 
@@ -578,6 +585,8 @@ class _Parser:
                 raise ConfigError(format_message("aux is not allowed on a reference to a metadataset", where=self.where(f"{key_path}.aux"), fix=f"set aux on the dataset entries inside {target}"))
             return self._nested(target, ref, key_path, settings)
         leaf = LeafDataset(path=str(target), where=self.where(key_path), aux=self._aux(ref.get("aux"), f"{key_path}.aux"), **settings)
+        if leaf.sequence_length is not None and indexed_prefix(target) is None:
+            raise ConfigError(format_message("sequence_length applies only to Megatron .bin/.idx datasets", where=self.where(f"{key_path}.sequence_length"), found=f"path {target}", fix="remove sequence_length, or point path at the dataset's .idx/.bin file or prefix"))
         if "subset" in ref:
             leaf = _leaf_subset(leaf, ref["subset"], self.where(f"{key_path}.subset"), innermost=True)
         if self.check_datasets:
@@ -599,6 +608,7 @@ class _Parser:
             "shuffle_over_epochs_multiplier": multiplier,
             "dataset_config": ref.get("dataset_config"),
             "split_config": ref.get("split_config"),
+            "sequence_length": check_sequence_length(ref.get("sequence_length"), self.where(f"{key_path}.sequence_length")),
         }
 
     def _aux(self, raw: Any, key_path: str) -> dict[str, AuxSource]:
@@ -644,7 +654,7 @@ class _Parser:
         if target in self.chain:
             cycle = " -> ".join(str(p) for p in (*self.chain, target))
             raise ConfigError(format_message("circular metadataset reference", where=self.where(f"{key_path}.path"), found=cycle, fix="remove the reference that points back to a file that includes it"))
-        for key in ("dataset_config", "split_config"):
+        for key in ("dataset_config", "split_config", "sequence_length"):
             if settings[key] is not None:
                 raise ConfigError(format_message(f"{key} is not allowed on a reference to a metadataset", where=self.where(f"{key_path}.{key}"), fix=f"set {key} on the dataset entries inside {target}"))
         plan = _Parser(target.parent, str(target), (*self.chain, target), check_datasets=self.check_datasets).split(load_structured(target), settings["split_part"])
@@ -724,15 +734,22 @@ def _leaf_subset(leaf: LeafDataset, subset: Any, where: str, *, innermost: bool)
 
 
 def _check_dataset(leaf: LeafDataset, where: str) -> None:
-    """The leaf's path must be a prepared dataset folder or a ``.jsonl`` file."""
+    """The leaf's path must be a prepared dataset folder, a ``.jsonl`` file or a Megatron
+    ``.bin/.idx`` dataset (its ``.idx``, its ``.bin`` or their common prefix)."""
     path = as_path(leaf.path)
     if path.suffix == ".jsonl" and path.is_file():
         if not jsonl_index_path(path).is_file():
             raise DatasetError(format_message("JSONL file was never prepared", where=where, found=f"{path} has no {jsonl_index_path(path).name}", fix=f"run `energon-lite prepare {path}` first"))
         return
+    prefix = indexed_prefix(path)
+    if prefix is not None:
+        missing = [p for p in (as_path(f"{prefix}.idx"), as_path(f"{prefix}.bin")) if not p.is_file()]
+        if missing:
+            raise DatasetError(format_message("Megatron indexed dataset is incomplete", where=where, expected=f"{prefix}.bin and {prefix}.idx", found=f"no {', '.join(str(p) for p in missing)}", fix="copy the missing file next to the other one"))
+        return
     if not path.exists():
         raise DatasetError(format_message("dataset path does not exist", where=where, found=str(path), fix="check the path (relative paths are relative to the YAML file)"))
     if path.is_file():
-        raise DatasetError(format_message("not a dataset", where=where, expected="a prepared dataset folder, a .jsonl file or a metadataset .yaml", found=str(path)))
+        raise DatasetError(format_message("not a dataset", where=where, expected="a prepared dataset folder, a .jsonl file, a Megatron .bin/.idx dataset or a metadataset .yaml", found=str(path)))
     if not is_prepared(path):
         raise DatasetError(format_message("dataset was never prepared", where=where, found=f"{path} has no .nv-meta/.info.json", fix=f"run `energon-lite prepare {path}` first"))

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..samples import CrudeSample
+from ..samples import CrudeSample, TokensSample
 from .dataset_config import DatasetConfig, load_dataset_config
+from .indexed import indexed_prefix
+from .indexed_samples import IndexedSamples
 from .join import join_index
 from .jsonl import JsonlReader
 from .metadata import ResolvedSplit, require_prepared, resolve_split
@@ -37,11 +39,15 @@ class ResolvedDataset:
     config: DatasetConfig | None = None
     #: The split file read: the argument's, else ``dataset.yaml``'s ``split_config``, else the default.
     split_config: str | None = None
+    #: A Megatron ``.bin/.idx`` dataset: its prefix (its samples are TokensSamples).
+    indexed_prefix: str | None = None
 
     @property
     def yields(self) -> type:
         """The type of its samples before cooking (a JSONL file yields crude dicts); for a
         prepared folder or a JSONL file, not a join (whose samples are its joiner's)."""
+        if self.indexed_prefix is not None:
+            return TokensSample
         return CrudeSample if self.config is None else self.config.yields
 
 
@@ -54,6 +60,11 @@ def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_conf
     if leaf.path.endswith(".jsonl"):
         count = len(JsonlReader(leaf.path))  # a JSONL file is one shard
         return ResolvedDataset(total=count, shard_starts=(0, count))
+    prefix = indexed_prefix(leaf.path)
+    if prefix is not None:
+        samples = IndexedSamples(prefix, leaf.sequence_length)  # one shard, whatever the split
+        samples.close()
+        return ResolvedDataset(total=len(samples), shard_starts=(0, len(samples)), indexed_prefix=str(prefix))
     require_prepared(leaf.path)
     config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
     split_name = leaf.split_config or split_config or config.loader_options.get("split_config")
@@ -68,7 +79,7 @@ def resolve_datasets(leaves: Iterable[LeafDataset], *, dataset_config: str | Non
     seen: dict[tuple, ResolvedDataset] = {}
     resolved = []
     for leaf in leaves:
-        key = (leaf.path, leaf.split_part, leaf.dataset_config or dataset_config, leaf.split_config or split_config, leaf.join)
+        key = (leaf.path, leaf.split_part, leaf.dataset_config or dataset_config, leaf.split_config or split_config, leaf.join, leaf.sequence_length)
         if key not in seen:
             seen[key] = resolve_dataset(leaf, dataset_config=dataset_config, split_config=split_config, trust_dataset_code=trust_dataset_code)
         resolved.append(seen[key])

@@ -103,6 +103,8 @@ class PipelineSpec:
             "decoder": None if decoder is None else decoder.config(),
             # Blends only, so that a plain dataset's fingerprint stays as it was.
             **(self._blend_fingerprint() if self.plan.kind != "single" else {}),
+            # A .bin/.idx dataset's window length (a blend's leaves carry their own).
+            **({"sequence_length": self.plan.leaves[0].sequence_length} if self.plan.kind == "single" and self.plan.leaves[0].sequence_length is not None else {}),
             **{f"worker_config.{k}": v for k, v in self.worker_config.fingerprint().items()},
         }
 
@@ -297,20 +299,7 @@ def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, h
     leaf = spec.plan.leaves[k]
     te = spec.task_encoder
     hooks = hook_spec(te)
-    if leaf.join is not None:
-        loader = JoinLoader(leaf.join, where=leaf.where, decoder=te.decoder, subflavors=leaf.subflavors, trust_dataset_code=spec.trust_dataset_code)
-    else:
-        loader = SampleLoader(
-            leaf.path,
-            leaf.split_part,
-            dataset_config=leaf.dataset_config or spec.dataset_config,  # a user's factory is told it
-            decoder=te.decoder,
-            subflavors=leaf.subflavors,
-            trust_dataset_code=spec.trust_dataset_code,
-            sample_factory=leaf.sample_factory,
-            factory_arguments=factory_arguments(spec, leaf),
-            resolved=spec.datasets[k],
-        )
+    loader = leaf_loader(spec, k)
     multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
     order = partial(_slice_order, seed, multiplier) if spec.training else None
     node: Node = SliceSource(
@@ -322,11 +311,9 @@ def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, h
         guard=guard(stage="load", tolerance=hooks.default_failure_tolerance, dataset=k),
         **({"slice_order": order} if order is not None else {}),
     )
-    if cook and is_crude(loader):
-        subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
-        cooker = None if hooks.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
-        stores = aux_stores(leaf, te.decoder, primary=cooker is not None and cooker.need_primary)
-        node = MapNode(node, hook(te.cook_crude_sample, cooker, stores), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample"), dataset=k), tag="Cook")
+    cooking = leaf_cooking(spec, k, loader) if cook else None
+    if cooking is not None:
+        node = MapNode(node, hook(te.cook_crude_sample, *cooking), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample"), dataset=k), tag="Cook")
     return node
 
 
@@ -344,7 +331,7 @@ def factory_arguments(spec: PipelineSpec, leaf: LeafDataset) -> dict[str, Any]:
 
 def is_crude(loader) -> bool:
     """Whether a loader yields crude dicts that a cooker must turn into samples (JSONL always does)."""
-    return loader.config is None or loader.config.kind == "crude"
+    return loader.crude
 
 
 def leaf_source(spec: PipelineSpec, k: int, local_worker_id: int, slices: list[tuple[int, int]]) -> Node:
@@ -451,3 +438,37 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
     if not spec.training and spec.limit is not None:
         node = PassNode(node, share(spec.limit, wc.workers_per_rank, local_worker_id), restart=True, what="the limit of items per pass")
     return node
+
+
+def leaf_loader(spec: PipelineSpec, k: int) -> SampleLoader | JoinLoader:
+    """The loader of dataset ``k`` of the plan, by split index (its pipeline's and the map view's)."""
+    leaf = spec.plan.leaves[k]
+    te = spec.task_encoder
+    if leaf.join is not None:
+        return JoinLoader(leaf.join, where=leaf.where, decoder=te.decoder, subflavors=leaf.subflavors, trust_dataset_code=spec.trust_dataset_code)
+    return SampleLoader(
+        leaf.path,
+        leaf.split_part,
+        dataset_config=leaf.dataset_config or spec.dataset_config,  # a user's factory is told it
+        decoder=te.decoder,
+        subflavors=leaf.subflavors,
+        trust_dataset_code=spec.trust_dataset_code,
+        sample_factory=leaf.sample_factory,
+        factory_arguments=factory_arguments(spec, leaf),
+        resolved=spec.datasets[k],
+        sequence_length=leaf.sequence_length,
+    )
+
+
+def leaf_cooking(spec: PipelineSpec, k: int, loader: SampleLoader | JoinLoader) -> tuple[Any, dict[str, Any]] | None:
+    """``(cooker, aux stores)``, the arguments ``cook_crude_sample`` gets after the crude sample
+    of dataset ``k`` (cooker None: the task encoder overrides the hook), or None when ``loader``
+    yields typed samples. Opens the aux stores: call it in the process that reads."""
+    if not is_crude(loader):
+        return None
+    leaf = spec.plan.leaves[k]
+    te = spec.task_encoder
+    subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
+    cooker = None if hook_spec(te).overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
+    stores = aux_stores(leaf, te.decoder, primary=cooker is not None and cooker.need_primary)
+    return cooker, stores

@@ -2,7 +2,7 @@
 
 This is the "load" step every pipeline starts from: read the sample's bytes (one read), keep
 only the parts the dataset.yaml needs, decode them, and build the sample.  Works for prepared
-WebDataset folders and for prepared ``.jsonl`` files.
+WebDataset folders, prepared ``.jsonl`` files and Megatron ``.bin/.idx`` token datasets.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import site
 import sys
 import sysconfig
 from typing import Any, Callable, Mapping
+
+import numpy as np
 
 from .. import stall
 from ..decode import SampleDecoder
@@ -24,13 +26,15 @@ from ..format.dataset_config import (
     make_sample,
     sample_class,
 )
+from ..format.indexed import indexed_prefix
+from ..format.indexed_samples import IndexedSamples
 from ..format.join import join_index
 from ..format.jsonl import JsonlReader
 from ..format.metadata import require_prepared
 from ..format.metadataset import JoinSpec
 from ..format.resolved import ResolvedDataset
 from ..format.split_reader import SplitReader
-from ..samples import CrudeSample, Sample, SourceInfo
+from ..samples import CrudeSample, Sample, SourceInfo, TokensSample
 from ..storage import as_path
 from ..worker import WorkerConfig
 from .node import set_restore_key
@@ -75,7 +79,8 @@ def waiting_samples(keys: list, stage: str) -> list[tuple[int, int]]:
 
 
 class SampleLoader:
-    """Loads samples of one split of one dataset (a prepared folder or a ``.jsonl`` file)."""
+    """Loads samples of one split of one dataset (a prepared folder, a ``.jsonl`` file or a
+    Megatron ``.bin/.idx`` dataset)."""
 
     def __init__(
         self,
@@ -90,28 +95,35 @@ class SampleLoader:
         sample_factory: Any = None,
         factory_arguments: Mapping[str, Any] | None = None,
         resolved: ResolvedDataset | None = None,
+        sequence_length: int | None = None,
     ) -> None:
         """``sample_factory``: a dataset factory whose ``load_sample`` builds the samples (one the
         user constructed). Without it, a ``dataset.yaml`` that names the user's own factory class
         gets an instance, made with ``factory_arguments`` (the loader's ``training``,
         ``worker_config`` ...; default: not training, one process). ``resolved``: the dataset's
-        metadata as the loader read it (then none is read here)."""
+        metadata as the loader read it (then none is read here). ``sequence_length``: a ``.bin/.idx``
+        dataset's samples are token windows of this length (plus one) instead of documents."""
         self.path = as_path(path)
         self.split_part = split_part
         self.decoder = decoder
         self.subflavors = dict(subflavors or {})
         self._jsonl: JsonlReader | None = None
+        self._tokens: IndexedSamples | None = None
         self._reader: SplitReader | None = None
         self.config: DatasetConfig | None = None
         if self.path.suffix == ".jsonl" and self.path.is_file():
             self._jsonl = JsonlReader(self.path)  # a JSONL file is one split, always crude
+            return
+        prefix = resolved.indexed_prefix if resolved is not None else indexed_prefix(self.path)
+        if prefix is not None:
+            self._tokens = IndexedSamples(prefix, sequence_length)  # one split, typed TokensSamples
             return
         if self.path.is_file():
             raise DatasetError(
                 format_message(
                     "not a dataset",
                     where=str(self.path),
-                    expected="a prepared dataset folder, a .jsonl file or a metadataset .yaml",
+                    expected="a prepared dataset folder, a .jsonl file, a Megatron .bin/.idx dataset or a metadataset .yaml",
                 )
             )
         if resolved is None:
@@ -131,7 +143,14 @@ class SampleLoader:
         self._reader = SplitReader(self.path, split_part, split_config=split_config, split=split)
 
     def __len__(self) -> int:
-        return len(self._jsonl) if self._jsonl is not None else len(self._reader)
+        if self._jsonl is not None:
+            return len(self._jsonl)
+        return len(self._tokens) if self._tokens is not None else len(self._reader)
+
+    @property
+    def crude(self) -> bool:
+        """Whether its samples are crude dicts that a cooker must turn into samples (JSONL always)."""
+        return self._tokens is None and (self.config is None or self.config.kind == "crude")
 
     @property
     def reader(self) -> SplitReader | None:
@@ -147,6 +166,8 @@ class SampleLoader:
         """
         if self._jsonl is not None:
             return self._load_jsonl(index)
+        if self._tokens is not None:
+            return self._load_tokens(index, about)
         config = self.config
         raw = self._reader.read(index, wanted=config.wanted_parts, read_until=read_until)
         if raw is None:
@@ -181,9 +202,26 @@ class SampleLoader:
         )
         return sample
 
+    def _load_tokens(self, index: int, about: dict | None) -> TokensSample:
+        import torch
+
+        source = SourceInfo(str(self._tokens.reader.prefix), index, self._tokens.reader.bin_path.name, (str(index),))
+        if about is not None:
+            about["__key__"], about["__sources__"] = str(index), (source,)
+        tokens = torch.from_numpy(self._tokens.tokens(index).astype(np.int64))
+        return TokensSample(
+            __key__=str(index),
+            __restore_key__=(RESTORE_TAG, index),
+            __sources__=(source,),
+            __subflavors__=dict(self.subflavors) or None,
+            tokens=tokens,
+        )
+
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+        if self._tokens is not None:
+            self._tokens.close()
 
 
 def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = False) -> Callable[..., Any]:
@@ -244,6 +282,9 @@ class JoinLoader:
     restore key is ``("Webdataset", r)``, so a join slots into the pipeline like one dataset.
     """
 
+    #: Its samples are its joiner's, never crude (crude members are refused).
+    crude = False
+
     def __init__(self, spec: JoinSpec, *, where: str, decoder: SampleDecoder | None = None, subflavors: dict[str, Any] | None = None, trust_dataset_code: bool = False) -> None:
         self.spec = spec
         self.index = join_index(spec)
@@ -252,7 +293,7 @@ class JoinLoader:
             for m in spec.members
         ]
         for member, loader in zip(spec.members, self.loaders):
-            if loader.config is None or loader.config.kind == "crude":
+            if loader.crude:
                 raise ConfigError(format_message("crude datasets cannot be joined", where=member.where, expected="datasets with a typed dataset.yaml (sample_type and field_map)", fix="join typed datasets, or combine the parts in your cooker"))
         self.config = self.loaders[0].config
         self.joiner = resolve_joiner(spec, where, trust_dataset_code=trust_dataset_code)
