@@ -37,6 +37,11 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
     from .decode import (
         SampleDecoder,
     )
+    from .epochs import (
+        EpochIndex,
+        IdentityEpochWrapper,
+        MultiEpochResampler,
+    )
     from .errors import (
         ConfigError,
         DatasetError,
@@ -84,6 +89,10 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
         get_train_dataset,
         get_val_dataset,
         get_val_datasets,
+    )
+    from .map_view import (
+        MapStyleDataset,
+        get_map_dataset,
     )
     from .metadataset import (
         DatasetLoader,
@@ -166,6 +175,9 @@ _LAZY: dict[str, str] = {
     "PrimaryFileStore": ".cache",
     "SystemFileStore": ".cache",
     "SampleDecoder": ".decode",
+    "EpochIndex": ".epochs",
+    "IdentityEpochWrapper": ".epochs",
+    "MultiEpochResampler": ".epochs",
     "ConfigError": ".errors",
     "DatasetError": ".errors",
     "DecodeError": ".errors",
@@ -206,6 +218,8 @@ _LAZY: dict[str, str] = {
     "get_train_dataset": ".loader",
     "get_val_dataset": ".loader",
     "get_val_datasets": ".loader",
+    "MapStyleDataset": ".map_view",
+    "get_map_dataset": ".map_view",
     "DatasetLoader": ".metadataset",
     "DatasetLoaderInterface": ".metadataset",
     "Metadataset": ".metadataset",
@@ -292,6 +306,7 @@ __all__ = [
     "DirectLazy",
     "EmptyDatasetError",
     "EnergonLiteError",
+    "EpochIndex",
     "EpochizeDataset",
     "FatalSampleError",
     "FileCacheLazy",
@@ -301,6 +316,7 @@ __all__ = [
     "FilterDataset",
     "GcDataset",
     "GroupBatchDataset",
+    "IdentityEpochWrapper",
     "ImageClassificationSample",
     "ImageClassificationWebdataset",
     "ImageSample",
@@ -313,6 +329,7 @@ __all__ = [
     "LimitDataset",
     "LogSampleDataset",
     "MapDataset",
+    "MapStyleDataset",
     "Metadataset",
     "MetadatasetV2",
     "MissingDependencyError",
@@ -320,6 +337,7 @@ __all__ = [
     "MockLazy",
     "MultiChoiceVQASample",
     "MultiChoiceVQAWebdataset",
+    "MultiEpochResampler",
     "NoCachePool",
     "NotSupportedError",
     "OCRSample",
@@ -362,6 +380,7 @@ __all__ = [
     "generic_batch",
     "generic_concat",
     "get_loader",
+    "get_map_dataset",
     "get_savable_loader",
     "get_train_dataset",
     "get_val_dataset",

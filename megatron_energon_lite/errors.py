@@ -38,9 +38,11 @@ __all__ = [
     "EmptyDatasetError",
     "EnergonLiteError",
     "FatalSampleError",
+    "IndexTypeError",
     "LazyNotPicklableError",
     "MissingDependencyError",
     "NotSupportedError",
+    "SampleIndexError",
     "SkipRecord",
     "SkipSample",
     "StateError",
@@ -76,6 +78,15 @@ class EnergonLiteError(Exception):
 
 class ConfigError(EnergonLiteError, ValueError):
     """A configuration (YAML, JSON, CLI flag or Python argument) is invalid."""
+
+
+class SampleIndexError(ConfigError, IndexError):
+    """An index outside a dataset's range; also an ``IndexError``, as Python's sequence protocol
+    (``for sample in dataset``) expects."""
+
+
+class IndexTypeError(ConfigError, TypeError):
+    """An index that is neither an ``int`` nor an ``EpochIndex``."""
 
 
 class DatasetError(EnergonLiteError):

@@ -26,6 +26,12 @@ def test_energon_sample_names_are_exported() -> None:
     assert energon_names <= set(lite.__all__)
 
 
+def test_our_additions_are_exported() -> None:
+    # The map view for Megatron/BioNeMo samplers, its epoch tools, and the .bin/.idx sample type.
+    ours = {"EpochIndex", "IdentityEpochWrapper", "MapStyleDataset", "MultiEpochResampler", "TokensSample", "get_map_dataset"}
+    assert ours <= set(lite.__all__)
+
+
 # Energon 7.4.1's ``megatron.energon.__all__`` (96 names), which code written for Energon imports.
 ENERGON_7_4_NAMES = [
     "AugmentTaskEncoder", "BaseCoreDatasetFactory", "BaseWebdatasetFactory", "Batch",

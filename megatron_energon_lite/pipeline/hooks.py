@@ -57,7 +57,7 @@ def call_hook(fn: Callable[..., Any], *args: Any, sample_index: int, worker_seed
     (``SkipSample`` included) propagate.
     """
     outer = HOOK_STATE.get()
-    state = HookState(sample_index=sample_index, batch_index=outer.batch_index, worker_seed=worker_seed)
+    state = HookState(sample_index=sample_index, batch_index=outer.batch_index, worker_seed=worker_seed, fn=fn)
     return invoke(fn, args, {}, state)
 
 

@@ -19,6 +19,8 @@ import dataclasses
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+import numpy
+
 from ..cache.base import CachePool, PrimaryFileStore
 from ..decode import SampleDecoder
 from ..errors import ConfigError, format_message
@@ -29,6 +31,8 @@ from .marks import (
     HOOK_STATE,
     StatelessSpec,
     hook_context,
+    hook_rng,
+    hook_torch_generator,
     invoke,
     stateless,
     stateless_spec,
@@ -58,7 +62,7 @@ def _current(name: str) -> int:
             format_message(
                 f"TaskEncoder.current_{name} is only known inside a hook called by the loader",
                 expected="a read inside encode_sample, batch, encode_batch, ... while the loader runs",
-                found="a read outside any hook",
+                found="a read outside any hook (or in the map view's collate, which has no index)",
                 fix="read it inside the hook; in tests, wrap the call in megatron_energon_lite.task_encoder.hook_context("
                 f"{name}=...)",
             )
@@ -132,7 +136,8 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     Every hook may raise :class:`~megatron_energon_lite.errors.SkipSample` to drop its input.
     ``encode_sample``, ``preencode_sample``, ``postencode_sample``, ``pack_selected_samples`` and
     ``encode_batch`` may be generators yielding zero or more outputs per input. Inside a hook,
-    :attr:`current_sample_index` and :attr:`current_batch_index` identify the call.
+    :attr:`current_sample_index` and :attr:`current_batch_index` identify the call, and
+    :attr:`current_rng` / :attr:`current_torch_generator` give its reproducible randomness.
     """
 
     #: Consecutive failures of one hook tolerated before the run stops (0: never stop).
@@ -322,6 +327,32 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     def current_batch_index(self) -> int:
         """The index of the current batch of this rank (set by the loader)."""
         return _current("batch_index")
+
+    @property
+    def current_rng(self) -> numpy.random.Generator:
+        """A numpy ``Generator`` for the current hook call, the same for the same sample.
+
+        Seeded from ``(seed, epoch, index)`` in the map view (``get_map_dataset``; an ``int``
+        index is epoch 0) and from ``(worker seed, current_sample_index)`` in the streaming
+        loader, plus the hook's name; made once per call, so successive draws continue one
+        stream. It never reads or seeds a global RNG (Megatron keeps its own CUDA RNG states)::
+
+            class Augment(DefaultTaskEncoder):
+                def encode_sample(self, sample):
+                    rng = self.current_rng  # differs between epochs of the map view
+                    noise = torch.randn(3, generator=self.current_torch_generator)
+                    return dataclasses.replace(sample, text=f"{sample.text} {rng.integers(100)}")
+
+        Not available in the map view's ``collate`` (batch hooks get no index there).
+        """
+        return hook_rng(HOOK_STATE.get())
+
+    @property
+    def current_torch_generator(self) -> Any:
+        """A ``torch.Generator`` for the current hook call, seeded like :attr:`current_rng` (its
+        own stream: drawing from one does not move the other); pass it as ``generator=`` to
+        torch's random functions. Made once per call; ``torch.manual_seed`` is never called."""
+        return hook_torch_generator(HOOK_STATE.get())
 
     @property
     def cache(self) -> CachePool:

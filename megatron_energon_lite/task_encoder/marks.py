@@ -2,8 +2,9 @@
 
 ``@stateless`` stores a plain attribute on the function; :func:`invoke` honours it (seeding
 torch/numpy/random for ``restore_seeds`` hooks) and sets the context that
-``TaskEncoder.current_sample_index`` / ``current_batch_index`` read. The pipeline's side of
-calling hooks (which index a call gets, what a task encoder overrides) is ``pipeline/hooks.py``.
+``TaskEncoder.current_sample_index`` / ``current_batch_index`` / ``current_rng`` read. The
+pipeline's side of calling hooks (which index a call gets, what a task encoder overrides) is
+``pipeline/hooks.py``; the map view's is ``map_view.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,21 @@ from typing import Any, TypeVar, overload
 import numpy
 
 from ..errors import ConfigError, format_message
+from ..rng import rng_for
 
-__all__ = ["HOOK_STATE", "HookState", "StatelessSpec", "hook_context", "hook_seed", "invoke", "mark", "stateless", "stateless_spec"]
+__all__ = [
+    "HOOK_STATE",
+    "HookState",
+    "StatelessSpec",
+    "hook_context",
+    "hook_rng",
+    "hook_seed",
+    "hook_torch_generator",
+    "invoke",
+    "mark",
+    "stateless",
+    "stateless_spec",
+]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -124,30 +138,51 @@ def stateless_spec(fn: Callable[..., Any]) -> StatelessSpec | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HookState:
+    """The context of one hook call."""
+
     sample_index: int | None = None
     batch_index: int | None = None
     worker_seed: int | None = None
+    #: What :func:`hook_rng` seeds from: ``(seed, epoch, index)`` in the map view; None:
+    #: ``(worker_seed, sample_index)`` (the streaming loader).
+    rng_key: tuple[int, ...] | None = None
+    #: The hook called (its name keys :func:`hook_rng`, so two hooks of one sample draw
+    #: different numbers); None: :func:`invoke` sets it. Callers that make a state per call pass
+    #: it, which spares invoke a second state object (a hook call costs ~1 us).
+    fn: Any = None
+    #: The generators made during this call, so that successive draws continue one stream.
+    rngs: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 HOOK_STATE: ContextVar[HookState] = ContextVar("megatron_energon_lite_hook_state", default=HookState())
 
 
 class hook_context:  # noqa: N801 - used like a function: `with hook_context(batch_index=3): ...`
-    """Sets what ``TaskEncoder.current_sample_index`` / ``current_batch_index`` return inside.
+    """Sets what ``TaskEncoder.current_sample_index`` / ``current_batch_index`` /
+    ``current_rng`` return inside.
 
     Values left None keep those of the enclosing context. :func:`call_hook` sets the sample index
     and worker seed itself; a batch stage wraps its hook calls in
-    ``hook_context(batch_index=...)``. Enter and exit in the same thread.
+    ``hook_context(batch_index=...)``; ``rng_key`` replaces ``(worker_seed, sample_index)`` as
+    what ``current_rng`` is seeded from. Enter and exit in the same thread.
     """
 
     __slots__ = ("_state", "_token")
 
-    def __init__(self, *, sample_index: int | None = None, batch_index: int | None = None, worker_seed: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        sample_index: int | None = None,
+        batch_index: int | None = None,
+        worker_seed: int | None = None,
+        rng_key: tuple[int, ...] | None = None,
+    ) -> None:
         outer = HOOK_STATE.get()
         self._state = HookState(
             sample_index=outer.sample_index if sample_index is None else sample_index,
             batch_index=outer.batch_index if batch_index is None else batch_index,
             worker_seed=outer.worker_seed if worker_seed is None else worker_seed,
+            rng_key=outer.rng_key if rng_key is None else tuple(rng_key),
         )
         self._token: Any = None
 
@@ -165,6 +200,47 @@ def hook_seed(worker_seed: int, sample_index: int) -> int:
     The first 4 bytes (big-endian) of ``sha1(f"{worker_seed}|{sample_index}")``.
     """
     return int.from_bytes(hashlib.sha1(f"{worker_seed}|{sample_index}".encode()).digest()[:4], "big")
+
+
+def hook_rng(state: HookState) -> numpy.random.Generator:
+    """The numpy generator of the hook call ``state`` describes, made on first use and kept for
+    the call: ``rng_for(key[0], "hook:<name>", *key[1:])`` with ``key = state.rng_key`` (the map
+    view's ``(seed, epoch, index)``), else ``(worker_seed, sample_index)``. No global RNG is read
+    or seeded."""
+    rng = state.rngs.get("numpy")
+    if rng is None:
+        rng = state.rngs["numpy"] = rng_for(*_rng_seed(state, "hook"))
+    return rng
+
+
+def hook_torch_generator(state: HookState) -> Any:
+    """A ``torch.Generator`` for the hook call ``state`` describes, made on first use and kept for
+    the call; seeded from the same key as :func:`hook_rng` but its own stream (using one does not
+    move the other). Seeds the generator object only, never ``torch.manual_seed``."""
+    generator = state.rngs.get("torch")
+    if generator is None:
+        import torch  # not at the top: `energon-lite info` of a metadataset imports this module
+
+        seed = int(rng_for(*_rng_seed(state, "hook-torch")).integers(0, 2**63 - 1))
+        generator = state.rngs["torch"] = torch.Generator().manual_seed(seed)
+    return generator
+
+
+def _rng_seed(state: HookState, stage: str) -> tuple:
+    key = state.rng_key
+    if key is None:
+        if state.worker_seed is None or state.sample_index is None:
+            raise ConfigError(
+                format_message(
+                    "TaskEncoder.current_rng is only known inside a hook called with a sample index",
+                    expected="a read inside encode_sample, cook_crude_sample, ... while the loader or the map view runs",
+                    found="a read outside any hook, or in a hook called without an index (the map view's collate)",
+                    fix="draw the randomness in encode_sample; in tests, wrap the call in "
+                    "megatron_energon_lite.task_encoder.hook_context(sample_index=..., worker_seed=...)",
+                )
+            )
+        key = (state.worker_seed, state.sample_index)
+    return (key[0], f"{stage}:{_hook_name(state.fn) if state.fn is not None else ''}", *key[1:])
 
 
 class _GlobalRng:
@@ -243,6 +319,8 @@ def _stepped(it: Generator[Any, Any, Any], run: _HookRun) -> Generator[Any, None
 
 
 def invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], state: HookState) -> Any:
+    if state.fn is None:  # a new call; a cooker called inside cook_crude_sample shares that call's
+        state = HookState(state.sample_index, state.batch_index, state.worker_seed, state.rng_key, fn)
     spec = stateless_spec(fn)
     seeded = spec is not None and spec.restore_seeds and state.worker_seed is not None and state.sample_index is not None
     token = HOOK_STATE.set(state)
@@ -261,3 +339,9 @@ def invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, A
     if isinstance(result, Generator):
         return _stepped(result, _HookRun(state, inner))
     return result
+
+
+def _hook_name(fn: Callable[..., Any]) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
