@@ -246,6 +246,8 @@ class GPTWindowTaskEncoder(DefaultTaskEncoder):
     masked.  A shorter window (the last one of a dataset) is padded with ``pad_id``; its padded
     positions get loss 0 and form their own causal segment, as in :func:`block_causal_mask`.
     Returns :class:`PackedTextSample` (one window, ``sample_keys`` of length 1); ``batch`` stacks.
+    Full windows share their ``loss_mask``, ``position_ids`` and ``cu_seqlens`` tensors (batches
+    get copies): clone them before changing one in place in ``postencode_sample``.
     """
 
     def __init__(self, seq_length: int, *, pad_id: int = 0, attention_mask: bool = True) -> None:
@@ -254,6 +256,9 @@ class GPTWindowTaskEncoder(DefaultTaskEncoder):
         self.seq_length = seq_length
         self.pad_id = pad_id
         self.attention_mask = attention_mask
+        self._full_loss_mask = torch.ones(seq_length, dtype=torch.float32)
+        self._positions = torch.arange(seq_length, dtype=torch.int64)
+        self._full_bounds = torch.tensor([0, seq_length], dtype=torch.int32)
 
     @stateless
     def encode_sample(self, sample: Any) -> PackedTextSample:
@@ -264,6 +269,20 @@ class GPTWindowTaskEncoder(DefaultTaskEncoder):
         window = _token_ids(window, sample)
         if len(window) > length + 1:
             raise ConfigError(format_message("token window is longer than seq_length + 1", where=f"sample {_key(sample)}", expected=f"<= {length + 1} tokens", found=f"{len(window)} tokens", fix=f"set the dataset's sequence_length to {length}, or seq_length to the dataset's"))
+        if len(window) == length + 1:  # every window but a dataset's last: views, no padding
+            stream = torch.from_numpy(np.asarray(window, dtype=np.int64))
+            return PackedTextSample(
+                **_base_fields(sample),
+                tokens=stream[:-1],
+                labels=stream[1:],
+                # The same tensors for every full window: batch() copies them (a third of the time of
+                # a window was making them); clone before changing one in place in a later hook.
+                loss_mask=self._full_loss_mask,
+                position_ids=self._positions,
+                cu_seqlens=self._full_bounds,
+                sample_keys=[_field(sample, "__key__")],
+                attention_mask=torch.from_numpy(block_causal_mask((0, length), length)) if self.attention_mask else None,
+            )
         real = max(len(window) - 1, 0)  # positions that have a label
         tokens = np.full(length, self.pad_id, dtype=np.int64)
         labels = np.full(length, self.pad_id, dtype=np.int64)

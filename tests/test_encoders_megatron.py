@@ -151,6 +151,20 @@ def test_gpt_window_is_shifted_by_one_with_a_causal_mask() -> None:
     assert (sample.tokens.dtype, sample.labels.dtype, sample.position_ids.dtype, sample.loss_mask.dtype) == (torch.int64, torch.int64, torch.int64, torch.float32)
 
 
+def test_gpt_window_batches_own_their_tensors() -> None:
+    """Full windows share their loss mask and position ids (a speed-up); a batch must not."""
+    encoder = GPTWindowTaskEncoder(4, attention_mask=False)
+    windows = [encoder.encode_sample(tokens_sample(f"w{i}", np.arange(i, i + 5))) for i in range(3)]
+    batch = encoder.batch(windows)
+    batch.loss_mask[0, 0] = 0.0
+    batch.position_ids[1, 1] = 99
+    batch.tokens[2, 0] = -1
+    fresh = encoder.encode_sample(tokens_sample("w9", np.arange(9, 14)))
+    assert fresh.loss_mask.tolist() == [1.0] * 4 and fresh.position_ids.tolist() == [0, 1, 2, 3]
+    assert windows[2].tokens.tolist() == [2, 3, 4, 5]
+    assert batch.cu_seqlens.tolist() == [0, 4, 8, 12]
+
+
 def test_short_gpt_window_is_padded_and_its_padding_masked() -> None:
     encoder = GPTWindowTaskEncoder(8, pad_id=-1)
     short = encoder.encode_sample(tokens_sample("last", torch.tensor([21, 22, 23, 24, 25])))
