@@ -51,10 +51,12 @@ class IndexedSamples:
     def __len__(self) -> int:
         return self._count
 
-    def tokens(self, index: int) -> np.ndarray:
-        """Sample ``index``'s tokens, in the file's dtype."""
+    def tokens(self, index: int, read_until: int | None = None) -> np.ndarray:
+        """Sample ``index``'s tokens, in the file's dtype. ``read_until``: the samples up to this
+        index (exclusive) are read next, so a remote read may fetch their tokens with these."""
         if self.sequence_length is None:
-            return self.reader.document(index)
+            stop = None if read_until is None else int(self.reader.document_starts[min(read_until, self._count)])
+            return self.reader.document(index, readahead_stop=stop)
         if not 0 <= index < self._count:
             raise DatasetError(
                 format_message(
@@ -65,7 +67,8 @@ class IndexedSamples:
                 )
             )
         start = index * self.sequence_length
-        return self.reader.read_tokens(start, min(start + self.sequence_length + 1, self.reader.num_tokens))
+        stop = None if read_until is None else min(read_until * self.sequence_length + 1, self.reader.num_tokens)
+        return self.reader.read_tokens(start, min(start + self.sequence_length + 1, self.reader.num_tokens), readahead_stop=stop)
 
     def close(self) -> None:
         self.reader.close()

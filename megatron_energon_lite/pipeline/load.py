@@ -167,7 +167,7 @@ class SampleLoader:
         if self._jsonl is not None:
             return self._load_jsonl(index)
         if self._tokens is not None:
-            return self._load_tokens(index, about)
+            return self._load_tokens(index, read_until, about)
         config = self.config
         raw = self._reader.read(index, wanted=config.wanted_parts, read_until=read_until)
         if raw is None:
@@ -202,13 +202,13 @@ class SampleLoader:
         )
         return sample
 
-    def _load_tokens(self, index: int, about: dict | None) -> TokensSample:
+    def _load_tokens(self, index: int, read_until: int | None, about: dict | None) -> TokensSample:
         import torch
 
         source = SourceInfo(str(self._tokens.reader.prefix), index, self._tokens.reader.bin_path.name, (str(index),))
         if about is not None:
             about["__key__"], about["__sources__"] = str(index), (source,)
-        tokens = torch.from_numpy(self._tokens.tokens(index).astype(np.int64))
+        tokens = torch.from_numpy(self._tokens.tokens(index, read_until).astype(np.int64))
         return TokensSample(
             __key__=str(index),
             __restore_key__=(RESTORE_TAG, index),
