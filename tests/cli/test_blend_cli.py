@@ -7,12 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
 from energon_lite_dev.synthetic import generate_jsonl, generate_text_dataset
 
 from megatron_energon_lite.cli.main import cli
+from megatron_energon_lite.format.indexed import IndexedWriter
 from megatron_energon_lite.format.metadataset import load_blend_plan
 from megatron_energon_lite.format.prepare import prepare_dataset
 
@@ -187,13 +189,18 @@ def test_every_config_parses(tmp_path: Path) -> None:
     configs = tmp_path / "configs"
     shutil.copytree(REPO / "configs", configs)
     files = sorted(configs.glob("*.yaml"))
-    assert {f.name for f in files} >= {"image_text_blend.yaml", "text_mix.yaml", "curriculum_epochized.yaml", "exact_blend.yaml", "image_caption_join.yaml"}
+    assert {f.name for f in files} >= {"image_text_blend.yaml", "text_mix.yaml", "curriculum_epochized.yaml", "exact_blend.yaml", "image_caption_join.yaml", "megatron_tokens_blend.yaml"}
     needed: set[str] = set()
     for file in files:
         _dataset_paths(yaml.safe_load(file.read_text()), needed)
     for seed, relative in enumerate(sorted(needed)):
         root = (configs / relative).resolve()
-        if not root.exists():
+        if root.name.endswith("_text_document"):  # a Megatron .bin/.idx prefix
+            root.parent.mkdir(parents=True, exist_ok=True)
+            with IndexedWriter(root, np.uint16) as writer:
+                for length in (3000, 5000, 700):
+                    writer.add_document(np.arange(length, dtype=np.uint16))
+        elif not root.exists():
             generate_text_dataset(root, num_shards=2, samples_per_shard=4, max_words=8, seed=seed)
             prepare_dataset(root, split_ratio=(1, 1, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
     for file in files:
@@ -207,6 +214,8 @@ def test_every_config_parses(tmp_path: Path) -> None:
     assert load_blend_plan(configs / "curriculum_epochized.yaml", "train", training=True).kind == "blend_epochized"
     nested = load_blend_plan(configs / "image_text_blend.yaml", "train", training=True)
     assert len(nested.leaves) == 4 and any(leaf.subflavors for leaf in nested.leaves)
+    tokens = load_blend_plan(configs / "megatron_tokens_blend.yaml", "val", training=False)
+    assert tokens.leaves[0].sequence_length == 2048
 
 
 def test_blend_mix_example_runs(tmp_path: Path) -> None:
