@@ -87,10 +87,14 @@ def _little_endian(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("<")
 
 
+def _is_file(path: AnyPath) -> bool:
+    return path.is_file() if isinstance(path, RemotePath) else os.path.isfile(path)
+
+
 def indexed_prefix(path: str | os.PathLike) -> AnyPath | None:
     """The dataset prefix if ``path`` names a Megatron indexed dataset: ``X.idx``, ``X.bin``, or
     the prefix ``X`` itself (with ``X.idx`` present next to it and ``X`` not a directory); else
-    None.  Local paths take one or two stats, remote ones one listing of the folder.
+    None.  Local paths take one or two stats, remote ones one or two object checks (HEAD).
 
     ``a.jsonl.idx`` and ``x.tar.idx`` are indices of other formats (their ``X`` is a file and there
     is no ``X.bin``), and so is ``a.jsonl`` next to ``a.jsonl.idx``: those give None.
@@ -100,16 +104,16 @@ def indexed_prefix(path: str | os.PathLike) -> AnyPath | None:
         prefix = path.with_name(path.name[: -len(path.suffix)])
         if not prefix.name:
             return None
-        found = list_files(prefix.parent, [prefix.name, prefix.name + ".bin"])
-        if prefix.name in found and prefix.name + ".bin" not in found:
+        if _is_file(prefix) and not _is_file(_bin_path(prefix)):
             return None
         return prefix
     if isinstance(path, RemotePath):
-        found = list_files(path.parent, [path.name, path.name + ".idx", path.name + ".bin"])
-        if path.name + ".idx" not in found:
+        # Checks of single objects, not a listing of the parent: the parent of a dataset at the
+        # top of a bucket or an msc:// profile cannot always be listed.
+        if not _is_file(_idx_path(path)):
             return None
-        if path.name in found:
-            return path if path.name + ".bin" in found else None
+        if _is_file(path):
+            return path if _is_file(_bin_path(path)) else None
         return None if path.is_dir() else path
     text = os.fspath(path)
     if not os.path.isfile(text + ".idx"):

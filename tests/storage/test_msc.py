@@ -36,8 +36,17 @@ NUM_SAMPLES = 3 * 12
 def msc(s3_server, s3_url, tmp_path, monkeypatch):
     """An MSC profile ``lite`` rooted at this test's S3 prefix, the captioning set generated locally
     and uploaded (unprepared) under ``<prefix>/captions``; yields ``(local_dir, "msc://lite/captions")``."""
+    _use_profile(s3_server, tmp_path, monkeypatch, base_path=s3_url.removeprefix("s3://"))  # bucket/prefix
+    local = tmp_path / "local"
+    generate_captioning_dataset(local, num_shards=3, samples_per_shard=12, image_size=(16, 16), seed=5)
+    s3_server.upload_dir(local, f"{s3_url}/{SUB}")
+    yield local, f"msc://{PROFILE}/{SUB}"
+
+
+def _use_profile(s3_server, tmp_path: Path, monkeypatch, *, base_path: str) -> None:
+    """MSC_CONFIG with the profile ``PROFILE`` rooted at ``base_path`` on the moto server, and
+    fresh per-process MSC caches for this test (restored, and so dropped, afterwards)."""
     monkeypatch.setenv("ENERGON_LITE_CACHE_DIR", str(tmp_path / "cache"))
-    base_path = s3_url.removeprefix("s3://")  # bucket/prefix
     config = {
         "profiles": {
             PROFILE: {
@@ -55,14 +64,25 @@ def msc(s3_server, s3_url, tmp_path, monkeypatch):
     config_file = tmp_path / "msc_config.json"
     config_file.write_text(json.dumps(config))
     monkeypatch.setenv("MSC_CONFIG", str(config_file))
-    # Fresh per-process MSC caches for this test, restored (and so dropped) afterwards.
     monkeypatch.setattr(msc_shortcuts, "_STORAGE_CLIENT_CACHE", {})
     monkeypatch.setattr(msc_shortcuts, "_PATH_MAPPING_CACHE", {}, raising=False)  # keyed by MSC_CONFIG
 
+
+def test_a_dataset_that_is_a_whole_bucket_of_a_root_profile(s3_server, tmp_path, monkeypatch) -> None:
+    """A profile with an empty base path, the dataset a bucket: its parent (the profile's root)
+    cannot be listed, so nothing may need that listing (Energon's test_prepare_dataset_s3_cmdline)."""
+    _use_profile(s3_server, tmp_path, monkeypatch, base_path="")
+    bucket = "lite-whole-bucket"
+    s3_server.create_bucket(bucket)
     local = tmp_path / "local"
-    generate_captioning_dataset(local, num_shards=3, samples_per_shard=12, image_size=(16, 16), seed=5)
-    s3_server.upload_dir(local, f"{s3_url}/{SUB}")
-    yield local, f"msc://{PROFILE}/{SUB}"
+    generate_captioning_dataset(local, num_shards=2, samples_per_shard=3, image_size=(8, 8), seed=1)
+    s3_server.upload_dir(local, f"s3://{bucket}")
+    url = f"msc://{PROFILE}/{bucket}"
+    _prepare_both(local, url)
+    ds = get_val_dataset(url, split_part="train", worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=2)
+    keys = [k for batch in get_savable_loader(ds) for k in batch.__key__]
+    reader = SplitReader(local, "train")
+    assert sorted(keys) == sorted(reader.read(i).key for i in range(len(reader)))
 
 
 def _prepare_both(local: Path, url: str) -> None:
