@@ -80,7 +80,7 @@ from ..storage import (
     remove_stale_temporaries,
     temporary_name,
 )
-from ..storage.remote import fetch_range
+from ..storage.remote import fetch_range, refresh_session
 
 __all__ = ["MediaPrepareResult", "prepare_filesystem_dataset", "prepare_media_folder"]
 
@@ -235,6 +235,7 @@ def prepare_media_folder(
             raise
         entries = writer.finish(media_filter)
         if remote:
+            refresh_session(index)  # the scan's forked workers shared this process's connections
             index.upload(tmp)  # one write: the object is replaced whole
         else:
             os.replace(tmp, index)

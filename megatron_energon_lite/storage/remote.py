@@ -407,6 +407,19 @@ def _forget_inherited_sessions() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_sessions)
 
 
+def refresh_session(path: "RemotePath") -> None:
+    """Gives the s3fs filesystem of ``path`` a new session (new connections); others: nothing.
+
+    For a process whose forked children used its connections and have ended: a kept-alive
+    connection made before the fork is not reliably usable afterwards (``prepare-media`` with 2
+    workers on S3: the upload of its index waited for ever for the answer to its
+    ``Expect: 100-continue``; with a new session it went through). The old session is left open.
+    """
+    fs = path.fs
+    if getattr(fs, "_s3", None) is not None and callable(getattr(fs, "connect", None)):
+        fs.connect(refresh=True)
+
+
 class _ReadCounters:
     """Requests and bytes fetched by this process (for benchmarks and the read report)."""
 
