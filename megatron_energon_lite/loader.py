@@ -73,6 +73,7 @@ from .stall import (
 from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
+from .worker_queue import DirectForkContext, direct_queues_from_env
 from .wrappers.base import SavableDataset, share
 from .wrappers.compose import DatasetBlendMode, loaded_datasets, overrides_build
 
@@ -387,7 +388,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         num_workers = self.worker_config.num_workers
         extra: dict[str, Any] = {}
         if num_workers > 0:
-            extra = dict(prefetch_factor=prefetch_factor, persistent_workers=True, multiprocessing_context="fork")
+            # Workers write their messages themselves (see worker_queue.py).
+            context = DirectForkContext() if direct_queues_from_env() else "fork"
+            extra = dict(prefetch_factor=prefetch_factor, persistent_workers=True, multiprocessing_context=context)
         super().__init__(
             _WorkerStreams(dataset),
             batch_size=None,
