@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import pickle
 import re
 import time
 from typing import Any, Iterator, Mapping
@@ -344,8 +345,39 @@ def _converted(entry: tuple[Any, int, dict | None, tuple]) -> tuple[Any, int, di
     return (item if item is SKIPS_ONLY else torch.utils.data.default_convert(item), logical, state, skips)
 
 
+class _PackedState:
+    """A worker's state as the main process holds it: pickled in the worker, unpickled only when
+    a state is saved.  Every item carries its worker's state but only the last one of each worker
+    is ever read; unpickling each (a shuffle buffer's keys are hundreds of small lists) cost the
+    main process about as much as the text batch it came with."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self):
+        return _PackedState, (self.data,)
+
+    def value(self) -> dict:
+        return pickle.loads(self.data)
+
+
+def _state_value(state: dict | _PackedState | None) -> dict | None:
+    return state.value() if isinstance(state, _PackedState) else state
+
+
+def _packed(entry: tuple[Any, int, dict | None, tuple]) -> tuple[Any, int, _PackedState | None, tuple]:
+    item, logical, state, skips = _converted(entry)
+    return item, logical, None if state is None else _PackedState(pickle.dumps(state, pickle.HIGHEST_PROTOCOL)), skips
+
+
 def _carried(entry: tuple[Any, int, dict | None, tuple]) -> _Carrier:
-    return timed("hand-over", _Carrier, _converted(entry))
+    return timed("hand-over", _carrier_of, entry)
+
+
+def _carrier_of(entry: tuple[Any, int, dict | None, tuple]) -> _Carrier:
+    return _Carrier(_packed(entry))
 
 
 def _carried_size(carrier: _Carrier) -> int:
@@ -417,7 +449,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self.cache_pool = cache_pool
         self.dataset.cache_pool = cache_pool
         self._stream: Iterator | None = None
-        self._worker_states: list[dict | None] = [None] * self.worker_config.workers_per_rank
+        self._worker_states: list[dict | _PackedState | None] = [None] * self.worker_config.workers_per_rank
         self._next_worker = 0
         #: The logical worker (0 .. workers_per_rank - 1) that produced the last item yielded.
         self.last_worker_id: int | None = None
@@ -490,7 +522,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         """After the first pass of a restored loader, whose workers were rotated so that the one
         whose turn it was went first: the next passes start with worker 0, as they do in the
         uninterrupted run, so the workers start again unrotated, each from its last state."""
-        self.dataset.restore(RankState(worker_states=tuple(self._worker_states), next_worker=0, pass_ended=True, config=self.savable_dataset.config()))
+        self.dataset.restore(RankState(worker_states=self._current_worker_states(), next_worker=0, pass_ended=True, config=self.savable_dataset.config()))
         self._next_worker = self._first_worker = 0
         if self._iterator is not None:  # persistent workers hold the rotated pipelines
             self._iterator._shutdown_workers()
@@ -542,11 +574,14 @@ class SavableDataLoader(torch.utils.data.DataLoader):
     def save_state_rank(self) -> dict:
         """This rank's position: plain JSON (see :class:`RankState`), small, exact at every step."""
         return RankState(
-            worker_states=tuple(self._worker_states),
+            worker_states=self._current_worker_states(),
             next_worker=self._next_worker,
             pass_ended=self._pass_ended,
             config=self.savable_dataset.config(),
         ).to_json()
+
+    def _current_worker_states(self) -> tuple[dict | None, ...]:
+        return tuple(_state_value(state) for state in self._worker_states)
 
     def restore_state_rank(self, state: dict | None) -> None:
         """Continue from ``state`` (from :meth:`save_state_rank`); only before iterating."""
