@@ -17,6 +17,7 @@ header block, including any GNU long-name or PAX header in front of it.
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -338,6 +339,10 @@ def parse_sample(
     ``base_offset`` is the file offset of ``buf[0]``, so that errors name file offsets.
     A range holding members of more than one key means the ``.tar.idx`` does not fit the tar.
     """
+    if isinstance(buf, bytes):
+        plain = _parse_plain_sample(buf, wanted)
+        if plain is not None:
+            return plain
     key: str | None = None
     parts: dict[str, bytes] = {}
     view = memoryview(buf)
@@ -372,3 +377,46 @@ def parse_sample(
             )
         )
     return key, parts
+
+
+#: The ustar header fields the plain case needs: name, size, typeflag, prefix.
+_PLAIN_HEADER = struct.Struct("100s24x12s20xc188x155s12x")
+
+
+def _parse_plain_sample(buf: bytes, wanted: frozenset[str] | None) -> tuple[str, dict[str, bytes]] | None:
+    """:func:`parse_sample` for the common case, at a third of the cost per member: every member
+    a regular file with an octal size and a name of its own (no extended header, no prefix), all
+    of one key.  None for anything else, valid or not: the general parser then decides (and
+    names what is wrong)."""
+    end = len(buf)
+    pos = 0
+    key: str | None = None
+    parts: dict[str, bytes] = {}
+    unpack = _PLAIN_HEADER.unpack_from
+    while pos < end:
+        if pos + BLOCK > end:
+            return None
+        name_field, size_field, typeflag, prefix = unpack(buf, pos)
+        if typeflag not in (b"0", b"7") or prefix[0] or size_field[11:] not in (b"\0", b" "):
+            return None
+        digits = size_field[:11]
+        if not digits.isdigit() or digits.strip(b"01234567"):
+            return None
+        size = int(digits, 8)
+        nul = name_field.find(b"\0")
+        name = (name_field if nul < 0 else name_field[:nul]).decode("utf-8", "surrogateescape")
+        data_start = pos + BLOCK
+        data_end = data_start + size
+        if data_end > end:
+            return None
+        split = split_name(name)
+        if split is not None:
+            member_key, part = split
+            if key is None:
+                key = member_key
+            elif member_key != key:
+                return None
+            if wanted is None or part in wanted:
+                parts[part] = buf[data_start:data_end]
+        pos = data_start + -(-size // BLOCK) * BLOCK
+    return None if key is None else (key, parts)

@@ -157,3 +157,42 @@ def test_global_pax_header_is_not_part_of_the_next_member(tmp_path: Path) -> Non
     theirs = tar_members(path)
     assert [m.header_offset for m in ours] == [t.offset for t in theirs]
     assert ours[0].header_offset > 0
+
+
+def _outcome(buf) -> tuple:
+    try:
+        key, parts = parse_sample(buf, where="sample")
+    except TarFormatError as exc:
+        return ("error", str(exc))
+    return (key, {part: bytes(value) for part, value in parts.items()})
+
+
+_sample_names = st.text(alphabet="abcX019_-/ü.", min_size=1, max_size=130).filter(lambda s: not s.startswith("/") and "//" not in s and not s.endswith("/"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    members=st.lists(st.tuples(_sample_names, st.binary(max_size=1200)), min_size=1, max_size=5),
+    fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+    damage=st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=3),
+    cut=st.integers(0, 600),
+)
+def test_the_fast_path_gives_what_the_general_parser_gives(members, fmt, damage, cut) -> None:
+    """parse_sample on bytes takes a fast path for plain ustar members; on a memoryview it runs
+    the general parser.  Any tar (long names, PAX and GNU headers, two keys), damaged or cut
+    short, gives both the same key and parts, or the same error."""
+    buffer = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+            for name, data in members:
+                add_raw_member(tar, name, data)
+            end = tar.offset  # where the end-of-archive blocks start
+    except ValueError:
+        return  # name not representable in this format (ustar limits)
+    data = bytearray(buffer.getvalue()[:end])
+    data = data[: max(0, len(data) - cut)] if cut % 3 == 0 else data
+    for position, value in damage:
+        if position < len(data):
+            data[position] = value
+    data = bytes(data)
+    assert _outcome(data) == _outcome(memoryview(data))
