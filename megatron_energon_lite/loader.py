@@ -421,7 +421,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         extra: dict[str, Any] = {}
         if num_workers > 0:
             # Workers write their messages themselves (see worker_queue.py).
-            context = DirectForkContext(num_workers) if direct_queues_from_env() else "fork"
+            context = DirectForkContext() if direct_queues_from_env() else "fork"
             extra = dict(prefetch_factor=prefetch_factor, persistent_workers=True, multiprocessing_context=context)
         super().__init__(
             _WorkerStreams(dataset),
@@ -475,12 +475,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 self._unrotate_workers()
             if self._stuck_reports is not None:
                 self._stuck_reports.start()
-            if self._iterator is None:  # new workers start
-                if self._slabs is not None:
-                    self._slabs.reclaim_in_flight()
-                rings = getattr(self.multiprocessing_context, "rings", None)
-                if rings is not None:
-                    rings.reset()
+            if self._slabs is not None and self._iterator is None:  # new workers start
+                self._slabs.reclaim_in_flight()
             self._stream = super().__iter__()
             if self._bundle_limits is not None:
                 self._stream = Interleave(self._stream, self.worker_config.workers_per_rank, self._first_worker, self._bundle_limits)

@@ -2,8 +2,7 @@
 
 Between real processes: messages of every size, including ones larger than the pipe, arrive
 whole and in order, also from two writers at once; ``put`` returns when nobody reads; the sender
-thread ends once it has written its backlog.  A ring gives back each message it holds, wraps
-around, refuses what does not fit and frees space oldest first.  In the loader: a worker has no thread sending batches (the
+thread ends once it has written its backlog.  In the loader: a worker has no thread sending batches (the
 feeder thread of multiprocessing's queue is what this removes), unless the switch turns it off,
 and batches and states equal those of multiprocessing's queues.
 """
@@ -30,7 +29,6 @@ from megatron_energon_lite.worker_queue import (
     PIPE_BYTES,
     DirectForkContext,
     DirectQueue,
-    Rings,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -107,52 +105,6 @@ def test_put_returns_when_nobody_reads_and_the_sender_ends_after_its_backlog() -
     assert threading.active_count() == threads_before
 
 
-def test_a_ring_gives_back_its_messages_in_order_and_wraps_around() -> None:
-    import pickle
-
-    rings = Rings(2, ring_bytes=16384)
-    sent, got, in_flight, starts = [], [], [], []
-    for i in range(80):  # many times the ring's size, two messages per worker in flight
-        message = (i, bytes([i]) * (i * 37 % 3900))
-        placed = rings.dump(i % 2, message)
-        assert placed is not None
-        sent.append(message)
-        starts.append(placed.start % 16384)
-        in_flight.append(pickle.dumps(placed))
-        if len(in_flight) > 4:
-            got.append(pickle.loads(in_flight.pop(0)))
-    got += [pickle.loads(data) for data in in_flight]
-    assert got == sent
-    assert len(set(starts)) > 10  # messages went all around the ring
-
-
-def test_an_empty_ring_starts_over_at_0() -> None:
-    """Taken as they come, messages reuse the same pages instead of walking the whole ring."""
-    import pickle
-
-    rings = Rings(1, ring_bytes=16384)
-    for i in range(20):
-        placed = rings.dump(0, bytes([i]) * 1000)
-        assert placed.start % 16384 == 0
-        assert pickle.loads(pickle.dumps(placed)) == bytes([i]) * 1000
-
-
-def test_a_full_ring_refuses_until_the_oldest_message_is_taken() -> None:
-    import pickle
-
-    rings = Rings(1, ring_bytes=32768)
-    placed = [rings.dump(0, bytes([i]) * 7900) for i in range(4)]  # 4 x ~7.9 KB of 32 KB
-    assert all(p is not None for p in placed)
-    assert rings.dump(0, b"e" * 7900) is None  # full: the message goes through the pipe
-    assert rings.dump(0, b"f" * 8200) is None  # over a quarter of the ring: never in it
-    assert pickle.loads(pickle.dumps(placed[0])) == bytes([0]) * 7900  # frees the oldest
-    wrapped = rings.dump(0, b"e" * 7900)  # too little room before the end: starts over at 0
-    assert wrapped is not None and wrapped.start % 32768 == 0
-    assert [pickle.loads(pickle.dumps(p)) for p in [*placed[1:], wrapped]] == [bytes([i]) * 7900 for i in (1, 2, 3)] + [b"e" * 7900]
-    rings.reset()
-    assert rings.dump(0, b"g" * 1000).start == 0
-
-
 # --- in the loader ---------------------------------------------------------------------------
 
 
@@ -184,9 +136,6 @@ def _run(root: Path, monkeypatch: pytest.MonkeyPatch, direct: str, steps: int = 
         keys.append(batch.__key__)
         threads.update(batch.__subflavors__[0]["threads"])
         states.append(loader.save_state_rank())
-    rings = getattr(loader.multiprocessing_context, "rings", None)
-    if rings is not None:  # every worker's messages went through its ring
-        assert all(int(read) > 0 for read in rings._read), list(rings._read)
     del it, loader
     gc.collect()
     return keys, states, threads
