@@ -36,6 +36,7 @@ import logging
 import mmap
 import os
 import pickle
+import sys
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
@@ -55,6 +56,9 @@ SLAB_MIB_ENV = "ENERGON_LITE_SLAB_MIB"
 _DEFAULT_SLAB_MIB = 64
 #: Offsets of tensors in a slab are multiples of this (cache lines; any dtype's alignment).
 _ALIGN = 64
+#: Linux's MAP_NORESERVE (Python's mmap module does not name it; the same value on x86-64 and
+#: arm64); elsewhere no flag.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 
 # Control words: who has a slab (allocated: a worker's batch was made in it and is not sent yet).
 _FREE, _IN_FLIGHT, _HELD, _ALLOCATED = 0, 1, 2, 3
@@ -87,7 +91,9 @@ class SlabRing:
         self.workers, self.slots, self.slab_bytes = workers, slots, slab_bytes
         data = workers * slots * slab_bytes
         control = workers * slots * 2 * 8  # (state, sequence) per slab, int64
-        self._map = mmap.mmap(-1, data + control, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        # No reservation: most of the mapping is never written (a slab of 64 MiB that holds
+        # 6 MiB batches), and counting all of it against the commit limit could refuse it.
+        self._map = mmap.mmap(-1, data + control, flags=mmap.MAP_SHARED | _MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.data = np.frombuffer(self._map, dtype=np.uint8, count=data)
         self.control = np.frombuffer(self._map, dtype=np.int64, count=workers * slots * 2, offset=data).reshape(workers, slots, 2)
         self._sequence = 0  # a worker's own counter (each forked copy counts on its own)

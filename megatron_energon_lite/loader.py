@@ -21,7 +21,14 @@ from typing import Any, Iterator, Mapping
 import torch
 import torch.utils.data
 
-from .bundles import Bundle, BundleLimits, Interleave, bundle_seconds_from_env, bundled
+from .bundles import (
+    MAX_BUNDLE_ITEMS,
+    Bundle,
+    BundleLimits,
+    Interleave,
+    bundle_seconds_from_env,
+    bundled,
+)
 from .cache.base import CachePool
 from .errors import (
     ConfigError,
@@ -327,13 +334,18 @@ def _dataset_names(dataset: Any) -> list[str]:
     return [f"{name} (#{k})" if names.count(name) > 1 else name for k, name in enumerate(names)]
 
 
-def _slab_ring(num_workers: int, prefetch_factor: int) -> SlabRing | None:
-    """The workers' slabs: one per batch a worker may have queued, and one the loop holds."""
+def _slab_ring(num_workers: int, prefetch_factor: int, bundles: bool) -> SlabRing | None:
+    """The workers' slabs: one per batch a worker may have queued, one the loop holds, and with
+    bundles a bundle's worth more.  Small tensor batches come in bundles of up to 16, and with
+    only ``prefetch_factor + 1`` slabs 20-50% of them found none free and went torch's way
+    (2 workers, 32 x 2048 int64 batches: 9.0k samples/s against 12.1k with the extra slabs).
+    Slabs are address space until a batch is written to one, and the lowest free one is taken
+    first, so the extra ones cost memory only when that many batches are in flight."""
     slab_bytes = slab_bytes_from_env()
     if slab_bytes == 0:
         return None
     try:
-        return SlabRing(num_workers, prefetch_factor + 1, slab_bytes)
+        return SlabRing(num_workers, prefetch_factor + 1 + (MAX_BUNDLE_ITEMS if bundles else 0), slab_bytes)
     except (OSError, ValueError) as exc:  # address space or memory limits
         logger.warning("no shared-memory slabs for the workers (%s); batches go through torch's shared memory", exc)
         return None
@@ -435,9 +447,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._stuck_reports = StuckReports() if num_workers > 0 else None
         self.dataset.stuck_reports = self._stuck_reports
         # Made before the workers are forked, so that they share it (see handover.py).
-        self._slabs = _slab_ring(num_workers, prefetch_factor) if num_workers > 0 else None
-        self.dataset.slabs = self._slabs
         seconds = bundle_seconds_from_env() if num_workers > 0 else 0
+        self._slabs = _slab_ring(num_workers, prefetch_factor, seconds > 0) if num_workers > 0 else None
+        self.dataset.slabs = self._slabs
         self._bundle_limits = BundleLimits(num_workers) if seconds > 0 else None
         self.dataset.bundles = None if self._bundle_limits is None else (self._bundle_limits, seconds)
         self._stall: StallClock | None = None
