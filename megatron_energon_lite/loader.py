@@ -294,10 +294,10 @@ class _Carrier:
 
     A multiprocessing queue pickles in a background thread that only prints a failure, so the
     main process would wait forever for the lost item; pickling here turns the failure into an
-    :class:`UnpicklableItem`.  And here is cheaper: handing the payload to the queue's thread to
-    pickle costs both threads the GIL back and forth (text batches: about a third of a worker's
-    time); what the queue's thread gets now is one bytes object.  Tensors go through shared
-    memory (:mod:`.handover`).
+    :class:`UnpicklableItem`.  (With ``ENERGON_LITE_DIRECT_QUEUES=0`` it is also cheaper: the
+    queue's thread then gets one bytes object instead of pickling the payload while the two
+    threads hand the GIL back and forth; the default queue writes from this thread anyway, see
+    :mod:`.worker_queue`.)  Tensors go through shared memory (:mod:`.handover`).
     """
 
     __slots__ = ("data", "message")
