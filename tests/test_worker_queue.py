@@ -84,25 +84,29 @@ def test_two_writers_at_once_do_not_mix_their_messages() -> None:
         assert [m[1] for m in got if m[0] == w] == list(range(len(sizes)))
 
 
+def _senders() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "DirectQueueSender"]
+
+
 def test_put_returns_when_nobody_reads_and_the_sender_ends_after_its_backlog() -> None:
     """A writer that blocked in ``put`` would hold up the loader's shutdown: far more than the pipe
     holds is put with no reader, then read back in order."""
     q = DirectForkContext().Queue()
-    threads_before = threading.active_count()
     sizes = [300_000] * 12 + [10] * 50
     putter = threading.Thread(target=_write, args=(q, 0, sizes), daemon=True)
     putter.start()
     putter.join(timeout=60)
     assert not putter.is_alive(), "put blocked while nobody read the queue"
+    assert _senders(), "3.6 MB cannot all be in a 1 MiB pipe: a sender thread writes the rest"
     got = [q.get(timeout=60) for _ in sizes]
     assert [m[1] for m in got] == list(range(len(sizes)))
     for message in got:
         _check(message)
     for _ in range(600):  # the sender thread ends once its backlog is written
-        if threading.active_count() == threads_before:
+        if not _senders():
             break
         threading.Event().wait(0.05)
-    assert threading.active_count() == threads_before
+    assert not _senders()
 
 
 # --- in the loader ---------------------------------------------------------------------------
