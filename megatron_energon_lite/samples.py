@@ -549,10 +549,11 @@ def batch_stack(values: Sequence[Any]) -> Any:
 
         arrays = [v.numpy() for v in values]
         out = slab_empty((len(values), *first.shape), first.dtype)
-        if out is not None:
-            np.stack(arrays, out=out.numpy())
-            return out
-        return torch.from_numpy(np.stack(arrays))
+        if out is None:
+            # Contiguous whatever the values' strides (np.stack alone keeps those of CHW views).
+            out = torch.from_numpy(np.empty((len(values), *arrays[0].shape), arrays[0].dtype))
+        np.stack(arrays, out=out.numpy())
+        return out
     return torch.stack(values, dim=0)
 
 

@@ -171,6 +171,7 @@ def decode_image_bytes(
     *,
     max_size: int | None = None,
     max_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
+    chw_view: bool = False,
 ) -> Any:
     """Decodes image bytes as ``image_decode`` says (see the module docstring).
 
@@ -178,12 +179,15 @@ def decode_image_bytes(
     longest side at least ``max_size``; this changes the output size. None decodes at full size.
     ``max_pixels``: images with more pixels (by their header) are refused with
     :class:`DecompressionBombError` before decoding; ``"pillow"`` follows
-    ``PIL.Image.MAX_IMAGE_PIXELS``, None is no limit.
+    ``PIL.Image.MAX_IMAGE_PIXELS``, None is no limit.  ``chw_view``: a JPEG decoded by simplejpeg
+    to a uint8 tensor comes as a CHW view of its HWC pixels instead of a contiguous copy, for a
+    batching that writes it once, transposed, into its place in the batch (see
+    :meth:`SampleDecoder.for_default_batching`).
     """
     spec = check_image_decode(image_decode)
     array = _fast_jpeg_rgb(data, max_pixels) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
     if array is not None:
-        return _from_rgb_array(array, spec)
+        return _from_rgb_array(array, spec, chw_view=chw_view)
     from PIL import Image
 
     try:
@@ -214,8 +218,9 @@ def decode_image_bytes(
     return _from_rgb_array(np.asarray(img), spec)
 
 
-def _from_rgb_array(array: Any, spec: ImageSpec) -> Any:
-    """A decoded HxW(xC) uint8 array -> the output ``spec`` asks for (numpy or CHW torch)."""
+def _from_rgb_array(array: Any, spec: ImageSpec, *, chw_view: bool = False) -> Any:
+    """A decoded HxW(xC) uint8 array -> the output ``spec`` asks for (numpy or CHW torch);
+    ``chw_view``: uint8 CHW as a view of the (writable) HWC array, no copy."""
     import numpy as np
 
     if spec.output == "numpy":
@@ -230,6 +235,8 @@ def _from_rgb_array(array: Any, spec: ImageSpec) -> Any:
     import torch
 
     if array.ndim == 3:
+        if chw_view and spec.uint8 and array.flags.writeable:
+            return torch.from_numpy(array).permute(2, 0, 1)
         array = array.transpose(2, 0, 1)
     # One copy: HWC -> contiguous CHW, cast to float on the way; asarray's buffer is read-only.
     result = np.array(array, dtype=np.uint8 if spec.uint8 else np.float32, order="C")
@@ -281,4 +288,5 @@ def decode_image(data: bytes, decoder: SampleDecoder) -> Any:
         decoder.image_decode,
         max_size=decoder.image_max_size,
         max_pixels=getattr(decoder, "max_image_pixels", PILLOW_PIXEL_LIMIT),
+        chw_view=getattr(decoder, "_chw_views", False),
     )

@@ -102,6 +102,9 @@ class HookSpec:
     grouping: bool
     #: encode_batch does something (a map after batching); False for the identity.
     batch_encoder: bool
+    #: batch is TaskEncoder's, or DefaultTaskEncoder's without a raw batch type: generic_batch,
+    #: which writes the tensor fields of our sample types into new (stacked or padded) tensors.
+    default_batch: bool
     #: The class's ``__default_failure_tolerance__`` (None read as 0).
     default_failure_tolerance: int
 
@@ -231,6 +234,9 @@ def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
         _is_defined_by(task_encoder, "encode_batch", DefaultTaskEncoder)
         and task_encoder._batch_type in (None, task_encoder._raw_batch_type)  # type: ignore[attr-defined]
     )
+    default_batch = not hooks["batch"].overridden or (
+        _is_defined_by(task_encoder, "batch", DefaultTaskEncoder) and task_encoder._raw_batch_type is None  # type: ignore[attr-defined]
+    )
     return HookSpec(
         task_encoder=cls_name,
         decoder=decoder,
@@ -241,6 +247,7 @@ def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
         packing=select and pack,
         grouping=hooks["batch_group_criterion"].overridden,
         batch_encoder=batch_encoder,
+        default_batch=default_batch,
         default_failure_tolerance=default_tolerance,
     )
 

@@ -6,7 +6,11 @@ import pytest
 import torch
 from PIL import Image
 
-from megatron_energon_lite.decode import IMAGE_DECODE_MODES, SampleDecoder, decode_image_bytes
+from megatron_energon_lite.decode import (
+    IMAGE_DECODE_MODES,
+    SampleDecoder,
+    decode_image_bytes,
+)
 from megatron_energon_lite.errors import ConfigError, DecodeError
 
 ENERGON_MODES = "l8 rgb8 rgba8 l rgb rgba torchl8 torchrgb8 torchrgba8 torchl torchrgb torch torchrgba pil pilrgb pilrgba pill".split()
@@ -238,7 +242,9 @@ def test_matches_webdataset_imagehandler(image_decode: str, source: str) -> None
 @pytest.mark.energon
 def test_matches_energon_sample_decoder() -> None:
     pytest.importorskip("megatron.energon")
-    from megatron.energon.flavors.webdataset.sample_decoder import SampleDecoder as EnergonSampleDecoder
+    from megatron.energon.flavors.webdataset.sample_decoder import (
+        SampleDecoder as EnergonSampleDecoder,
+    )
 
     data = _encode(RGB, "JPEG")
     for image_decode in ("torchrgb", "torchrgb8", "rgb8", "pil"):
@@ -279,3 +285,19 @@ def test_jpeg_fast_path_gives_pillows_pixels(image_decode: str, monkeypatch) -> 
         assert (fast == slow).all(), name
         if image_decode == "rgb8":
             assert not fast.flags.writeable
+
+
+def test_decoder_for_default_batching_gives_chw_views_of_the_same_pixels() -> None:
+    pytest.importorskip("simplejpeg")
+    plain = SampleDecoder(image_decode="torchrgb8")
+    batching = plain.for_default_batching()
+    jpeg = _encode(_random((12, 20, 3)), "JPEG")
+    contiguous = plain.decode_part("jpg", jpeg)
+    view = batching.decode_part("jpg", jpeg)
+    assert contiguous.is_contiguous() and contiguous.shape == (3, 12, 20)
+    assert view.shape == (3, 12, 20) and not view.is_contiguous() and view.stride() == (1, 60, 3)
+    assert torch.equal(view, contiguous)
+    # The user's decoder is not changed; Pillow's read-only pixels (PNG) and float images are copied.
+    assert plain.decode_part("jpg", jpeg).is_contiguous()
+    assert batching.decode_part("png", _encode(_random((12, 20, 3)), "PNG")).is_contiguous()
+    assert SampleDecoder(image_decode="torchrgb").for_default_batching().decode_part("jpg", jpeg).is_contiguous()
