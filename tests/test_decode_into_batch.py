@@ -121,3 +121,21 @@ def test_the_default_pipeline_decodes_views(captioning: Path, monkeypatch: pytes
     strided.clear()
     _batches(captioning, SeesSamples(), 0)
     assert strided and not any(strided)
+
+
+def test_views_of_different_sizes_are_padded_like_contiguous_images() -> None:
+    """Images of different sizes in one batch go the padding way: views and copies give the same batch."""
+    import numpy as np
+
+    from megatron_energon_lite import CaptioningSample
+
+    rng = np.random.default_rng(0)
+    pixels = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in [(5, 7), (6, 4), (5, 7)]]
+
+    def samples(make):
+        return [CaptioningSample(__key__=str(k), __restore_key__=(), image=make(p), caption="c") for k, p in enumerate(pixels)]
+
+    views = generic_batch(samples(lambda p: torch.from_numpy(p).permute(2, 0, 1)))
+    copies = generic_batch(samples(lambda p: torch.from_numpy(np.ascontiguousarray(p.transpose(2, 0, 1)))))
+    assert views.image.shape == (3, 3, 6, 7) and views.image.is_contiguous()
+    assert torch.equal(views.image, copies.image)
