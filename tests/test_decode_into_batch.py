@@ -139,3 +139,26 @@ def test_views_of_different_sizes_are_padded_like_contiguous_images() -> None:
     copies = generic_batch(samples(lambda p: torch.from_numpy(np.ascontiguousarray(p.transpose(2, 0, 1)))))
     assert views.image.shape == (3, 3, 6, 7) and views.image.is_contiguous()
     assert torch.equal(views.image, copies.image)
+
+
+def test_jsonl_with_the_default_batching_loads(tmp_path: Path) -> None:
+    """A JSONL dataset (crude, no dataset config) in a pipeline where only the default batching
+    sees the samples: its loader is left as it is."""
+    from energon_lite_dev.synthetic import write_jsonl
+
+    from megatron_energon_lite import Cooker, TextSample, basic_sample_keys, stateless
+    from megatron_energon_lite.format.jsonl import write_jsonl_index
+
+    write_jsonl(tmp_path / "records.jsonl", [{"text": f"record {i}"} for i in range(6)])
+    write_jsonl_index(tmp_path / "records.jsonl")
+
+    @stateless
+    def cook(crude: dict) -> TextSample:
+        return TextSample(**basic_sample_keys(crude), text=crude["json"]["text"])
+
+    class Encoder(DefaultTaskEncoder):
+        cookers = [Cooker(cook)]
+
+    batches = _batches(tmp_path / "records.jsonl", Encoder(), 0, count=3)  # 12 texts: over a pass
+    texts = [t for b in batches for t in b.text]
+    assert len(texts) == 12 and set(texts) == {f"record {i}" for i in range(6)}

@@ -353,14 +353,13 @@ def _decode_into_batches(loader: SampleLoader | JoinLoader) -> None:
     (:meth:`SampleDecoder.for_default_batching`) instead of after a copy of their own.  A dataset
     factory, a ``sample_loader``, cookers, joins and the user's own sample types all see the
     decoded values, so they keep contiguous images."""
-    config = getattr(loader, "config", None)
+    config = loader.config if isinstance(loader, SampleLoader) else None  # None: JSONL, tokens
     if (
-        isinstance(loader, SampleLoader)
-        and loader.decoder is not None
-        and loader.sample_factory is None
-        and config is not None
+        config is not None
         and config.kind == "field_map"
         and config.sample_type in _ONE_IMAGE_TYPES
+        and loader.decoder is not None
+        and loader.sample_factory is None
     ):
         loader.decoder = loader.decoder.for_default_batching()
 
