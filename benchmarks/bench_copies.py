@@ -45,16 +45,6 @@ KINDS = ("decode", "CHW copy", "batch", "hand-over")
 ROWS = 16
 
 
-def _generate(root: Path) -> None:
-    from energon_lite_dev.synthetic import generate_captioning_dataset
-
-    from megatron_energon_lite.format.prepare import prepare_dataset
-
-    yaml = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
-    generate_captioning_dataset(root, num_shards=4, samples_per_shard=200, image_size=(256, 256), seed=1)
-    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=yaml)
-
-
 def _tensors(value, seen: set) -> list:
     """The tensors in an item (dataclass fields, lists, tuples, dicts), each once."""
     import torch
@@ -175,8 +165,9 @@ def main() -> None:
         if args.data_dir is not None:
             root = args.data_dir / "captioning"
         else:
-            root = Path(tmp) / "cap"
-            _generate(root)
+            from energon_lite_dev.synthetic import prepared_captioning_dataset
+
+            root = prepared_captioning_dataset(Path(tmp) / "cap", num_shards=4, samples_per_shard=200, image_size=(256, 256), seed=1)
         print("Bytes written per byte of image in the batches made (uint8 CHW, batch 32, shuffle buffer 100):\n")
         print("| task encoder | workers | slabs | " + " | ".join(KINDS) + " | total |")
         print("| --- | ---: | --- |" + " ---: |" * (len(KINDS) + 1))

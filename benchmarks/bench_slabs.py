@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from energon_lite_dev.synthetic import generate_captioning_dataset
+from energon_lite_dev.synthetic import prepared_captioning_dataset
 
 from megatron_energon_lite import (
     DefaultTaskEncoder,
@@ -29,9 +29,6 @@ from megatron_energon_lite import (
     get_train_dataset,
 )
 from megatron_energon_lite.decode import SampleDecoder
-from megatron_energon_lite.format.prepare import prepare_dataset
-
-YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
 
 
 class ImageTensors(DefaultTaskEncoder):
@@ -62,9 +59,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "cap"
-        generate_captioning_dataset(root, num_shards=4, samples_per_shard=12, image_size=(24, 16), seed=5)
-        prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=YAML)
+        root = prepared_captioning_dataset(Path(tmp) / "cap", num_shards=4, samples_per_shard=12, image_size=(24, 16), seed=5)
         shares, rates = [], []
         for k in range(args.rounds):
             in_slabs, rate = one_round(root, args.batches, args.workers)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from energon_lite_dev.synthetic import generate_captioning_dataset
+from energon_lite_dev.synthetic import prepared_captioning_dataset
 
 from megatron_energon_lite import (
     DefaultTaskEncoder,
@@ -20,21 +20,14 @@ from megatron_energon_lite import (
     get_train_dataset,
 )
 from megatron_energon_lite.decode import SampleDecoder
-from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.samples import generic_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 pytest.importorskip("simplejpeg")
 
-CAPTIONING_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
-
-
 @pytest.fixture(scope="module")
 def captioning(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("into_batch") / "cap"
-    generate_captioning_dataset(root, num_shards=2, samples_per_shard=20, image_size=(24, 16), seed=3)
-    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=CAPTIONING_YAML)
-    return root
+    return prepared_captioning_dataset(tmp_path_factory.mktemp("into_batch") / "cap", num_shards=2, samples_per_shard=20, image_size=(24, 16), seed=3)
 
 
 class Uint8(DefaultTaskEncoder):

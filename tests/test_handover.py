@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from energon_lite_dev.synthetic import generate_captioning_dataset
+from energon_lite_dev.synthetic import prepared_captioning_dataset
 
 from megatron_energon_lite import (
     DatasetError,
@@ -32,7 +32,6 @@ from megatron_energon_lite import (
 )
 from megatron_energon_lite.bundles import BUNDLE_MS_ENV, MAX_BUNDLE_ITEMS
 from megatron_energon_lite.decode import SampleDecoder
-from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.handover import (
     SLAB_MIB_ENV,
     SlabRing,
@@ -44,8 +43,6 @@ from megatron_energon_lite.handover import (
 from megatron_energon_lite.samples import batch_stack
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
-
-CAPTIONING_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
 
 
 @pytest.fixture
@@ -157,10 +154,7 @@ def test_an_allocated_slab_dropped_unsent_is_free_again(ring: SlabRing) -> None:
 
 @pytest.fixture(scope="module")
 def captioning(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("handover") / "cap"
-    generate_captioning_dataset(root, num_shards=4, samples_per_shard=12, image_size=(24, 16), seed=5)
-    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=CAPTIONING_YAML)
-    return root
+    return prepared_captioning_dataset(tmp_path_factory.mktemp("handover") / "cap", num_shards=4, samples_per_shard=12, image_size=(24, 16), seed=5)
 
 
 class ImageTensors(DefaultTaskEncoder):

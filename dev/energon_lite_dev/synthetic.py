@@ -28,6 +28,7 @@ import numpy as np
 from megatron_energon_lite.errors import ConfigError, format_message
 
 __all__ = [
+    "CAPTIONING_SAMPLE_YAML",
     "WORDS",
     "generate_captioning_dataset",
     "generate_demo_dataset",
@@ -37,6 +38,7 @@ __all__ = [
     "make_jpeg",
     "make_png",
     "make_text",
+    "prepared_captioning_dataset",
     "write_jsonl",
     "write_numbered_shards",
     "write_tar",
@@ -679,6 +681,18 @@ def make_audio(seconds: float = 1.0, rate: int = 16000, fmt: str = "wav") -> byt
 
 
 TEXT_SAMPLE_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
+CAPTIONING_SAMPLE_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
+
+
+def prepared_captioning_dataset(root: str | os.PathLike[str], **generate: Any) -> Path:
+    """:func:`generate_captioning_dataset` at ``root`` (its keyword arguments), prepared as one
+    train split of ``CaptioningSample`` (image: jpg, caption: txt); returns ``root``."""
+    from megatron_energon_lite.format.prepare import prepare_dataset
+
+    root = Path(root)
+    generate_captioning_dataset(root, **generate)
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=CAPTIONING_SAMPLE_YAML)
+    return root
 
 
 def sized_keys(name: str, sizes: Sequence[int]) -> list[str]:
