@@ -155,3 +155,17 @@ def test_jsonl_with_the_default_batching_loads(tmp_path: Path) -> None:
     batches = _batches(tmp_path / "records.jsonl", Encoder(), 0, count=3)  # 12 texts: over a pass
     texts = [t for b in batches for t in b.text]
     assert len(texts) == 12 and set(texts) == {f"record {i}" for i in range(6)}
+
+
+def test_restored_batches_are_contiguous_and_equal(captioning: Path) -> None:
+    """restore_sample builds a batch again through the same decoder and batching."""
+    from megatron_energon_lite import get_savable_loader
+
+    config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    loader = get_savable_loader(get_train_dataset(captioning, batch_size=4, shuffle_buffer_size=6, max_samples_per_sequence=5, task_encoder=Uint8(), worker_config=config))
+    it = iter(loader)
+    batches = [next(it) for _ in range(4)]
+    for batch in batches:
+        restored = loader.restore_sample(batch.__restore_key__)
+        assert restored.__key__ == batch.__key__ and restored.image.is_contiguous()
+        assert torch.equal(restored.image, batch.image)
