@@ -1,11 +1,11 @@
-"""Bytes written per byte of image delivered, counted while the loader runs.
+"""Bytes written per byte of image in the batches, counted while the loader runs.
 
 Issue 17 asks how often an image crosses memory between the JPEG decoder and the batch the
 training loop sees.  This counts it from what the code does, not from reading it: the functions
 that write image bytes are wrapped (in this process, before the DataLoader workers are forked,
 so the workers count too, into counters in shared memory), the loader runs ``--batches``
-batches of 32 256x256 JPEGs, and each kind of write is divided by the bytes of the images the
-loop received:
+batches of 32 256x256 JPEGs, and each kind of write is divided by the bytes of the batches
+made (workers run ahead of the loop, so that is more than the loop received):
 
 - decode: simplejpeg's HWC output (``decode.image._fast_jpeg_rgb``);
 - CHW copy: the decoder's own contiguous CHW copy (``decode.image._from_rgb_array`` when its
@@ -64,7 +64,7 @@ def _tensors(value, seen: set) -> list:
 
 
 def measure(config: str, workers: int, root: str, batches: int) -> None:
-    """One configuration, in this (fresh) process: prints the bytes of each kind per byte delivered."""
+    """One configuration, in this (fresh) process: prints the bytes of each kind per byte of the batches made."""
     import torch
 
     from megatron_energon_lite import (
@@ -139,16 +139,13 @@ def measure(config: str, workers: int, root: str, batches: int) -> None:
     dataset = get_train_dataset(root, batch_size=32, shuffle_buffer_size=100, max_samples_per_sequence=100, task_encoder=task_encoder,
                                 worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers))
     loader = get_loader(dataset)
-    delivered = 0
     it = iter(loader)
     for _ in range(batches):
-        delivered += next(it).image.nbytes
+        next(it)
     del it, loader
     totals = counts.sum(axis=0)
-    # Workers run ahead of the loop (prefetched batches): count per batch made, not per batch received.
     made = totals[KINDS.index("batch")]
-    scale = made if made else delivered
-    figures = {kind: totals[i] / scale for i, kind in enumerate(KINDS)}
+    figures = {kind: totals[i] / made for i, kind in enumerate(KINDS)}
     print(" | ".join(f"{figures[kind]:.2f}" for kind in KINDS) + f" | {sum(figures.values()):.2f}")
 
 
