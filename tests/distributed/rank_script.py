@@ -11,7 +11,13 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megatron_energon_lite import WorkerConfig, blend_report, get_savable_loader, get_train_dataset, get_val_dataset
+from megatron_energon_lite import (
+    WorkerConfig,
+    blend_report,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+)
 
 
 def main() -> None:

@@ -3,27 +3,18 @@
 blend of two datasets, every sample of each dataset's running epoch."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from energon_lite_dev.synthetic import sized_keys, write_tar, write_text_blend
+from torchrun_helpers import torchrun
 
 from megatron_energon_lite.format.prepare import prepare_dataset
 
 SIZES = [6, 2, 9, 4, 7]
 KEYS = sorted(f"s{shard}_{i:02d}" for shard, size in enumerate(SIZES) for i in range(size))
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +27,7 @@ def dataset(tmp_path_factory) -> Path:
 
 
 def _torchrun(mode: str, ranks: int, dataset: Path, out: Path, workers: int) -> list[str]:
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-        str(Path(__file__).with_name("elastic_script.py")), mode, str(dataset), str(out), str(workers),
-    ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = torchrun(str(Path(__file__).with_name("elastic_script.py")), [mode, str(dataset), str(out), str(workers)], ranks=ranks)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return [key for rank in range(ranks) for key in json.loads((out / f"{mode}_rank{rank}.json").read_text())]
 

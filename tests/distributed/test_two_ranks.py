@@ -1,22 +1,13 @@
 """Two ranks under torchrun with the gloo backend: disjoint data, equal lengths, global state."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from energon_lite_dev.synthetic import generate_captioning_dataset
+from torchrun_helpers import torchrun
 
 from megatron_energon_lite.format.prepare import prepare_dataset
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +28,7 @@ def results(tmp_path_factory) -> list[dict]:
     )
     out = tmp / "out"
     out.mkdir()
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-        str(Path(__file__).with_name("rank_script.py")), str(root), str(out), str(blend),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    run = torchrun(str(Path(__file__).with_name("rank_script.py")), [str(root), str(out), str(blend)], ranks=2)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
