@@ -13,7 +13,13 @@ same batch size, each measurement in a fresh Python process (`bench_loader_child
   with the one that followed the save in the original run (ours, Energon);
 - peak memory of the process tree (the process and its DataLoader workers), polled: PSS summed
   (from /proc/<pid>/smaps_rollup; shared pages split between the processes) and RSS summed
-  (counts pages shared between parent and forked workers once per process).
+  (counts pages shared between parent and forked workers once per process); and peak memory:
+  the summed PSS less its shared-memory part, plus the growth of the machine's shared memory
+  (Shmem in /proc/meminfo) since the measurement began.  PSS alone under-counts torch's
+  hand-over: a batch in /dev/shm that a worker has written and unmapped and the main process has
+  not touched yet is in no process's page tables, so no PSS counts it, yet it is memory in use.
+  The machine-wide figure counts it (and any other process's shared memory that grows meanwhile:
+  measure on an otherwise quiet machine).
 
 Datasets (`--datasets`, all three by default):
 
@@ -96,6 +102,7 @@ COLUMNS = [
     ("shutdown_s", "shutdown s", "{:.2f}", False),
     ("fresh_first_batch_s", "new loader→1st batch s", "{:.2f}", True),
     ("restore_first_batch_s", "restore→1st batch s", "{:.2f}", True),
+    ("peak_memory_mb", "peak memory MB (PSS + unmapped shm)", "{:,.0f}", False),
     ("peak_pss_mb", "peak PSS MB", "{:,.0f}", False),
     ("peak_rss_mb", "peak RSS MB", "{:,.0f}", False),
 ]
@@ -177,15 +184,18 @@ def _tree(pid: int) -> list[int]:
     return tree
 
 
-def _memory_kb(pid: int) -> tuple[int | None, int | None]:
-    """(PSS, RSS) of one process in KiB; PSS is None where smaps_rollup cannot be read."""
+def _memory_kb(pid: int) -> tuple[int | None, int | None, int]:
+    """(PSS, RSS, PSS of shared memory) of one process in KiB; PSS is None where smaps_rollup
+    cannot be read."""
     pss = rss = None
+    pss_shmem = 0
     try:
         with open(f"/proc/{pid}/smaps_rollup") as file:
             for line in file:
                 if line.startswith("Pss:"):
                     pss = int(line.split()[1])
-                    break
+                elif line.startswith("Pss_Shmem:"):
+                    pss_shmem = int(line.split()[1])
     except OSError:
         pass
     try:
@@ -196,30 +206,51 @@ def _memory_kb(pid: int) -> tuple[int | None, int | None]:
                     break
     except OSError:
         pass
-    return pss, rss
+    return pss, rss, pss_shmem
+
+
+def _machine_shmem_kb() -> int | None:
+    """The machine's shared memory in KiB (/proc/meminfo Shmem: tmpfs, /dev/shm, shared
+    anonymous mappings), mapped by some process or not; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("Shmem:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 class TreeMemoryPoller(threading.Thread):
-    """Polls the summed PSS and RSS of a process and all its descendants; keeps the peaks (KiB)."""
+    """Polls the summed PSS and RSS of a process and all its descendants, and the peak memory
+    (see the module's doc); keeps the peaks (KiB)."""
 
     def __init__(self, pid: int, interval: float) -> None:
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
-        self.peak_pss = self.peak_rss = 0
+        self.peak_pss = self.peak_rss = self.peak_memory = 0
         self.pss_complete = True
+        # Taken when the measured process has just started: what grows after is its own.
+        self._shmem_start = _machine_shmem_kb()
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            pss_sum = rss_sum = 0
+            pss_sum = rss_sum = shmem_pss_sum = 0
             for pid in _tree(self.pid):
-                pss, rss = _memory_kb(pid)
+                pss, rss, pss_shmem = _memory_kb(pid)
                 if rss is not None and pss is None:
                     self.pss_complete = False
                 pss_sum += pss or 0
                 rss_sum += rss or 0
+                shmem_pss_sum += pss_shmem
             self.peak_pss = max(self.peak_pss, pss_sum)
             self.peak_rss = max(self.peak_rss, rss_sum)
+            shmem = _machine_shmem_kb()
+            if shmem is not None and self._shmem_start is not None:
+                grown = max(0, shmem - self._shmem_start)
+                self.peak_memory = max(self.peak_memory, pss_sum - shmem_pss_sum + grown)
             self._stop_event.wait(self.interval)
 
     def stop(self) -> None:
@@ -301,6 +332,8 @@ def measure(loader: str, dataset: str, workers: int, root: Path, args: argparse.
         result.figures["peak_rss_mb"] = poller.peak_rss / 1024
         if poller.pss_complete:
             result.figures["peak_pss_mb"] = poller.peak_pss / 1024
+            if poller.peak_memory:
+                result.figures["peak_memory_mb"] = poller.peak_memory / 1024
     seen = set()
     for line in stderr.splitlines():
         stripped = line.strip()
@@ -614,7 +647,9 @@ def run(work: Path, args: argparse.Namespace) -> int:
         "'resume exact' compares its first batch by key with the batch that followed the save. Memory: the "
         f"process and its workers, polled every {args.poll_interval * 1e3:.0f} ms over the whole run (short spikes "
         "can be missed); PSS splits shared pages between processes, RSS counts pages shared with forked workers "
-        "once per process, so the RSS sum over-states real use with workers."
+        "once per process, so the RSS sum over-states real use with workers. Peak memory: PSS less its shared-memory "
+        "part, plus the growth of the machine's Shmem (/proc/meminfo) since the run began, so that batches in "
+        "/dev/shm that no process maps at that moment (torch's hand-over) count too."
     )
     for dataset in args.datasets:
         params = dataset_params(args, DATA_OF[dataset])
