@@ -21,6 +21,10 @@ main process tells each worker, through a word of shared memory (:class:`BundleL
 items its next bundle may hold: one while it already holds more than a full bundle of that
 worker's items, else :data:`MAX_BUNDLE_ITEMS`.  So the items waiting in the main process stay
 below a few bundles per worker, besides torch's ``prefetch_factor`` requests.
+
+A bundle's items are pickled already in the worker (the loader's carriers hold their
+:func:`~.handover.dump_for_main` bytes as ``data``): with slabs, those bytes cross in a slab of
+the worker and only their lengths go through the pipe (see :mod:`.handover`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator
 from torch._utils import ExceptionWrapper
 
 from .errors import ConfigError, DatasetError, format_message
+from .handover import load_pickles_from_slab, pickles_to_slab
 
 __all__ = ["BUNDLE_MS_ENV", "Bundle", "BundleLimits", "Interleave", "PASS_OVER", "bundle_seconds_from_env", "bundled"]
 
@@ -106,13 +111,32 @@ class Bundle:
         self.entries = entries
 
     def __reduce__(self):
-        return Bundle, (self.logical, self.entries)
+        pickled = [_pickled(entry) for entry in self.entries]
+        pickles = [data for data in pickled if data is not None]
+        descriptor = pickles_to_slab(pickles) if pickles else None
+        if descriptor is None:
+            return Bundle, (self.logical, self.entries)
+        # In the entries' place: the length of each one's pickle (an entry is never an int).
+        layout = [entry if data is None else len(data) for entry, data in zip(self.entries, pickled)]
+        return _bundle_from_slab, (self.logical, descriptor, layout)
 
     def pin_memory(self) -> Bundle:
         """What torch's pin-memory thread calls: the entries' tensors copied to pinned memory."""
         from torch.utils.data._utils.pin_memory import pin_memory
 
         return Bundle(self.logical, [pin_memory(entry) for entry in self.entries])
+
+
+def _pickled(entry: Any) -> bytes | None:
+    """An entry's payload as :func:`~.handover.dump_for_main` pickled it (a loader's carrier), or None."""
+    data = getattr(entry, "data", None)
+    return data if type(data) is bytes else None
+
+
+def _bundle_from_slab(logical: int, descriptor: tuple, layout: list) -> Bundle:
+    """Unpickling a bundle whose pickled entries crossed in a slab (:meth:`Bundle.__reduce__`)."""
+    loaded = iter(load_pickles_from_slab(descriptor, [item for item in layout if type(item) is int]))
+    return Bundle(logical, [next(loaded) if type(item) is int else item for item in layout])
 
 
 def bundled(entries: Iterable[Any], logical: int, carry: Callable[[Any], Any], size_of: Callable[[Any], int], seconds: float, limits: BundleLimits, *, where: str) -> Iterator[Bundle]:

@@ -25,6 +25,14 @@ Fewer copies: the default batching stacks a batch's tensors straight into a slab
 the stacked tensor already is.  Such a slab is held by the worker until the batch is sent (or
 dropped without being sent: then it is free again).
 
+Pickled items in bulk: a worker's bundle of small batches (text: 10 batches, 300-400 KB of
+pickled strings) crossed the pipe whole, written to it by one process and read from it by the
+other, page by page: on a 2-core machine about 0.5 ms per 380 KB, more than pickling them.  So
+a bundle whose items' pickles reach :data:`PICKLES_IN_SLAB_MIN_BYTES` is written into one free
+slab of its worker (:func:`pickles_to_slab`), and only their lengths and the slab's descriptor go
+through the pipe; the main process unpickles each item straight from the slab and frees it at
+once (:func:`load_pickles_from_slab`): nothing made from a pickle refers to the slab.
+
 Tensors that share storage in the worker (a tensor and its view) arrive as separate copies.
 """
 
@@ -47,13 +55,27 @@ import torch
 
 from .errors import DatasetError, format_message
 
-__all__ = ["SLAB_MIB_ENV", "SlabRing", "activate_slabs", "dump_for_main", "load_from_worker", "slab_bytes_from_env", "slab_empty"]
+__all__ = [
+    "PICKLES_IN_SLAB_MIN_BYTES",
+    "SLAB_MIB_ENV",
+    "SlabRing",
+    "activate_slabs",
+    "dump_for_main",
+    "load_from_worker",
+    "load_pickles_from_slab",
+    "pickles_to_slab",
+    "slab_bytes_from_env",
+    "slab_empty",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Environment variable: MiB per slab (default 64); 0 turns slabs off (torch's path for all).
 SLAB_MIB_ENV = "ENERGON_LITE_SLAB_MIB"
 _DEFAULT_SLAB_MIB = 64
+#: Pickles that reach this many bytes together cross in a slab (:func:`pickles_to_slab`); fewer
+#: go through the pipe, in one write.
+PICKLES_IN_SLAB_MIN_BYTES = 16 << 10
 #: Offsets of tensors in a slab are multiples of this (cache lines; any dtype's alignment).
 _ALIGN = 64
 #: Linux's MAP_NORESERVE (Python's mmap module does not name it; the same value on x86-64 and
@@ -304,6 +326,57 @@ def dump_for_main(payload: Any) -> bytes:
     return buffer.getvalue()
 
 
+def pickles_to_slab(pickles: list[bytes]) -> tuple[int, int, int, int, int] | None:
+    """In a worker with slabs: ``pickles`` (made by :func:`dump_for_main`) written one after
+    another into a free slab of its own, which is then sealed; the descriptor that
+    :func:`load_pickles_from_slab` takes.  None, and they go as they are, without slabs, when
+    they are smaller than :data:`PICKLES_IN_SLAB_MIN_BYTES` together or larger than a slab, or
+    when no slab is free."""
+    if _active is None:
+        return None
+    ring, worker = _active
+    total = sum(len(data) for data in pickles)
+    if total < PICKLES_IN_SLAB_MIN_BYTES or total > ring.slab_bytes:
+        return None
+    taken = ring.acquire(worker)
+    if taken is None:
+        return None
+    slot, sequence = taken
+    slab = ring.slab(worker, slot)
+    offset = 0
+    for data in pickles:
+        slab[offset : offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        offset += len(data)
+    ring.seal(worker, slot, sequence)
+    return ring.id, worker, slot, sequence, total
+
+
+def load_pickles_from_slab(descriptor: tuple, lengths: list[int]) -> list[Any]:
+    """In the main process: the payloads of :func:`pickles_to_slab`'s pickles, of ``lengths``
+    bytes each, loaded as :func:`load_from_worker` loads them; the slab is free again when this
+    returns (or raises)."""
+    if not (isinstance(descriptor, tuple) and len(descriptor) == 5 and all(type(v) is int for v in descriptor)):
+        raise pickle.UnpicklingError(f"a slab of pickles {descriptor!r} is not one pickles_to_slab made")
+    ring_id, worker, slot, sequence, total = descriptor
+    ring = _rings.get(ring_id)
+    if ring is None:
+        raise DatasetError(format_message("a batch arrived for a loader whose shared memory is gone", found=f"ring {ring_id}"))
+    if not (0 <= total <= ring.slab_bytes and sum(lengths) == total and all(type(n) is int and n >= 0 for n in lengths)):
+        raise pickle.UnpicklingError(f"pickles of {lengths!r} bytes do not make the {total} bytes written to a slab of {ring.slab_bytes}")
+    lease = ring.lease(worker, slot, sequence)
+    try:
+        loaded = []
+        offset = 0
+        with memoryview(lease) as view:
+            for length in lengths:
+                with view[offset : offset + length] as data:
+                    loaded.append(load_from_worker(data))
+                offset += length
+        return loaded
+    finally:
+        del lease  # its finalizer frees the slab (a traceback would otherwise keep it held)
+
+
 #: While :func:`load_from_worker` runs: the slabs its payload's tensors were leased from.
 _loading = threading.local()
 
@@ -325,7 +398,7 @@ def _slab_tensor(descriptor: tuple) -> torch.Tensor:
     return torch.from_numpy(lease[offset : offset + nbytes]).view(dtype).view(shape)
 
 
-def load_from_worker(data: bytes) -> Any:
+def load_from_worker(data: bytes | memoryview) -> Any:
     """The payload :func:`dump_for_main` made, its slab tensors mapped over the shared memory."""
     _loading.leases = {}
     try:

@@ -4,7 +4,8 @@ In-process: :func:`bundled` and :class:`Interleave` driven by a simulation of to
 request per worker in turn, results in request order, a worker skipped once its pass is over)
 give the items in the order one-per-message would, raise a worker's error in its turn, and hold
 few items however uneven the workers' bundles are.  With real workers: batches, saved states,
-resumes, pass ends and a worker's error are those of the loader with bundles off.
+resumes, pass ends and a worker's error are those of the loader with bundles off, and those of
+the loader without slabs when the bundles' pickles cross in slabs.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from energon_lite_dev.synthetic import generate_text_dataset
 from megatron_energon_lite import (
     DefaultTaskEncoder,
     WorkerConfig,
+    bundles,
     get_loader,
     get_savable_loader,
     get_train_dataset,
     get_val_dataset,
+    handover,
 )
 from megatron_energon_lite.bundles import (
     BUNDLE_MS_ENV,
@@ -187,6 +190,23 @@ def test_batches_and_states_equal_those_of_one_per_message(texts: Path, monkeypa
     assert states == expected_states
     resumed, _ = _run(texts, monkeypatch, "1000", steps=30, restore=states[40], workers=workers)
     assert resumed == keys[41:71]
+
+
+def test_bundles_through_slabs_give_the_batches_and_states_of_the_pipe(texts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bundle's pickles cross in a slab (the threshold lowered to a byte; the workers fork
+    with it): batches and states are those of the loader without slabs, whose bundles go
+    through the pipe."""
+    read = []
+    load = bundles.load_pickles_from_slab
+    monkeypatch.setattr(bundles, "load_pickles_from_slab", lambda descriptor, lengths: read.append(len(lengths)) or load(descriptor, lengths))
+    monkeypatch.setattr(handover, "PICKLES_IN_SLAB_MIN_BYTES", 1)
+    keys, states = _run(texts, monkeypatch, "1000", steps=90)
+    assert len(read) >= 2 and sum(read) >= 60  # the bundles did cross in slabs
+    monkeypatch.setenv(handover.SLAB_MIB_ENV, "0")
+    read.clear()
+    expected_keys, expected_states = _run(texts, monkeypatch, "1000", steps=90)
+    assert not read
+    assert keys == expected_keys and states == expected_states
 
 
 def test_one_pass_of_a_val_loader_is_the_same(texts: Path, monkeypatch: pytest.MonkeyPatch) -> None:

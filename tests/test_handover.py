@@ -2,7 +2,8 @@
 
 In-process: a payload pickled through a ring and loaded again gives equal tensors over the slab,
 the slab returns when the last of them is garbage, what cannot be placed goes torch's way, and a
-slab whose seal does not match is an error.  With real workers: the batches are those of the
+slab whose seal does not match is an error.  A bundle's pickled items cross in one slab, freed
+as soon as they are loaded, and go through the pipe as before where they cannot.  With real workers: the batches are those of the
 path without slabs, also when the loop holds every batch; nothing is left in /dev/shm after many
 loaders, or after ``kill -9`` of the main process or of a worker.
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import pytest
@@ -30,9 +33,15 @@ from megatron_energon_lite import (
     get_loader,
     get_train_dataset,
 )
-from megatron_energon_lite.bundles import BUNDLE_MS_ENV, MAX_BUNDLE_ITEMS
+from megatron_energon_lite.bundles import (
+    BUNDLE_MS_ENV,
+    MAX_BUNDLE_ITEMS,
+    PASS_OVER,
+    Bundle,
+)
 from megatron_energon_lite.decode import SampleDecoder
 from megatron_energon_lite.handover import (
+    PICKLES_IN_SLAB_MIN_BYTES,
     SLAB_MIB_ENV,
     SlabRing,
     activate_slabs,
@@ -40,6 +49,7 @@ from megatron_energon_lite.handover import (
     load_from_worker,
     slab_empty,
 )
+from megatron_energon_lite.loader import _Carrier
 from megatron_energon_lite.samples import batch_stack
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -152,6 +162,65 @@ def test_an_allocated_slab_dropped_unsent_is_free_again(ring: SlabRing) -> None:
     assert slab_empty((8,), torch.int64) is None  # not in a worker
 
 
+def _bundle(*texts: str, tensor: torch.Tensor | None = None) -> Bundle:
+    """A worker's bundle as the loader makes it: its carriers (pickled entries), then PASS_OVER."""
+    entries = [(text if tensor is None else {"text": text, "tensor": tensor}, 0, None, (0, 0)) for text in texts]
+    return Bundle(0, [*(_Carrier(entry) for entry in entries), PASS_OVER])
+
+
+def _entries(bundle: Bundle) -> list:
+    return [entry if entry is PASS_OVER else (entry[0], *entry[1:]) for entry in bundle.entries]
+
+
+def test_a_bundles_pickles_cross_in_one_slab_freed_when_they_are_loaded(ring: SlabRing) -> None:
+    texts = [f"{i}" * 10_000 for i in range(3)]  # 30 KB pickled: past the threshold, within the 64 KiB slab
+    assert 3 * 10_000 >= PICKLES_IN_SLAB_MIN_BYTES
+    message = ForkingPickler.dumps(_bundle(*texts))
+    assert len(message) < 1000  # the slab's descriptor and the lengths, not the texts
+    assert _states(ring) == [1, 0]  # in flight
+    loaded = pickle.loads(message)
+    assert isinstance(loaded, Bundle) and loaded.logical == 0
+    assert _entries(loaded) == [(text, 0, None, (0, 0)) for text in texts] + [PASS_OVER]
+    assert _states(ring) == [0, 0]  # read: free again, though the bundle lives
+
+
+def test_a_bundles_tensors_keep_their_own_slab(ring: SlabRing) -> None:
+    """An entry's tensor is placed in a slab as it is pickled; the bundle's pickles take another,
+    which is free once they are loaded while the tensor's stays held as long as the tensor."""
+    message = ForkingPickler.dumps(_bundle("x" * PICKLES_IN_SLAB_MIN_BYTES, tensor=torch.arange(5)))
+    assert _states(ring) == [1, 1]
+    loaded = pickle.loads(message)
+    assert _states(ring) == [2, 0]
+    item = loaded.entries[0][0]
+    assert item["text"] == "x" * PICKLES_IN_SLAB_MIN_BYTES and torch.equal(item["tensor"], torch.arange(5))
+    del loaded, item
+    gc.collect()
+    assert _states(ring) == [0, 0]
+
+
+@pytest.mark.parametrize("case", ["small", "larger than a slab", "no free slab"])
+def test_a_bundle_that_cannot_cross_in_a_slab_goes_whole_through_the_pipe(ring: SlabRing, case: str) -> None:
+    texts = {"small": ["a" * 100, "b"], "larger than a slab": ["c" * 40_000, "d" * 40_000], "no free slab": ["e" * 20_000]}[case]
+    if case == "no free slab":
+        ring.control[1, :, 0] = 2  # the loop holds both
+    message = ForkingPickler.dumps(_bundle(*texts))
+    assert len(message) > sum(map(len, texts))
+    assert _entries(pickle.loads(message)) == [(text, 0, None, (0, 0)) for text in texts] + [PASS_OVER]
+    assert _states(ring) == ([2, 2] if case == "no free slab" else [0, 0])
+
+
+def test_a_bundle_slab_whose_seal_does_not_match_is_an_error(ring: SlabRing) -> None:
+    message = ForkingPickler.dumps(_bundle("y" * PICKLES_IN_SLAB_MIN_BYTES))
+    ring.control[1, 0, 1] += 1  # the worker died before it sealed what it wrote
+    with pytest.raises(DatasetError, match="(?s)not written completely.*worker 1, slab 0"):
+        pickle.loads(message)
+    # Lengths that do not add up to what was written are refused, not read past.
+    ring.control[1, 0, 1] -= 1
+    function, (logical, descriptor, layout) = _bundle("z" * PICKLES_IN_SLAB_MIN_BYTES).__reduce__()
+    with pytest.raises(pickle.UnpicklingError, match="do not make"):
+        function(logical, descriptor, [layout[0] + 1, *layout[1:]])
+
+
 @pytest.fixture(scope="module")
 def captioning(tmp_path_factory) -> Path:
     return prepared_captioning_dataset(tmp_path_factory.mktemp("handover") / "cap", num_shards=4, samples_per_shard=12, image_size=(24, 16), seed=5)
@@ -260,7 +329,8 @@ def test_kill_9_leaves_nothing_in_dev_shm(captioning: Path, tmp_path: Path, vict
 
 def test_with_bundles_the_ring_has_a_bundles_worth_more_slabs(captioning: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Small tensor batches travel in bundles of up to MAX_BUNDLE_ITEMS: the ring holds that many
-    slabs more per worker, and bundled batches do come over them.  (How many of them find a free
+    slabs more per worker, and one for the pickles of each bundle in flight
+    (``prefetch_factor + 1``), and bundled batches do come over them.  (How many of them find a free
     slab depends on how far the workers run ahead of the loop, a matter of timing:
     ``benchmarks/bench_slabs.py`` prints it.)"""
     config = WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -269,7 +339,7 @@ def test_with_bundles_the_ring_has_a_bundles_worth_more_slabs(captioning: Path, 
         return get_loader(get_train_dataset(captioning, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=4, worker_config=config, task_encoder=ImageTensors()), prefetch_factor=3)
 
     bundled = loader()
-    assert (bundled._slabs.workers, bundled._slabs.slots) == (2, 3 + 1 + MAX_BUNDLE_ITEMS)
+    assert (bundled._slabs.workers, bundled._slabs.slots) == (2, 3 + 1 + MAX_BUNDLE_ITEMS + 3 + 1)
     first = bundled._slabs.data.ctypes.data
     end = first + bundled._slabs.data.nbytes
     it = iter(bundled)
