@@ -48,6 +48,7 @@ __all__ = [
     "StateError",
     "StorageError",
     "WatchdogTimeoutError",
+    "WorkerStartTimeoutError",
     "format_message",
     "log_exception",
     "reraise_exception",
@@ -145,6 +146,11 @@ class FatalSampleError(EnergonLiteError):
 
 class WatchdogTimeoutError(FatalSampleError, TimeoutError):
     """Producing one item took longer than the watchdog timeout and ``fail_on_timeout`` is set."""
+
+
+class WorkerStartTimeoutError(EnergonLiteError, TimeoutError):
+    """A dataloader worker process did not start within the allowed time after it was forked
+    (``ENERGON_LITE_WORKER_START_S``), so the loader stopped it."""
 
 
 class SkipSample(Exception):

@@ -36,6 +36,7 @@ from .errors import (
     EmptyDatasetError,
     StateError,
     WatchdogTimeoutError,
+    WorkerStartTimeoutError,
     collect_skip_reports,
     format_message,
     take_skip_reports,
@@ -82,6 +83,7 @@ from .storage import configure_storage, configured_storage, is_remote
 from .task_encoder import DefaultTaskEncoder, TaskEncoder
 from .worker import WorkerConfig
 from .worker_queue import DirectForkContext, direct_queues_from_env
+from .worker_start import StartWatch, worker_start_seconds_from_env
 from .wrappers.base import SavableDataset, share
 from .wrappers.compose import DatasetBlendMode, loaded_datasets, overrides_build
 
@@ -161,6 +163,8 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self._rotation = 0
         #: Set by the loader when it runs worker processes: their watchdog reports reach it.
         self.stuck_reports: StuckReports | None = None
+        #: Set by the loader when it runs worker processes: where each tells that it started.
+        self.start_watch: StartWatch | None = None
         #: Set by the loader: the cache pool its cookers get (active while a pipeline runs).
         self.cache_pool: CachePool | None = None
         #: Set by the loader when it runs worker processes: the shared memory items go out through.
@@ -195,6 +199,8 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
+        if info is not None and self.start_watch is not None:
+            self.start_watch.started(info.id)
         entries = self._entries(info)  # a generator: nothing runs (or raises) before the first item is asked for
         if info is None or self.bundles is None:
             return entries
@@ -447,6 +453,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         )
         self._stuck_reports = StuckReports() if num_workers > 0 else None
         self.dataset.stuck_reports = self._stuck_reports
+        start_seconds = worker_start_seconds_from_env() if num_workers > 0 else 0
+        self._start_watch = StartWatch(num_workers, start_seconds) if start_seconds > 0 else None
+        self.dataset.start_watch = self._start_watch
         # Made before the workers are forked, so that they share it (see handover.py).
         seconds = bundle_seconds_from_env() if num_workers > 0 else 0
         self._slabs = _slab_ring(num_workers, prefetch_factor, seconds > 0) if num_workers > 0 else None
@@ -488,9 +497,14 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 self._unrotate_workers()
             if self._stuck_reports is not None:
                 self._stuck_reports.start()
-            if self._slabs is not None and self._iterator is None:  # new workers start
+            forks = self.num_workers > 0 and self._iterator is None  # new workers start
+            if forks and self._slabs is not None:
                 self._slabs.reclaim_in_flight()
+            if forks and self._start_watch is not None:
+                self._start_watch.lower()
             self._stream = super().__iter__()
+            if forks and self._start_watch is not None:
+                self._start_watch.watch(self._iterator._workers)
             if self._bundle_limits is not None:
                 self._stream = Interleave(self._stream, self.worker_config.workers_per_rank, self._first_worker, self._bundle_limits)
             iter_id = self.next_id()
@@ -542,10 +556,17 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             self._iterator = None
 
     def _raise_if_stuck(self, exc: RuntimeError) -> None:
-        """A worker that exited after its watchdog report (``fail_on_timeout``): raise with its stack."""
+        """A worker that did not start and was stopped (``worker_start.py``), or that exited after
+        its watchdog report (``fail_on_timeout``): raise with the report."""
         if self._stuck_reports is None or "DataLoader worker" not in str(exc):
             return
-        pids = [int(pid) for pid in re.findall(r"\d+", str(exc).split(")")[0])]
+        # torch: "DataLoader worker (pid(s) 12, 34) exited unexpectedly", "... (pid 12) is killed by signal"
+        named = re.search(r"\(pid(?:\(s\))? ([\d, ]+)\)", str(exc))
+        pids = [int(pid) for pid in re.findall(r"\d+", named.group(1))] if named else []
+        if self._start_watch is not None:
+            report = self._start_watch.report_of(pids)
+            if report is not None:
+                raise WorkerStartTimeoutError(report) from exc
         report = self._stuck_reports.report_of(pids)
         if report is not None:
             raise WatchdogTimeoutError(
