@@ -12,14 +12,20 @@ every sample costs in all processes together.  This measures, on the text shards
 
     .venv/bin/python benchmarks/bench_cpu_split.py --data-dir /work/scratch/bench_full --rounds 3
 
-Rounds alternate the 0-worker and the N-worker measurement; medians are printed.
+Rounds alternate the 0-worker and the N-worker measurement; medians are printed.  Each
+measurement runs in a fresh Python process: in one process, a loader measured after another ran
+slower (the main process's CPU per sample up by a third), the earlier loader's objects and
+workers lingering until the garbage collector ends them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -78,13 +84,23 @@ def measure(root: Path, workers: int, batches: int) -> dict:
     }
 
 
+def measure_in_fresh_process(root: Path, workers: int, batches: int) -> dict:
+    command = [sys.executable, __file__, "--one", str(root), str(workers), "--batches", str(batches)]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, help="bench_loader.py's --data-dir (its text shards)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--one", nargs=2, metavar=("ROOT", "WORKERS"), help=argparse.SUPPRESS)  # a measurement's own process
     args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(measure(Path(args.one[0]), int(args.one[1]), args.batches)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         if args.data_dir is not None:
             root = args.data_dir / "text"
@@ -103,7 +119,7 @@ def main() -> None:
         for k in range(args.rounds):
             order = [0, args.workers] if k % 2 == 0 else [args.workers, 0]
             for workers in order:
-                result = measure(root, workers, args.batches)
+                result = measure_in_fresh_process(root, workers, args.batches)
                 (zero if workers == 0 else many).append(result)
                 cpu = f"main {result['main_us']:.1f} us" + "".join(f", worker {w:.1f} us" for w in result["worker_us"])
                 print(f"round {k + 1}, {workers} workers: {result['rate']:,.0f} samples/s; CPU per sample: {cpu}")
