@@ -30,14 +30,14 @@ the worker and only their lengths go through the pipe (see :mod:`.handover`).
 from __future__ import annotations
 
 import mmap
-import os
 import time
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
 from torch._utils import ExceptionWrapper
 
-from .errors import ConfigError, DatasetError, format_message
+from .env_settings import nonnegative_number
+from .errors import DatasetError, format_message
 from .handover import load_pickles_from_slab, pickles_to_slab
 
 __all__ = ["BUNDLE_MS_ENV", "Bundle", "BundleLimits", "Interleave", "PASS_OVER", "bundle_seconds_from_env", "bundled"]
@@ -70,16 +70,7 @@ PASS_OVER = _PassOver()
 
 def bundle_seconds_from_env() -> float:
     """Seconds a worker may spend on one bundle (:data:`BUNDLE_MS_ENV`; 0: bundles are off)."""
-    raw = os.environ.get(BUNDLE_MS_ENV, "").strip()
-    if not raw:
-        return _DEFAULT_BUNDLE_MS / 1000
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ConfigError(format_message(f"{BUNDLE_MS_ENV} must be a number of milliseconds >= 0", found=repr(raw), fix=f"unset it (default {_DEFAULT_BUNDLE_MS:g}) or set 0 to send items one by one"))
-    return value / 1000
+    return nonnegative_number(BUNDLE_MS_ENV, _DEFAULT_BUNDLE_MS, unit="milliseconds", zero_means="send items one by one") / 1000
 
 
 class BundleLimits:

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, format_message
+from .env_settings import nonnegative_number
+from .errors import format_message
 
 __all__ = ["WORKER_START_ENV", "StartWatch", "worker_start_seconds_from_env"]
 
@@ -42,16 +43,7 @@ _POLL_SECONDS = 0.2
 
 
 def worker_start_seconds_from_env() -> float:
-    raw = os.environ.get(WORKER_START_ENV, "").strip()
-    if not raw:
-        return _DEFAULT_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ConfigError(format_message(f"{WORKER_START_ENV} must be a number of seconds >= 0", found=repr(raw), fix=f"unset it (default {_DEFAULT_SECONDS:g}) or set 0 to never stop a worker that does not start"))
-    return value
+    return nonnegative_number(WORKER_START_ENV, _DEFAULT_SECONDS, unit="seconds", zero_means="never stop a worker that does not start")
 
 
 class StartWatch:
