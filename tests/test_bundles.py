@@ -16,7 +16,7 @@ from collections import deque
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import generate_text_dataset
+from energon_lite_dev.synthetic import prepared_text_dataset
 
 from megatron_energon_lite import (
     DefaultTaskEncoder,
@@ -36,11 +36,8 @@ from megatron_energon_lite.bundles import (
     Interleave,
     bundled,
 )
-from megatron_energon_lite.format.prepare import prepare_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
-
-TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 
 
 class _Torch:
@@ -156,10 +153,7 @@ def test_the_last_bundle_ends_with_pass_over() -> None:
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("bundles") / "text"
-    generate_text_dataset(root, num_shards=3, samples_per_shard=37, min_words=1, max_words=8, seed=3)
-    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
-    return root
+    return prepared_text_dataset(tmp_path_factory.mktemp("bundles") / "text", num_shards=3, samples_per_shard=37, min_words=1, max_words=8, seed=3)
 
 
 def _run(root: Path, monkeypatch: pytest.MonkeyPatch, bundle_ms: str, *, steps: int, restore: dict | None = None, task_encoder=None, workers: int = 2) -> tuple[list, list]:

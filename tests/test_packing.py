@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from energon_lite_dev.synthetic import generate_text_dataset
+from energon_lite_dev.synthetic import prepared_text_dataset
 
 from megatron_energon_lite import (
     ConfigError,
@@ -22,9 +22,7 @@ from megatron_energon_lite import (
     get_val_dataset,
     stateless,
 )
-from megatron_energon_lite.format.prepare import prepare_dataset
 
-TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 SEQ = 64
 
 
@@ -82,10 +80,7 @@ class GroupingEncoder(DefaultTaskEncoder):
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("packing") / "text"
-    generate_text_dataset(root, num_shards=4, samples_per_shard=15, min_words=1, max_words=20, seed=5)
-    prepare_dataset(root, split_ratio=(2, 2, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
-    return root
+    return prepared_text_dataset(tmp_path_factory.mktemp("packing") / "text", split_ratio=(2, 2, 0), num_shards=4, samples_per_shard=15, min_words=1, max_words=20, seed=5)
 
 
 def config(workers: int) -> WorkerConfig:

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import generate_text_dataset
+from energon_lite_dev.synthetic import prepared_text_dataset
 
 from megatron_energon_lite import (
     DefaultTaskEncoder,
@@ -23,7 +23,6 @@ from megatron_energon_lite import (
     get_savable_loader,
     get_train_dataset,
 )
-from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.worker_queue import (
     DIRECT_QUEUES_ENV,
     PIPE_BYTES,
@@ -32,8 +31,6 @@ from megatron_energon_lite.worker_queue import (
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
-
-TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 
 #: Sizes that take the direct path, the sender (over half the pipe), and back.
 SIZES = [10, 100_000, 3 * PIPE_BYTES, 20, 400_000, 700_000, 5, 2 * PIPE_BYTES, 1]
@@ -114,10 +111,7 @@ def test_put_returns_when_nobody_reads_and_the_sender_ends_after_its_backlog() -
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("worker_queue") / "text"
-    generate_text_dataset(root, num_shards=3, samples_per_shard=40, min_words=1, max_words=8, seed=5)
-    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
-    return root
+    return prepared_text_dataset(tmp_path_factory.mktemp("worker_queue") / "text", num_shards=3, samples_per_shard=40, min_words=1, max_words=8, seed=5)
 
 
 class ThreadNames(DefaultTaskEncoder):

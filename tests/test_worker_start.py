@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import generate_text_dataset
+from energon_lite_dev.synthetic import prepared_text_dataset
 
 from megatron_energon_lite import (
     ConfigError,
@@ -25,20 +25,14 @@ from megatron_energon_lite import (
     get_train_dataset,
 )
 from megatron_energon_lite.errors import WorkerStartTimeoutError
-from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.worker_start import WORKER_START_ENV, StartWatch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
-TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
-
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("start") / "text"
-    generate_text_dataset(root, num_shards=2, samples_per_shard=20, min_words=1, max_words=5, seed=4)
-    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
-    return root
+    return prepared_text_dataset(tmp_path_factory.mktemp("start") / "text", num_shards=2, samples_per_shard=20, min_words=1, max_words=5, seed=4)
 
 
 def _loader(root: Path, task_encoder=None):

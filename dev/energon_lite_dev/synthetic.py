@@ -695,6 +695,17 @@ def prepared_captioning_dataset(root: str | os.PathLike[str], **generate: Any) -
     return root
 
 
+def prepared_text_dataset(root: str | os.PathLike[str], *, split_ratio: tuple[float, float, float] = (1, 0, 0), **generate: Any) -> Path:
+    """:func:`generate_text_dataset` at ``root`` (its keyword arguments), prepared with
+    ``split_ratio`` (default: all train) as ``TextSample`` (text: txt); returns ``root``."""
+    from megatron_energon_lite.format.prepare import prepare_dataset
+
+    root = Path(root)
+    generate_text_dataset(root, **generate)
+    prepare_dataset(root, split_ratio=split_ratio, progress=False, num_workers=1, dataset_yaml=TEXT_SAMPLE_YAML)
+    return root
+
+
 def sized_keys(name: str, sizes: Sequence[int]) -> list[str]:
     """The sample keys :func:`write_text_blend` gives dataset ``name`` of shards of ``sizes``, sorted."""
     return sorted(f"{name}{shard}_{i:03d}" for shard, size in enumerate(sizes) for i in range(size))
