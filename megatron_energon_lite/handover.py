@@ -42,7 +42,6 @@ import io
 import itertools
 import logging
 import mmap
-import os
 import pickle
 import sys
 import threading
@@ -53,6 +52,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .env_settings import nonnegative_number
 from .errors import DatasetError, format_message
 
 __all__ = [
@@ -95,13 +95,8 @@ _logged_too_large = False
 
 def slab_bytes_from_env() -> int:
     """Bytes per slab from :data:`SLAB_MIB_ENV` (0: slabs off)."""
-    raw = os.environ.get(SLAB_MIB_ENV, "").strip()
-    try:
-        mib = _DEFAULT_SLAB_MIB if not raw else float(raw)
-    except ValueError:
-        logger.warning("%s=%r is not a number of MiB; using %d", SLAB_MIB_ENV, raw, _DEFAULT_SLAB_MIB)
-        mib = _DEFAULT_SLAB_MIB
-    return max(0, int(mib * (1 << 20)) // _ALIGN * _ALIGN)
+    mib = nonnegative_number(SLAB_MIB_ENV, _DEFAULT_SLAB_MIB, unit="MiB", zero_means="send every batch through torch's shared memory")
+    return int(mib * (1 << 20)) // _ALIGN * _ALIGN
 
 
 class SlabRing:
