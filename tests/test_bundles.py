@@ -233,7 +233,12 @@ class _FailsOnce(DefaultTaskEncoder):
         return super().encode_sample(sample)
 
 
-def test_a_workers_error_arrives_after_the_same_batches(texts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("through_slabs", [False, True])
+def test_a_workers_error_arrives_after_the_same_batches(texts: Path, monkeypatch: pytest.MonkeyPatch, through_slabs: bool) -> None:
+    """Also when the bundles' pickles cross in slabs (the error travels beside them)."""
+    if through_slabs:
+        monkeypatch.setattr(handover, "PICKLES_IN_SLAB_MIN_BYTES", 1)
+
     def until_error(bundle_ms: str) -> tuple[list, str]:
         monkeypatch.setenv(BUNDLE_MS_ENV, bundle_ms)
         config = WorkerConfig(rank=0, world_size=1, num_workers=2, global_error_handler=_reraise)
