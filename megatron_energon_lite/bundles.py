@@ -104,7 +104,7 @@ class Bundle:
     def __reduce__(self):
         pickled = [_pickled(entry) for entry in self.entries]
         pickles = [data for data in pickled if data is not None]
-        descriptor = pickles_to_slab(pickles) if pickles else None
+        descriptor = pickles_to_slab(pickles)
         if descriptor is None:
             return Bundle, (self.logical, self.entries)
         # In the entries' place: the length of each one's pickle (an entry is never an int).

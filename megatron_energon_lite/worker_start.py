@@ -74,11 +74,9 @@ class StartWatch:
         thread.start()
 
     def _wait(self, processes: list[Any], deadline: float) -> None:
-        while not self._flags.all():
-            if time.monotonic() >= deadline:
-                break
+        while not self._flags.all() and time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
-        else:
+        if self._flags.all():
             return
         for physical in np.flatnonzero(self._flags == 0):
             process = processes[physical]
@@ -94,7 +92,7 @@ class StartWatch:
                 fix="a child forked while another thread of the parent held an interpreter lock can hang before it runs "
                 "any Python code (CPython gh-112275, fixed in 3.11.8 and 3.12.1; threads of torch.distributed make it "
                 f"likely): use a newer Python; on a machine short of memory or CPU, set {WORKER_START_ENV} to wait longer "
-                f"(0: never stop a worker), and look at a stuck worker with `py-spy dump --native --pid <pid>`",
+                "(0: never stop a worker), and look at a stuck worker with `py-spy dump --native --pid <pid>`",
             )
             with self._lock:
                 self._reports[pid] = report

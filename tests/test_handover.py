@@ -168,10 +168,6 @@ def _bundle(*texts: str, tensor: torch.Tensor | None = None) -> Bundle:
     return Bundle(0, [*(_Carrier(entry) for entry in entries), PASS_OVER])
 
 
-def _entries(bundle: Bundle) -> list:
-    return [entry if entry is PASS_OVER else (entry[0], *entry[1:]) for entry in bundle.entries]
-
-
 def test_a_bundles_pickles_cross_in_one_slab_freed_when_they_are_loaded(ring: SlabRing) -> None:
     texts = [f"{i}" * 10_000 for i in range(3)]  # 30 KB pickled: past the threshold, within the 64 KiB slab
     assert 3 * 10_000 >= PICKLES_IN_SLAB_MIN_BYTES
@@ -180,7 +176,7 @@ def test_a_bundles_pickles_cross_in_one_slab_freed_when_they_are_loaded(ring: Sl
     assert _states(ring) == [1, 0]  # in flight
     loaded = pickle.loads(message)
     assert isinstance(loaded, Bundle) and loaded.logical == 0
-    assert _entries(loaded) == [(text, 0, None, (0, 0)) for text in texts] + [PASS_OVER]
+    assert loaded.entries == [(text, 0, None, (0, 0)) for text in texts] + [PASS_OVER]
     assert _states(ring) == [0, 0]  # read: free again, though the bundle lives
 
 
@@ -205,7 +201,7 @@ def test_a_bundle_that_cannot_cross_in_a_slab_goes_whole_through_the_pipe(ring: 
         ring.control[1, :, 0] = 2  # the loop holds both
     message = ForkingPickler.dumps(_bundle(*texts))
     assert len(message) > sum(map(len, texts))
-    assert _entries(pickle.loads(message)) == [(text, 0, None, (0, 0)) for text in texts] + [PASS_OVER]
+    assert pickle.loads(message).entries == [(text, 0, None, (0, 0)) for text in texts] + [PASS_OVER]
     assert _states(ring) == ([2, 2] if case == "no free slab" else [0, 0])
 
 
