@@ -63,7 +63,11 @@ _MAX_STR = 80
 _MAX_ITEMS = 8
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+# init=False: the generated __init__ of a frozen class sets each field through
+# object.__setattr__ (~0.5 us per object); the slot setters below take ~0.2 us.  Every sample
+# makes one in its worker and every sample of a batch rebuilds one in the main process, which
+# made them about half the main process's CPU per text batch with workers.
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class SourceInfo:
     """Where a sample was loaded from (Energon's ``SourceInfo``; here also positional)."""
 
@@ -76,11 +80,22 @@ class SourceInfo:
     #: The names of the files in the shard that make up the sample.
     file_names: tuple[str, ...]
 
+    def __init__(self, dataset_path: str, index: int | str, shard_name: str, file_names: tuple[str, ...]) -> None:
+        _set_dataset_path(self, dataset_path)
+        _set_index(self, index)
+        _set_shard_name(self, shard_name)
+        _set_file_names(self, file_names)
+
     def __reduce__(self) -> tuple:
-        # Every sample of a batch a worker sends carries one: the dataclass's own pickling of a
-        # frozen slots class (Python-level __getstate__/__setstate__) cost ~2 us per object each
-        # way, most of the time of pickling a text batch.
+        # The dataclass's own pickling of a frozen slots class goes through Python-level
+        # __getstate__/__setstate__ (~2 us per object each way).
         return SourceInfo, (self.dataset_path, self.index, self.shard_name, self.file_names)
+
+
+_set_dataset_path = SourceInfo.dataset_path.__set__
+_set_index = SourceInfo.index.__set__
+_set_shard_name = SourceInfo.shard_name.__set__
+_set_file_names = SourceInfo.file_names.__set__
 
 
 def _is_tensor_like(value: Any) -> bool:
