@@ -18,7 +18,10 @@ Note that ``pil`` converts to RGB exactly as Energon does; there is no "as store
 
 RGB outputs of baseline/progressive YCbCr or grayscale JPEGs are decoded by simplejpeg (the same
 libjpeg-turbo, without Pillow's Python-level parsing) when it is installed; the pixels are the
-same as Pillow's (tested).  Everything else goes through Pillow.
+same as Pillow's (tested).  Everything else goes through Pillow.  For torch (CHW) outputs such a
+JPEG is decoded to RGBX, four bytes a pixel, and split into planes by shifting 32-bit words
+(:func:`rgbx_planes`): a byte-wise HWC -> CHW transpose ran at ~4 GB/s, a third of the decode's
+time on top of it.
 
 Decompression bombs: an image's width and height are read from its header first, and an image
 with more pixels than the limit is refused with
@@ -41,6 +44,7 @@ inside Pillow for the images Pillow decodes, so to decode such images beyond twi
 from __future__ import annotations
 
 import io
+import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ConfigError, format_message
@@ -185,8 +189,11 @@ def decode_image_bytes(
     :meth:`SampleDecoder.for_default_batching`).
     """
     spec = check_image_decode(image_decode)
-    array = _fast_jpeg_rgb(data, max_pixels) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
+    padded = spec.output == "torch"  # RGBX pixels, for planes by whole-word shifts
+    array = _fast_jpeg_rgb(data, max_pixels, padded=padded) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
     if array is not None:
+        if padded:
+            return _from_rgbx_array(array, spec, chw_view=chw_view)
         return _from_rgb_array(array, spec, chw_view=chw_view)
     from PIL import Image
 
@@ -245,17 +252,68 @@ def _from_rgb_array(array: Any, spec: ImageSpec, *, chw_view: bool = False) -> A
     return torch.from_numpy(result)
 
 
+def _from_rgbx_array(array: Any, spec: ImageSpec, *, chw_view: bool = False) -> Any:
+    """A decoded HxWx4 RGBX uint8 array -> the CHW torch tensor ``spec`` asks for; ``chw_view``:
+    uint8 as a CHW view of the RGB bytes (strides 1, 4W, 4) for :func:`rgbx_planes` to split
+    straight into the batch."""
+    import numpy as np
+    import torch
+
+    if chw_view and spec.uint8:
+        return torch.from_numpy(array).permute(2, 0, 1)[:3]
+    planes = rgbx_planes(array)
+    if spec.uint8:
+        return torch.from_numpy(planes)
+    result = planes.astype(np.float32)
+    result /= 255.0
+    return torch.from_numpy(result)
+
+
+#: Bit offset of R, G and B in a pixel's 32-bit word, by the machine's byte order.
+_CHANNEL_SHIFTS = (0, 8, 16) if sys.byteorder == "little" else (24, 16, 8)
+
+
+def rgbx_planes(rgbx: Any, out: Any = None) -> Any:
+    """The R, G and B planes (3xHxW uint8, into ``out`` when given) of HxWx4 uint8 pixels."""
+    import numpy as np
+
+    words = rgbx.view(np.uint32)[..., 0]
+    if out is None:
+        out = np.empty((3, *words.shape), np.uint8)
+    for plane, shift in zip(out, _CHANNEL_SHIFTS):
+        # The cast keeps the low byte: the channel after the shift.
+        np.copyto(plane, words >> shift if shift else words, casting="unsafe")
+    return out
+
+
+def rgbx_view_pixels(view: Any) -> Any:
+    """For a 3xHxW uint8 CPU tensor that views RGB bytes of 4-byte pixels (what
+    ``decode_image_bytes(..., chw_view=True)`` gives for a JPEG), the HxWx4 numpy pixels it
+    views; None for any other tensor."""
+    import torch
+
+    if view.dtype != torch.uint8 or view.dim() != 3 or view.shape[0] != 3 or view.device.type != "cpu":
+        return None
+    height, width = view.shape[1], view.shape[2]
+    if view.stride() != (1, 4 * width, 4) or height * width == 0:
+        return None
+    if view.untyped_storage().nbytes() < view.storage_offset() + 4 * height * width:
+        return None  # the fourth byte of the last pixel is not there
+    return torch.as_strided(view, (height, width, 4), (4 * width, 4, 1)).numpy()
+
+
 _SIMPLEJPEG: Any = None  # the module once imported, False when it is not installed
 # libjpeg-turbo's own colour conversion gives Pillow's pixels exactly for these (tested);
 # CMYK/YCCK JPEGs differ by rounding, so they go through Pillow.
 _SAME_AS_PILLOW = ("YCbCr", "Gray")
 
 
-def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT) -> Any:
+def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, *, padded: bool = False) -> Any:
     """RGB pixels of a JPEG through simplejpeg (about 40% faster than Pillow's Python-level
-    open + decode), or None to use Pillow: not a JPEG, simplejpeg missing, or a colour space
-    where the two would not agree bit for bit. Raises :class:`DecompressionBombError` for a
-    JPEG whose header is over the pixel limit, before decoding."""
+    open + decode), HxWx3 or with ``padded`` HxWx4 (RGBX), or None to use Pillow: not a JPEG,
+    simplejpeg missing, or a colour space where the two would not agree bit for bit. Raises
+    :class:`DecompressionBombError` for a JPEG whose header is over the pixel limit, before
+    decoding."""
     global _SIMPLEJPEG
     if data[:2] != b"\xff\xd8":
         return None
@@ -275,7 +333,7 @@ def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMI
         return None
     check_image_pixels(width, height, max_pixels, source="JPEG image")
     try:
-        return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGB")
+        return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGBX" if padded else "RGB")
     except (ValueError, RuntimeError):
         return None  # let Pillow decode it, or raise its own error for a broken file
 
