@@ -7,19 +7,21 @@ so the workers count too, into counters in shared memory), the loader runs ``--b
 batches of 32 256x256 JPEGs, and each kind of write is divided by the bytes of the batches
 made (workers run ahead of the loop, so that is more than the loop received):
 
-- decode: simplejpeg's HWC output (``decode.image._fast_jpeg_rgb``);
-- CHW copy: the decoder's own contiguous CHW copy (``decode.image._from_rgb_array`` when its
-  result does not share the decoded array's memory);
+- decode: simplejpeg's output (``decode.image._fast_jpeg_rgb``): for torch outputs RGBX, four
+  bytes a pixel, so 4/3 of the image;
+- CHW copy: the decoder's contiguous CHW image (``decode.image._from_rgbx_array``, the planes of
+  the RGBX pixels, or ``_from_rgb_array`` when its result does not share the decoded array's
+  memory);
 - batch: the stacked (or padded) batch (``samples.batch_stack``);
 - hand-over: a worker's copy of a batch tensor into a slab (``handover._Placement._place``
   when the tensor was not made there), or into torch's shared memory (a tensor that goes
   torch's way: no slab, or ``ENERGON_LITE_SLAB_MIB=0``).  The main process maps the slabs and
   copies nothing.
 
-Configurations: the default task encoder (only the default batching sees the samples, so images
-are decoded as CHW views and written once, transposed, into the batch), and the same with an
-``encode_sample`` of its own (images are contiguous before the batch); at 0 and 2 workers, and
-at 2 workers without slabs.
+Configurations: the default task encoder at 0 and 2 workers, and at 2 workers without slabs.
+(Until 2026-11-25 the default batching took JPEGs as CHW views of their HWC pixels and wrote
+them once, transposed, into the batch: one write fewer, but the byte-wise transpose cost more
+than splitting RGBX into planes and copying those.)
 
     .venv/bin/python benchmarks/bench_copies.py --data-dir /work/scratch/bench_full
 
@@ -63,7 +65,7 @@ def _tensors(value, seen: set) -> list:
     return []
 
 
-def measure(config: str, workers: int, root: str, batches: int) -> None:
+def measure(workers: int, root: str, batches: int) -> None:
     """One configuration, in this (fresh) process: prints the bytes of each kind per byte of the batches made."""
     import torch
 
@@ -85,7 +87,7 @@ def measure(config: str, workers: int, root: str, batches: int) -> None:
         info = torch.utils.data.get_worker_info()
         counts[0 if info is None else 1 + info.id, KINDS.index(kind)] += nbytes
 
-    fast_jpeg, from_rgb, batch_stack = image_module._fast_jpeg_rgb, image_module._from_rgb_array, samples.batch_stack
+    fast_jpeg, from_rgb, from_rgbx, batch_stack = image_module._fast_jpeg_rgb, image_module._from_rgb_array, image_module._from_rgbx_array, samples.batch_stack
     place, dump = handover._Placement._place, handover.dump_for_main
 
     def counted_fast_jpeg(*args, **kwargs):
@@ -98,6 +100,11 @@ def measure(config: str, workers: int, root: str, batches: int) -> None:
         result = from_rgb(array, *args, **kwargs)
         if isinstance(result, torch.Tensor) and not np.shares_memory(result.numpy(), array):
             add("CHW copy", result.nbytes)
+        return result
+
+    def counted_from_rgbx(array, *args, **kwargs):
+        result = from_rgbx(array, *args, **kwargs)
+        add("CHW copy", result.nbytes)
         return result
 
     def counted_batch_stack(values):
@@ -121,6 +128,7 @@ def measure(config: str, workers: int, root: str, batches: int) -> None:
 
     image_module._fast_jpeg_rgb = counted_fast_jpeg
     image_module._from_rgb_array = counted_from_rgb
+    image_module._from_rgbx_array = counted_from_rgbx
     samples.batch_stack = counted_batch_stack
     handover._Placement._place = counted_place
     handover.dump_for_main = counted_dump
@@ -131,12 +139,7 @@ def measure(config: str, workers: int, root: str, batches: int) -> None:
     class Uint8(DefaultTaskEncoder):
         decoder = SampleDecoder(image_decode="torchrgb8")
 
-    class OwnEncodeSample(Uint8):
-        def encode_sample(self, sample):
-            return sample
-
-    task_encoder = Uint8() if config == "default" else OwnEncodeSample()
-    dataset = get_train_dataset(root, batch_size=32, shuffle_buffer_size=100, max_samples_per_sequence=100, task_encoder=task_encoder,
+    dataset = get_train_dataset(root, batch_size=32, shuffle_buffer_size=100, max_samples_per_sequence=100, task_encoder=Uint8(),
                                 worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers))
     loader = get_loader(dataset)
     it = iter(loader)
@@ -153,10 +156,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, help="bench_loader.py's --data-dir (its captioning shards)")
     parser.add_argument("--batches", type=int, default=60)
-    parser.add_argument("--measure", nargs=3, metavar=("CONFIG", "WORKERS", "ROOT"), help=argparse.SUPPRESS)
+    parser.add_argument("--measure", nargs=2, metavar=("WORKERS", "ROOT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        measure(args.measure[0], int(args.measure[1]), args.measure[2], args.batches)
+        measure(int(args.measure[0]), args.measure[1], args.batches)
         return
     with tempfile.TemporaryDirectory() as tmp:
         if args.data_dir is not None:
@@ -166,17 +169,16 @@ def main() -> None:
 
             root = prepared_captioning_dataset(Path(tmp) / "cap", num_shards=4, samples_per_shard=200, image_size=(256, 256), seed=1)
         print("Bytes written per byte of image in the batches made (uint8 CHW, batch 32, shuffle buffer 100):\n")
-        print("| task encoder | workers | slabs | " + " | ".join(KINDS) + " | total |")
-        print("| --- | ---: | --- |" + " ---: |" * (len(KINDS) + 1))
-        for config, workers, slabs in [("default", 0, "-"), ("own encode_sample", 0, "-"), ("default", 2, "yes"),
-                                       ("own encode_sample", 2, "yes"), ("default", 2, "no")]:
+        print("| workers | slabs | " + " | ".join(KINDS) + " | total |")
+        print("| ---: | --- |" + " ---: |" * (len(KINDS) + 1))
+        for workers, slabs in [(0, "-"), (2, "yes"), (2, "no")]:
             env = dict(os.environ)
             if slabs == "no":
                 env["ENERGON_LITE_SLAB_MIB"] = "0"
-            result = subprocess.run([sys.executable, __file__, "--batches", str(args.batches), "--measure", config.split()[0], str(workers), str(root)],
+            result = subprocess.run([sys.executable, __file__, "--batches", str(args.batches), "--measure", str(workers), str(root)],
                                     env=env, capture_output=True, text=True, check=False)
             line = result.stdout.strip().splitlines()[-1] if result.returncode == 0 and result.stdout.strip() else f"failed: {result.stderr.strip()[-300:]}"
-            print(f"| {config} | {workers} | {slabs} | {line} |")
+            print(f"| {workers} | {slabs} | {line} |")
 
 
 if __name__ == "__main__":

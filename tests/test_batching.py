@@ -91,19 +91,6 @@ def test_batch_stack_and_batch_list() -> None:
     assert batch_list(("a", "b")) == ["a", "b"]
 
 
-def test_batch_stack_splits_rgbx_views_and_copies_other_images_as_they_are() -> None:
-    """Images that view RGB bytes of four-byte pixels (JPEGs decoded for the default batching)
-    go into the batch by word shifts; any other 3xHxW uint8 image, whatever its strides, as is."""
-    rng = np.random.default_rng(1)
-    rgbx = [torch.from_numpy(rng.integers(0, 256, (5, 7, 4), dtype=np.uint8)) for _ in range(3)]
-    hwc = torch.from_numpy(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8))
-    short = torch.as_strided(torch.arange(4 * 35 - 1, dtype=torch.uint8), (3, 5, 7), (1, 28, 4))  # no last fourth byte
-    values = [rgbx[0].permute(2, 0, 1)[:3], hwc.permute(2, 0, 1), rgbx[1].permute(2, 0, 1)[:3].contiguous(), short, rgbx[2].permute(2, 0, 1)[:3]]
-    batch = batch_stack(values)
-    assert batch.is_contiguous() and batch.shape == (5, 3, 5, 7)
-    assert torch.equal(batch, torch.stack([v.contiguous() for v in values]))
-
-
 class Pair(NamedTuple):
     x: Any
     y: Any

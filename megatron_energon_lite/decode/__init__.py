@@ -29,7 +29,6 @@ imported on first use, and nothing writes temporary files.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -313,17 +312,6 @@ class SampleDecoder:
         if isinstance(av_byte_budget, bool) or not isinstance(av_byte_budget, int) or av_byte_budget < 1:
             raise ConfigError(format_message("av_byte_budget must be a positive number of bytes", found=repr(av_byte_budget)))
         self.av_byte_budget = av_byte_budget
-        self._chw_views = False
-
-    def for_default_batching(self) -> SampleDecoder:
-        """A copy whose ``torchrgb8`` JPEG images are CHW views of the decoded HWC pixels, not
-        contiguous copies.  For pipelines where nothing but the default batching sees the samples
-        after their decode (``pipeline/build.py`` decides): it writes each image once, transposed,
-        straight into its place in the batch, instead of after a copy of its own.  The decoded
-        values are the same; only the strides differ."""
-        twin = copy.copy(self)
-        twin._chw_views = True
-        return twin
 
     def config(self) -> dict[str, Any]:
         """The settings as plain JSON, for the config fingerprint."""

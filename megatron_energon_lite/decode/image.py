@@ -20,8 +20,8 @@ RGB outputs of baseline/progressive YCbCr or grayscale JPEGs are decoded by simp
 libjpeg-turbo, without Pillow's Python-level parsing) when it is installed; the pixels are the
 same as Pillow's (tested).  Everything else goes through Pillow.  For torch (CHW) outputs such a
 JPEG is decoded to RGBX, four bytes a pixel, and split into planes by shifting 32-bit words
-(:func:`rgbx_planes`): a byte-wise HWC -> CHW transpose ran at ~4 GB/s, a third of the decode's
-time on top of it.
+(:func:`rgbx_planes`, 17-20 us for 256x256): the byte-wise HWC -> CHW transpose it replaces took
+47 us, a fifth of the decode's own time on top of it.
 
 Decompression bombs: an image's width and height are read from its header first, and an image
 with more pixels than the limit is refused with
@@ -43,8 +43,10 @@ inside Pillow for the images Pillow decodes, so to decode such images beyond twi
 
 from __future__ import annotations
 
+import functools
 import io
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ConfigError, format_message
@@ -134,10 +136,16 @@ _PIXEL_FIX = (
 def pixel_limit(max_pixels: int | str | None) -> int | None:
     """The pixel limit ``max_pixels`` stands for (None: no limit)."""
     if max_pixels == PILLOW_PIXEL_LIMIT:
-        from PIL import Image
-
-        return Image.MAX_IMAGE_PIXELS
+        return _pil_image().MAX_IMAGE_PIXELS
     return max_pixels  # type: ignore[return-value]
+
+
+@functools.cache
+def _pil_image() -> Any:
+    """``PIL.Image``, imported on first use (an import statement per decoded image cost ~1 us)."""
+    from PIL import Image
+
+    return Image
 
 
 def check_image_pixels(width: int, height: int, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, *, source: str = "image") -> None:
@@ -175,7 +183,6 @@ def decode_image_bytes(
     *,
     max_size: int | None = None,
     max_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
-    chw_view: bool = False,
 ) -> Any:
     """Decodes image bytes as ``image_decode`` says (see the module docstring).
 
@@ -183,18 +190,13 @@ def decode_image_bytes(
     longest side at least ``max_size``; this changes the output size. None decodes at full size.
     ``max_pixels``: images with more pixels (by their header) are refused with
     :class:`DecompressionBombError` before decoding; ``"pillow"`` follows
-    ``PIL.Image.MAX_IMAGE_PIXELS``, None is no limit.  ``chw_view``: a JPEG decoded by simplejpeg
-    to a uint8 tensor comes as a CHW view of its HWC pixels instead of a contiguous copy, for a
-    batching that writes it once, transposed, into its place in the batch (see
-    :meth:`SampleDecoder.for_default_batching`).
+    ``PIL.Image.MAX_IMAGE_PIXELS``, None is no limit.
     """
     spec = check_image_decode(image_decode)
-    padded = spec.output == "torch"  # RGBX pixels, for planes by whole-word shifts
+    padded = spec.output == "torch"  # RGBX pixels, for CHW planes by whole-word shifts
     array = _fast_jpeg_rgb(data, max_pixels, padded=padded) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
     if array is not None:
-        if padded:
-            return _from_rgbx_array(array, spec, chw_view=chw_view)
-        return _from_rgb_array(array, spec, chw_view=chw_view)
+        return _from_rgbx_array(array, spec) if padded else _from_rgb_array(array, spec)
     from PIL import Image
 
     try:
@@ -225,9 +227,8 @@ def decode_image_bytes(
     return _from_rgb_array(np.asarray(img), spec)
 
 
-def _from_rgb_array(array: Any, spec: ImageSpec, *, chw_view: bool = False) -> Any:
-    """A decoded HxW(xC) uint8 array -> the output ``spec`` asks for (numpy or CHW torch);
-    ``chw_view``: uint8 CHW as a view of the (writable) HWC array, no copy."""
+def _from_rgb_array(array: Any, spec: ImageSpec) -> Any:
+    """A decoded HxW(xC) uint8 array -> the output ``spec`` asks for (numpy or CHW torch)."""
     import numpy as np
 
     if spec.output == "numpy":
@@ -242,8 +243,6 @@ def _from_rgb_array(array: Any, spec: ImageSpec, *, chw_view: bool = False) -> A
     import torch
 
     if array.ndim == 3:
-        if chw_view and spec.uint8 and array.flags.writeable:
-            return torch.from_numpy(array).permute(2, 0, 1)
         array = array.transpose(2, 0, 1)
     # One copy: HWC -> contiguous CHW, cast to float on the way; asarray's buffer is read-only.
     result = np.array(array, dtype=np.uint8 if spec.uint8 else np.float32, order="C")
@@ -252,15 +251,11 @@ def _from_rgb_array(array: Any, spec: ImageSpec, *, chw_view: bool = False) -> A
     return torch.from_numpy(result)
 
 
-def _from_rgbx_array(array: Any, spec: ImageSpec, *, chw_view: bool = False) -> Any:
-    """A decoded HxWx4 RGBX uint8 array -> the CHW torch tensor ``spec`` asks for; ``chw_view``:
-    uint8 as a CHW view of the RGB bytes (strides 1, 4W, 4) for :func:`rgbx_planes` to split
-    straight into the batch."""
+def _from_rgbx_array(array: Any, spec: ImageSpec) -> Any:
+    """A decoded HxWx4 RGBX uint8 array -> the contiguous CHW torch tensor ``spec`` asks for."""
     import numpy as np
     import torch
 
-    if chw_view and spec.uint8:
-        return torch.from_numpy(array).permute(2, 0, 1)[:3]
     planes = rgbx_planes(array)
     if spec.uint8:
         return torch.from_numpy(planes)
@@ -273,33 +268,16 @@ def _from_rgbx_array(array: Any, spec: ImageSpec, *, chw_view: bool = False) -> 
 _CHANNEL_SHIFTS = (0, 8, 16) if sys.byteorder == "little" else (24, 16, 8)
 
 
-def rgbx_planes(rgbx: Any, out: Any = None) -> Any:
-    """The R, G and B planes (3xHxW uint8, into ``out`` when given) of HxWx4 uint8 pixels."""
+def rgbx_planes(rgbx: Any) -> Any:
+    """The R, G and B planes (3xHxW uint8, contiguous) of HxWx4 uint8 pixels."""
     import numpy as np
 
     words = rgbx.view(np.uint32)[..., 0]
-    if out is None:
-        out = np.empty((3, *words.shape), np.uint8)
+    out = np.empty((3, *words.shape), np.uint8)
     for plane, shift in zip(out, _CHANNEL_SHIFTS):
         # The cast keeps the low byte: the channel after the shift.
         np.copyto(plane, words >> shift if shift else words, casting="unsafe")
     return out
-
-
-def rgbx_view_pixels(view: Any) -> Any:
-    """For a 3xHxW uint8 CPU tensor that views RGB bytes of 4-byte pixels (what
-    ``decode_image_bytes(..., chw_view=True)`` gives for a JPEG), the HxWx4 numpy pixels it
-    views; None for any other tensor."""
-    import torch
-
-    if view.dtype != torch.uint8 or view.dim() != 3 or view.shape[0] != 3 or view.device.type != "cpu":
-        return None
-    height, width = view.shape[1], view.shape[2]
-    if view.stride() != (1, 4 * width, 4) or height * width == 0:
-        return None
-    if view.untyped_storage().nbytes() < view.storage_offset() + 4 * height * width:
-        return None  # the fourth byte of the last pixel is not there
-    return torch.as_strided(view, (height, width, 4), (4 * width, 4, 1)).numpy()
 
 
 _SIMPLEJPEG: Any = None  # the module once imported, False when it is not installed
@@ -308,12 +286,32 @@ _SIMPLEJPEG: Any = None  # the module once imported, False when it is not instal
 _SAME_AS_PILLOW = ("YCbCr", "Gray")
 
 
+#: Per thread, the memory RGBX pixels are decoded into before they are split into planes, kept
+#: for the next image: a new 256 KB array per image cost page faults (the loader's shuffle buffer
+#: holds the images, so freed blocks are rarely reused) that took most of what the planes saved.
+_scratch_memory = threading.local()
+#: Images larger than this decode into memory of their own, not kept (16 MiB: 2048x2048 RGBX).
+_SCRATCH_MAX_BYTES = 16 << 20
+
+
+def _scratch(nbytes: int) -> Any:
+    """This thread's scratch memory of at least ``nbytes`` (None above :data:`_SCRATCH_MAX_BYTES`)."""
+    import numpy as np
+
+    if nbytes > _SCRATCH_MAX_BYTES:
+        return None
+    memory = getattr(_scratch_memory, "array", None)
+    if memory is None or memory.nbytes < nbytes:
+        memory = _scratch_memory.array = np.empty(nbytes, np.uint8)
+    return memory
+
+
 def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, *, padded: bool = False) -> Any:
     """RGB pixels of a JPEG through simplejpeg (about 40% faster than Pillow's Python-level
-    open + decode), HxWx3 or with ``padded`` HxWx4 (RGBX), or None to use Pillow: not a JPEG,
-    simplejpeg missing, or a colour space where the two would not agree bit for bit. Raises
-    :class:`DecompressionBombError` for a JPEG whose header is over the pixel limit, before
-    decoding."""
+    open + decode), HxWx3 or with ``padded`` HxWx4 (RGBX, in this thread's scratch memory: valid
+    until its next decode), or None to use Pillow: not a JPEG, simplejpeg missing, or a colour
+    space where the two would not agree bit for bit. Raises :class:`DecompressionBombError` for a
+    JPEG whose header is over the pixel limit, before decoding."""
     global _SIMPLEJPEG
     if data[:2] != b"\xff\xd8":
         return None
@@ -333,7 +331,9 @@ def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMI
         return None
     check_image_pixels(width, height, max_pixels, source="JPEG image")
     try:
-        return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGBX" if padded else "RGB")
+        if padded:
+            return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGBX", buffer=_scratch(4 * width * height))
+        return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGB")
     except (ValueError, RuntimeError):
         return None  # let Pillow decode it, or raise its own error for a broken file
 
@@ -346,5 +346,4 @@ def decode_image(data: bytes, decoder: SampleDecoder) -> Any:
         decoder.image_decode,
         max_size=decoder.image_max_size,
         max_pixels=getattr(decoder, "max_image_pixels", PILLOW_PIXEL_LIMIT),
-        chw_view=getattr(decoder, "_chw_views", False),
     )

@@ -29,15 +29,6 @@ from ..format.metadataset import (
 )
 from ..format.resolved import ResolvedDataset, resolve_datasets
 from ..rng import dataset_seed
-from ..samples import (
-    CaptioningSample,
-    ImageClassificationSample,
-    ImageSample,
-    MultiChoiceVQASample,
-    OCRSample,
-    VQAOCRSample,
-    VQASample,
-)
 from ..storage import configure_storage
 from ..task_encoder.base import TaskEncoder
 from ..task_encoder.cooking import select_cooker
@@ -48,7 +39,7 @@ from .blend import BlendNode
 from .concat import ConcatNode
 from .group import GroupBatchNode
 from .guard import SampleGuard
-from .hooks import HookSpec, batch_member_context, hook_spec, stage_hook
+from .hooks import batch_member_context, hook_spec, stage_hook
 from .load import JoinLoader, SampleLoader
 from .map import MapNode
 from .node import Node
@@ -303,15 +294,12 @@ def _global_position(spec: PipelineSpec, local_worker_id: int) -> Callable[[int]
     return position
 
 
-def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, hook, cook: bool = True, chw_views: bool = False) -> Node:
-    """Dataset ``k``'s stages: source -> [cook] (crude datasets and JSONL; ``cook=False``: raw).
-    ``chw_views``: only the default batching sees the samples (:func:`_default_batching_only`)."""
+def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, hook, cook: bool = True) -> Node:
+    """Dataset ``k``'s stages: source -> [cook] (crude datasets and JSONL; ``cook=False``: raw)."""
     leaf = spec.plan.leaves[k]
     te = spec.task_encoder
     hooks = hook_spec(te)
     loader = leaf_loader(spec, k)
-    if chw_views:
-        _decode_into_batches(loader)
     multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
     order = partial(_slice_order, seed, multiplier) if spec.training else None
     node: Node = SliceSource(
@@ -327,41 +315,6 @@ def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, h
     if cooking is not None:
         node = MapNode(node, hook(te.cook_crude_sample, *cooking), guard=guard(stage="cook_crude_sample", tolerance=hooks.tolerance("cook_crude_sample"), dataset=k), tag="Cook")
     return node
-
-
-#: Our sample types with one image field and no field that could hold an image in a list: the
-#: default batching writes that field into a new tensor (stacked, or padded where sizes differ).
-_ONE_IMAGE_TYPES = frozenset({CaptioningSample, ImageSample, ImageClassificationSample, VQASample, MultiChoiceVQASample, OCRSample, VQAOCRSample})
-
-
-def _default_batching_only(spec: PipelineSpec, hooks: HookSpec) -> bool:
-    """Whether no hook of the task encoder sees a sample between its decode and the default
-    batching (no sample encoder, packing or grouping; the default ``batch``)."""
-    return (
-        spec.batch_size is not None
-        and hooks.default_batch
-        and hooks.sample_encoder is None
-        and not hooks.postencoder
-        and spec.packing_buffer_size is None
-        and not hooks.grouping
-    )
-
-
-def _decode_into_batches(loader: SampleLoader | JoinLoader) -> None:
-    """Where the samples are ours, built by field map, of a type with one image: decode JPEGs as
-    CHW views, which the default batching writes once, transposed, into their place in the batch
-    (:meth:`SampleDecoder.for_default_batching`) instead of after a copy of their own.  A dataset
-    factory, a ``sample_loader``, cookers, joins and the user's own sample types all see the
-    decoded values, so they keep contiguous images."""
-    config = loader.config if isinstance(loader, SampleLoader) else None  # None: JSONL, tokens
-    if (
-        config is not None
-        and config.kind == "field_map"
-        and config.sample_type in _ONE_IMAGE_TYPES
-        and loader.decoder is not None
-        and loader.sample_factory is None
-    ):
-        loader.decoder = loader.decoder.for_default_batching()
 
 
 def factory_arguments(spec: PipelineSpec, leaf: LeafDataset) -> dict[str, Any]:
@@ -390,12 +343,12 @@ def leaf_source(spec: PipelineSpec, k: int, local_worker_id: int, slices: list[t
     return _dataset_pipeline(spec, k, slices, seed=dataset_seed(seed, k), guard=guard, hook=None, cook=False)
 
 
-def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hook, chw_views: bool) -> Node:
+def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hook) -> Node:
     """The datasets of the plan, repeated and blended (training) or concatenated (val)."""
     plan = spec.plan
     per_dataset = [slices[local_worker_id] for slices in dataset_slices(spec)]
     nodes = [
-        _dataset_pipeline(spec, k, slices, seed=dataset_seed(seed, k), guard=guard, hook=hook, chw_views=chw_views)
+        _dataset_pipeline(spec, k, slices, seed=dataset_seed(seed, k), guard=guard, hook=hook)
         for k, slices in enumerate(per_dataset)
     ]
     if not spec.training:
@@ -436,7 +389,7 @@ def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
     seed = wc.worker_seed(local_worker_id)
     guard = partial(SampleGuard, wc.global_error_handler)
     hook = partial(stage_hook, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
-    node = _datasets(spec, local_worker_id, seed=seed, guard=guard, hook=hook, chw_views=_default_batching_only(spec, hooks))
+    node = _datasets(spec, local_worker_id, seed=seed, guard=guard, hook=hook)
     if spec.training and spec.shuffle_buffer_size is not None and spec.shuffle_buffer_size > 1:
         node = ShuffleBufferNode(node, spec.shuffle_buffer_size, seed=seed)
     if hooks.sample_encoder is not None:

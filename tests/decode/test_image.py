@@ -287,23 +287,6 @@ def test_jpeg_fast_path_gives_pillows_pixels(image_decode: str, monkeypatch) -> 
             assert not fast.flags.writeable
 
 
-def test_decoder_for_default_batching_gives_chw_views_of_the_same_pixels() -> None:
-    pytest.importorskip("simplejpeg")
-    plain = SampleDecoder(image_decode="torchrgb8")
-    batching = plain.for_default_batching()
-    jpeg = _encode(_random((12, 20, 3)), "JPEG")
-    contiguous = plain.decode_part("jpg", jpeg)
-    view = batching.decode_part("jpg", jpeg)
-    assert contiguous.is_contiguous() and contiguous.shape == (3, 12, 20)
-    # A view of the RGB bytes of RGBX pixels (four bytes a pixel), which the batch splits into planes.
-    assert view.shape == (3, 12, 20) and not view.is_contiguous() and view.stride() == (1, 80, 4)
-    assert torch.equal(view, contiguous)
-    # The user's decoder is not changed; Pillow's read-only pixels (PNG) and float images are copied.
-    assert plain.decode_part("jpg", jpeg).is_contiguous()
-    assert batching.decode_part("png", _encode(_random((12, 20, 3)), "PNG")).is_contiguous()
-    assert SampleDecoder(image_decode="torchrgb").for_default_batching().decode_part("jpg", jpeg).is_contiguous()
-
-
 def test_rgbx_planes_split_four_byte_pixels_into_channel_planes() -> None:
     from megatron_energon_lite.decode.image import rgbx_planes
 
@@ -311,22 +294,28 @@ def test_rgbx_planes_split_four_byte_pixels_into_channel_planes() -> None:
     planes = rgbx_planes(rgbx)
     assert planes.shape == (3, 7, 5) and planes.dtype == np.uint8 and planes.flags.c_contiguous
     assert np.array_equal(planes, rgbx[:, :, :3].transpose(2, 0, 1))  # the fourth byte is dropped
-    out = np.zeros((3, 7, 5), np.uint8)
-    assert rgbx_planes(rgbx, out) is out and np.array_equal(out, planes)
 
 
-def test_rgbx_view_pixels_recognises_only_views_of_four_byte_pixels() -> None:
-    from megatron_energon_lite.decode.image import rgbx_view_pixels
+@pytest.mark.parametrize("image_decode", ["torchrgb8", "torchrgb"])
+def test_torch_jpeg_outputs_are_contiguous_chw(image_decode: str) -> None:
+    pytest.importorskip("simplejpeg")
+    pixels = _random((12, 20, 3))
+    image = decode_image_bytes(_encode(pixels, "JPEG"), image_decode)
+    assert image.shape == (3, 12, 20) and image.is_contiguous() and image.dtype == (torch.uint8 if image_decode == "torchrgb8" else torch.float32)
 
-    rgbx = torch.from_numpy(_random((6, 4, 4)))
-    view = rgbx.permute(2, 0, 1)[:3]
-    pixels = rgbx_view_pixels(view)
-    assert pixels is not None and np.shares_memory(pixels, rgbx.numpy()) and np.array_equal(pixels, rgbx.numpy())
-    # Not such a view: contiguous CHW, HWC with three bytes a pixel, another dtype or channel count.
-    assert rgbx_view_pixels(view.contiguous()) is None
-    assert rgbx_view_pixels(torch.from_numpy(_random((6, 4, 3))).permute(2, 0, 1)) is None
-    assert rgbx_view_pixels(rgbx.permute(2, 0, 1)) is None
-    assert rgbx_view_pixels(view.float()) is None
-    # The same strides over a storage that ends before the last pixel's fourth byte.
-    short = torch.as_strided(torch.arange(4 * 24 - 1, dtype=torch.uint8), (3, 6, 4), (1, 16, 4))
-    assert rgbx_view_pixels(short) is None
+
+def test_torch_jpeg_outputs_own_their_memory_across_decodes(monkeypatch) -> None:
+    """RGBX pixels are decoded into memory kept for the next image; no output may share it."""
+    pytest.importorskip("simplejpeg")
+    from megatron_energon_lite.decode import image as image_module
+
+    first, second = _random((12, 20, 3), seed=1), _random((12, 20, 3), seed=2)
+    jpegs = [_encode(first, "JPEG"), _encode(second, "JPEG")]
+    expected = [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).transpose(2, 0, 1) for data in jpegs]
+    for limit in (image_module._SCRATCH_MAX_BYTES, 0):  # kept memory, and memory of its own
+        monkeypatch.setattr(image_module, "_SCRATCH_MAX_BYTES", limit)
+        images = [decode_image_bytes(data, "torchrgb8") for data in jpegs]
+        larger = decode_image_bytes(_encode(_random((40, 30, 3)), "JPEG"), "torchrgb8")  # the kept memory grows
+        assert larger.shape == (3, 40, 30)
+        for image, pixels in zip(images, expected):
+            assert np.array_equal(image.numpy(), pixels)
