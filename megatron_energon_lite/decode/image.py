@@ -46,7 +46,6 @@ from __future__ import annotations
 import functools
 import io
 import sys
-import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ConfigError, format_message
@@ -286,32 +285,12 @@ _SIMPLEJPEG: Any = None  # the module once imported, False when it is not instal
 _SAME_AS_PILLOW = ("YCbCr", "Gray")
 
 
-#: Per thread, the memory RGBX pixels are decoded into before they are split into planes, kept
-#: for the next image: a new 256 KB array per image cost page faults (the loader's shuffle buffer
-#: holds the images, so freed blocks are rarely reused) that took most of what the planes saved.
-_scratch_memory = threading.local()
-#: Images larger than this decode into memory of their own, not kept (16 MiB: 2048x2048 RGBX).
-_SCRATCH_MAX_BYTES = 16 << 20
-
-
-def _scratch(nbytes: int) -> Any:
-    """This thread's scratch memory of at least ``nbytes`` (None above :data:`_SCRATCH_MAX_BYTES`)."""
-    import numpy as np
-
-    if nbytes > _SCRATCH_MAX_BYTES:
-        return None
-    memory = getattr(_scratch_memory, "array", None)
-    if memory is None or memory.nbytes < nbytes:
-        memory = _scratch_memory.array = np.empty(nbytes, np.uint8)
-    return memory
-
-
 def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, *, padded: bool = False) -> Any:
     """RGB pixels of a JPEG through simplejpeg (about 40% faster than Pillow's Python-level
-    open + decode), HxWx3 or with ``padded`` HxWx4 (RGBX, in this thread's scratch memory: valid
-    until its next decode), or None to use Pillow: not a JPEG, simplejpeg missing, or a colour
-    space where the two would not agree bit for bit. Raises :class:`DecompressionBombError` for a
-    JPEG whose header is over the pixel limit, before decoding."""
+    open + decode), HxWx3 or with ``padded`` HxWx4 (RGBX), or None to use Pillow: not a JPEG,
+    simplejpeg missing, or a colour space where the two would not agree bit for bit. Raises
+    :class:`DecompressionBombError` for a JPEG whose header is over the pixel limit, before
+    decoding."""
     global _SIMPLEJPEG
     if data[:2] != b"\xff\xd8":
         return None
@@ -331,9 +310,7 @@ def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMI
         return None
     check_image_pixels(width, height, max_pixels, source="JPEG image")
     try:
-        if padded:
-            return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGBX", buffer=_scratch(4 * width * height))
-        return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGB")
+        return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGBX" if padded else "RGB")
     except (ValueError, RuntimeError):
         return None  # let Pillow decode it, or raise its own error for a broken file
 

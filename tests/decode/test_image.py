@@ -303,19 +303,3 @@ def test_torch_jpeg_outputs_are_contiguous_chw(image_decode: str) -> None:
     image = decode_image_bytes(_encode(pixels, "JPEG"), image_decode)
     assert image.shape == (3, 12, 20) and image.is_contiguous() and image.dtype == (torch.uint8 if image_decode == "torchrgb8" else torch.float32)
 
-
-def test_torch_jpeg_outputs_own_their_memory_across_decodes(monkeypatch) -> None:
-    """RGBX pixels are decoded into memory kept for the next image; no output may share it."""
-    pytest.importorskip("simplejpeg")
-    from megatron_energon_lite.decode import image as image_module
-
-    first, second = _random((12, 20, 3), seed=1), _random((12, 20, 3), seed=2)
-    jpegs = [_encode(first, "JPEG"), _encode(second, "JPEG")]
-    expected = [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).transpose(2, 0, 1) for data in jpegs]
-    for limit in (image_module._SCRATCH_MAX_BYTES, 0):  # kept memory, and memory of its own
-        monkeypatch.setattr(image_module, "_SCRATCH_MAX_BYTES", limit)
-        images = [decode_image_bytes(data, "torchrgb8") for data in jpegs]
-        larger = decode_image_bytes(_encode(_random((40, 30, 3)), "JPEG"), "torchrgb8")  # the kept memory grows
-        assert larger.shape == (3, 40, 30)
-        for image, pixels in zip(images, expected):
-            assert np.array_equal(image.numpy(), pixels)
