@@ -303,3 +303,15 @@ def test_torch_jpeg_outputs_are_contiguous_chw(image_decode: str) -> None:
     image = decode_image_bytes(_encode(pixels, "JPEG"), image_decode)
     assert image.shape == (3, 12, 20) and image.is_contiguous() and image.dtype == (torch.uint8 if image_decode == "torchrgb8" else torch.float32)
 
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (3, 7, 3), (17, 1, 3), (1, 33, 3)])
+def test_torch_jpeg_outputs_of_odd_sizes_are_pillows_pixels(shape: tuple[int, int, int]) -> None:
+    """RGBX planes for any width and height, colour or grey, as Pillow decodes them."""
+    pytest.importorskip("simplejpeg")
+    for mode in ("RGB", "L"):
+        buffer = io.BytesIO()
+        Image.fromarray(_random(shape)).convert(mode).save(buffer, "JPEG", quality=85)
+        expected = np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")).transpose(2, 0, 1)
+        image = decode_image_bytes(buffer.getvalue(), "torchrgb8")
+        assert image.is_contiguous() and np.array_equal(image.numpy(), expected), mode
