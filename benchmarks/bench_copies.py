@@ -10,8 +10,7 @@ made (workers run ahead of the loop, so that is more than the loop received):
 - decode: simplejpeg's output (``decode.image._fast_jpeg_rgb``): for torch outputs RGBX, four
   bytes a pixel, so 4/3 of the image;
 - CHW copy: the decoder's contiguous CHW image (``decode.image._from_rgbx_array``, the planes of
-  the RGBX pixels, or ``_from_rgb_array`` when its result does not share the decoded array's
-  memory);
+  the RGBX pixels, or ``_from_rgb_array`` for what Pillow decoded);
 - batch: the stacked (or padded) batch (``samples.batch_stack``);
 - hand-over: a worker's copy of a batch tensor into a slab (``handover._Placement._place``
   when the tensor was not made there), or into torch's shared memory (a tensor that goes
@@ -98,7 +97,7 @@ def measure(workers: int, root: str, batches: int) -> None:
 
     def counted_from_rgb(array, *args, **kwargs):
         result = from_rgb(array, *args, **kwargs)
-        if isinstance(result, torch.Tensor) and not np.shares_memory(result.numpy(), array):
+        if isinstance(result, torch.Tensor):  # always a contiguous CHW copy
             add("CHW copy", result.nbytes)
         return result
 

@@ -235,9 +235,7 @@ def _from_rgb_array(array: Any, spec: ImageSpec) -> Any:
             if array.flags.writeable:  # read-only like Pillow's buffer (and Energon's output)
                 array.setflags(write=False)
             return array
-        result = array.astype(np.float32)
-        result /= 255.0
-        return result
+        return _unit_floats(array)
 
     import torch
 
@@ -252,15 +250,19 @@ def _from_rgb_array(array: Any, spec: ImageSpec) -> Any:
 
 def _from_rgbx_array(array: Any, spec: ImageSpec) -> Any:
     """A decoded HxWx4 RGBX uint8 array -> the contiguous CHW torch tensor ``spec`` asks for."""
-    import numpy as np
     import torch
 
     planes = rgbx_planes(array)
-    if spec.uint8:
-        return torch.from_numpy(planes)
-    result = planes.astype(np.float32)
+    return torch.from_numpy(planes if spec.uint8 else _unit_floats(planes))
+
+
+def _unit_floats(array: Any) -> Any:
+    """uint8 values as float32 in [0, 1] (a new array, same layout)."""
+    import numpy as np
+
+    result = array.astype(np.float32)
     result /= 255.0
-    return torch.from_numpy(result)
+    return result
 
 
 #: Bit offset of R, G and B in a pixel's 32-bit word, by the machine's byte order.
