@@ -40,7 +40,7 @@ from .rank_state import (
     check_same_config,
 )
 from .worker import WorkerConfig
-from .wrappers.base import SavableDataset
+from .pipeline.recipe import Recipe
 
 __all__ = [
     "Topology",
@@ -130,7 +130,7 @@ def _config_on(config: dict, rank: int, world_size: int, num_workers: int) -> di
     return {**config, **dict(zip(TOPOLOGY_KEYS, (rank, world_size, num_workers)))}
 
 
-def redistributed_rank_state(state: dict, dataset: SavableDataset, worker_config: WorkerConfig) -> RankState:
+def redistributed_rank_state(state: dict, dataset: Recipe, worker_config: WorkerConfig) -> RankState:
     """This rank's state from a redistributed one (:func:`redistribute`), which must be for this
     rank of this topology."""
     config = state.get("config", {}) if isinstance(state.get("config"), dict) else {}
@@ -198,7 +198,7 @@ def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> l
     return moved
 
 
-def elastic_rank_state(states: Sequence[dict], dataset: SavableDataset, worker_config: WorkerConfig) -> RankState:
+def elastic_rank_state(states: Sequence[dict], dataset: Recipe, worker_config: WorkerConfig) -> RankState:
     """This rank's state on ``worker_config``'s topology, from every rank's state of another one:
     the saved worker states moved (:func:`moved_states`) where the global worker count is the
     same, else the rest of the running epoch divided anew."""
@@ -281,7 +281,7 @@ def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> 
     return Remainder(tuple(epochs), tuple(ranges), tuple([] for _ in range(count)), blend)
 
 
-def _schedule_rates(dataset: SavableDataset, worker_config: WorkerConfig, pooled: Remainder) -> list[list[int]] | None:
+def _schedule_rates(dataset: Recipe, worker_config: WorkerConfig, pooled: Remainder) -> list[list[int]] | None:
     """Exact blends: per new global worker, how often its positions in the schedule take each
     dataset (from the global position where the saved stream stopped); None for other pipelines.
 

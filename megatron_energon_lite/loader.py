@@ -61,6 +61,7 @@ from .pipeline.aux_sources import activate_cache_pool
 from .pipeline.build import (
     PipelineSpec,
     build_worker_pipeline,
+    default_recipe,
     rank_length,
     validate,
     worker_lengths,
@@ -80,12 +81,11 @@ from .stall import (
     timed,
 )
 from .storage import configure_storage, configured_storage, is_remote
-from .task_encoder import DefaultTaskEncoder, TaskEncoder
+from .pipeline.recipe import Recipe, Watchdog, input_recipes, share
+from .pipeline.task_hooks import DefaultHooks, Hooks
 from .worker import WorkerConfig
 from .worker_queue import DirectForkContext, direct_queues_from_env
 from .worker_start import StartWatch, worker_start_seconds_from_env
-from .wrappers.base import SavableDataset, share
-from .wrappers.compose import DatasetBlendMode, loaded_datasets, overrides_build
 
 logger = logging.getLogger(__name__)
 
@@ -96,17 +96,25 @@ WORKER_TAG = "Worker"
 _UNSET: Any = object()
 
 
-class PipelineDataset(SavableDataset):
-    """What ``get_train_dataset`` / ``get_val_dataset`` return: the default pipeline of a spec
-    (``pipeline/build.py``), or, when the task encoder overrides Energon's ``build_*`` methods,
-    the wrappers they compose."""
+class PipelineDataset(Recipe):
+    """What ``get_train_dataset`` / ``get_val_dataset`` return: the pipeline of a spec, as
+    ``pipeline/build.py`` composes it, or as the task encoder composes it
+    (``Hooks.compose_pipeline``: Energon's ``build_*`` overrides) from the same stage recipes.
 
-    def __init__(self, spec: PipelineSpec) -> None:
+    A composition equal to the default one is the default one: the same stages, lengths,
+    fingerprint and elastic resume. Any other composition's fingerprint adds its recipes
+    (``"composition"``), and it is moved to another topology stage by stage."""
+
+    def __init__(self, spec: PipelineSpec, recipe: Recipe | None = None) -> None:
         super().__init__()
         validate(spec)
         self.spec = spec
+        default = default_recipe(spec)
+        self.recipe = default if recipe is None or recipe == default else recipe
+        self.composed = self.recipe is not default
         self.worker_config = spec.worker_config
-        self._worker_lengths = worker_lengths(spec)  # also validates the dataset and split up front
+        # Also validates the dataset and split up front.
+        self._worker_lengths = worker_lengths(spec) if not self.composed else [self.recipe.worker_length(w) for w in range(spec.worker_config.workers_per_rank)]
         self._length = rank_length(spec, self._worker_lengths)
         if spec.training and spec.repeat and not any(self._worker_lengths):
             # An endless stream of nothing: the first batch would be a bare StopIteration.
@@ -121,13 +129,16 @@ class PipelineDataset(SavableDataset):
                     fix="use fewer ranks or workers, a larger dataset or subset, or batch_drop_last=False",
                 )
             )
-        self._config = spec.fingerprint()  # saved with every state: computed once
+        # Saved with every state: computed once.
+        self._config = spec.fingerprint() if not self.composed else {**spec.fingerprint(), "composition": self.recipe.config()}
+        if self.composed:
+            _warn_unmovable(self.recipe)
 
     def build_worker(self, local_worker_id: int) -> Node:
-        return build_worker_pipeline(self.spec, local_worker_id)
+        return build_worker_pipeline(self.spec, local_worker_id, self.recipe)
 
     def worker_length(self, local_worker_id: int) -> int:
-        if self.passes_continue:  # virtual epochs and val limits give each worker its share
+        if self.passes_continue and not self.composed:  # virtual epochs and val limits give each worker its share
             return share(self._length, self.worker_config.workers_per_rank, local_worker_id)
         return self._worker_lengths[local_worker_id]
 
@@ -138,20 +149,41 @@ class PipelineDataset(SavableDataset):
         return self._config
 
     def with_topology(self, worker_config: WorkerConfig) -> PipelineDataset:
-        return PipelineDataset(self.spec.with_topology(worker_config))
+        spec = self.spec.with_topology(worker_config)
+        return PipelineDataset(spec, self.recipe.with_topology(worker_config) if self.composed else None)
 
     @property
     def passes_continue(self) -> bool:
+        if self.composed:
+            return self.recipe.passes_continue
         # Virtual epochs and val limits split one stream into passes; the pipeline keeps going.
         spec = self.spec
         return bool(spec.training and spec.virtual_epoch_length) or (not spec.training and spec.limit is not None)
+
+
+def _warn_unmovable(recipe: Recipe) -> None:
+    """Says at build time which stages of a composed pipeline are not the core's stage recipes:
+    such a pipeline saves and restores exactly, but cannot be resumed on another topology."""
+    found = []
+    pending = [recipe]
+    while pending:
+        current = pending.pop()
+        if type(current).with_topology is Recipe.with_topology:
+            found.append(type(current).__qualname__)
+        pending.extend(input_recipes(current))
+    if found:
+        logger.warning(
+            "the task encoder's pipeline has stages that are not the loader's stage recipes (%s): it saves and "
+            "restores exactly, but restore_state_global cannot move it to another number of ranks or workers",
+            ", ".join(sorted(set(found))),
+        )
 
 
 class _WorkerStreams(torch.utils.data.IterableDataset):
     """What the DataLoader iterates: in each worker, that worker's pipeline from the dataset's
     recipe, yielding ``(item, logical worker id, state after this item)``."""
 
-    def __init__(self, dataset: SavableDataset) -> None:
+    def __init__(self, dataset: Recipe) -> None:
         super().__init__()
         self.recipe = dataset
         self.worker_config = dataset.worker_config
@@ -332,7 +364,7 @@ class _Carrier:
 
 def _dataset_names(dataset: Any) -> list[str]:
     """The plan's datasets, for the stall report (none when ``dataset`` is not our pipeline)."""
-    while not isinstance(dataset, PipelineDataset) and isinstance(getattr(dataset, "dataset", None), SavableDataset):
+    while not isinstance(dataset, PipelineDataset) and isinstance(getattr(dataset, "dataset", None), Recipe):
         dataset = dataset.dataset
     if not isinstance(dataset, PipelineDataset):
         return []
@@ -425,14 +457,14 @@ class SavableDataLoader(torch.utils.data.DataLoader):
 
     def __init__(
         self,
-        dataset: SavableDataset,
+        dataset: Recipe,
         *,
         prefetch_factor: int = 2,
         cache_pool: CachePool | None = None,
         stall_report: bool = False,
         stall_report_every_s: float | None = None,
     ) -> None:
-        if not isinstance(dataset, SavableDataset):
+        if not isinstance(dataset, Recipe):
             raise ConfigError(format_message("get_loader expects the result of get_train_dataset, get_val_dataset or a dataset wrapper", found=type(dataset).__name__))
         self.savable_dataset = dataset
         self.worker_config = dataset.worker_config
@@ -796,7 +828,7 @@ _VAL_KWARGS = frozenset({"max_samples_per_sequence", "shuffle_over_epochs_multip
 _DEPRECATED_DECODER_KWARGS = ("image_decode", "av_decode", "video_decode_audio")
 
 
-def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: TaskEncoder) -> None:
+def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: Hooks) -> None:
     """Energon's deprecated ``auto_decode``, ``image_decode``, ``av_decode``, ``video_decode_audio``
     and ``handler`` (popped from ``kwargs``), with Energon's precedence: ``auto_decode=False``
     sets the task encoder's decoder to None; the decoder arguments replace the default decoder
@@ -830,7 +862,7 @@ def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: TaskEncoder) ->
         stacklevel=4,
     )
     current = task_encoder.decoder
-    if current is TaskEncoder.decoder:  # the default decoder: the arguments replace it
+    if current is Hooks.decoder:  # the default decoder: the arguments replace it
         task_encoder.decoder = SampleDecoder(**decoder_args)
         return
     differing = (
@@ -881,8 +913,8 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
         worker_config = WorkerConfig.default_worker_config()
     if not isinstance(worker_config, WorkerConfig):
         raise ConfigError(format_message("worker_config must be a WorkerConfig", found=type(worker_config).__name__, fix="pass WorkerConfig.default_worker_config(num_workers)"))
-    task_encoder = DefaultTaskEncoder() if task_encoder is _UNSET else task_encoder
-    if not isinstance(task_encoder, TaskEncoder):
+    task_encoder = DefaultHooks() if task_encoder is _UNSET else task_encoder
+    if not isinstance(task_encoder, Hooks):
         raise ConfigError(format_message("task_encoder must be a TaskEncoder", found=type(task_encoder).__name__))
     known = _DATASET_KWARGS if training else _DATASET_KWARGS | _VAL_KWARGS
     unknown = sorted(set(kwargs) - known)
@@ -917,7 +949,7 @@ def _spec(path, *, training: bool, worker_config, task_encoder, packing_buffer_s
     return spec
 
 
-def _dataset(spec: PipelineSpec, mock: Any = None) -> SavableDataset:
+def _dataset(spec: PipelineSpec, mock: Any = None) -> Recipe:
     """The dataset of a spec: the default pipeline, or what the task encoder's ``build_*`` overrides
     compose; with ``mock`` (the argument, else the YAML's ``mock:``) its first item per worker, again
     and again (``mock.py``)."""
@@ -932,33 +964,8 @@ def _dataset(spec: PipelineSpec, mock: Any = None) -> SavableDataset:
     return MockDataset(dataset, mode=mode, endless=endless, name=f"{spec.path} (split {spec.split_part})")
 
 
-def _real_dataset(spec: PipelineSpec) -> SavableDataset:
-    if not overrides_build(spec.task_encoder):
-        return PipelineDataset(spec)
-    validate(spec)
-    te, wc = spec.task_encoder, spec.worker_config
-    datasets = loaded_datasets(spec)
-    if spec.training:
-        mode = {"single": DatasetBlendMode.NONE, "blend": DatasetBlendMode.DATASET_WEIGHT, "blend_epochized": DatasetBlendMode.SAMPLE_REPETITIONS}[spec.plan.kind]
-        dataset = te.build_train_datasets(
-            datasets=datasets, worker_config=wc, batch_size=spec.batch_size, batch_drop_last=spec.batch_drop_last,
-            packing_buffer_size=spec.packing_buffer_size, virtual_epoch_length=spec.virtual_epoch_length,
-            shuffle_buffer_size=spec.shuffle_buffer_size, blend_mode=mode, repeat=spec.repeat,
-        )
-    else:
-        dataset = te.build_val_datasets(
-            datasets=datasets, worker_config=wc, batch_size=spec.batch_size, batch_drop_last=spec.batch_drop_last,
-            packing_buffer_size=spec.packing_buffer_size, limit=spec.limit,
-        )
-    if not isinstance(dataset, SavableDataset):
-        raise ConfigError(
-            format_message(
-                f"{type(te).__name__}.build_{'train' if spec.training else 'val'}_datasets returned {type(dataset).__name__}",
-                expected="a dataset built from the datasets it was given and the wrappers of megatron_energon_lite (MapDataset, BatchDataset, ...)",
-                fix="return the composed dataset",
-            )
-        )
-    return dataset
+def _real_dataset(spec: PipelineSpec) -> PipelineDataset:
+    return PipelineDataset(spec, spec.task_encoder.compose_pipeline(spec))
 
 
 def get_train_dataset(
@@ -973,12 +980,12 @@ def get_train_dataset(
     max_samples_per_sequence: int | None = None,
     virtual_epoch_length: int = 0,
     shuffle_over_epochs_multiplier: int | None = 1,
-    task_encoder: TaskEncoder = _UNSET,
+    task_encoder: Hooks = _UNSET,
     repeat: bool = True,
     blend_mode: str | None = None,
     mock: bool | str | None = None,
     **kwargs,
-) -> SavableDataset:
+) -> Recipe:
     """Energon's ``get_train_dataset``: shuffled slices, optional shuffle buffer, infinite by default.
 
     ``path`` is a prepared dataset, a ``.jsonl`` file, a metadataset YAML (or dict) or a
@@ -1029,11 +1036,11 @@ def get_val_dataset(
     batch_drop_last: bool = False,
     packing_buffer_size: int | None = None,
     limit: int | None = None,
-    task_encoder: TaskEncoder = _UNSET,
+    task_encoder: Hooks = _UNSET,
     _leaf_plan: BlendPlan | None = None,
     mock: bool | str | None = None,
     **kwargs,
-) -> SavableDataset:
+) -> Recipe:
     """Energon's ``get_val_dataset``: sequential, one pass, ``limit`` batches per pass.
 
     Takes the keyword arguments of :func:`get_train_dataset` (``worker_config`` defaults the same
@@ -1068,7 +1075,7 @@ _ENERGON_LOADER_ARGS = frozenset({
 })
 
 
-def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_args: dict, ours: dict[str, Any]) -> SavableDataLoader:
+def _make_loader(dataset: Recipe, prefetch_factor: int | None, energon_args: dict, ours: dict[str, Any]) -> SavableDataLoader:
     """``prefetch_factor`` None: the dataset's ``WorkerConfig.prefetch_factor``, else 2."""
     import warnings
 
@@ -1094,10 +1101,8 @@ def _make_loader(dataset: SavableDataset, prefetch_factor: int | None, energon_a
     watchdog_timeout = energon_args.pop("watchdog_timeout_seconds", 60)
     watchdog_initial_timeout = energon_args.pop("watchdog_initial_timeout_seconds", None)
     fail_on_timeout = energon_args.pop("fail_on_timeout", False)
-    if watchdog_timeout is not None and isinstance(dataset, SavableDataset):
-        from .wrappers.watchdog_dataset import WatchdogDataset
-
-        dataset = WatchdogDataset(dataset, worker_config, timeout_seconds=watchdog_timeout, initial_timeout_seconds=watchdog_initial_timeout, fail_on_timeout=fail_on_timeout)
+    if watchdog_timeout is not None and isinstance(dataset, Recipe):
+        dataset = Watchdog(dataset, worker_config, timeout_seconds=watchdog_timeout, initial_timeout_seconds=watchdog_initial_timeout, fail_on_timeout=fail_on_timeout)
     ignored = sorted(k for k, v in energon_args.items() if v is not None)
     if ignored:
         logger.info("ignoring Energon loader arguments %s: states travel with every batch here", ", ".join(ignored))
@@ -1116,7 +1121,7 @@ def _stall_args(stall_report: bool, stall_report_every_s: float | None) -> dict[
     return {"stall_report": stall_report, "stall_report_every_s": stall_report_every_s}
 
 
-def get_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, stall_report: bool = False, stall_report_every_s: float | None = None, **energon_args) -> SavableDataLoader:
+def get_loader(dataset: Recipe, *, prefetch_factor: int | None = None, stall_report: bool = False, stall_report_every_s: float | None = None, **energon_args) -> SavableDataLoader:
     """A loader over ``dataset`` (the same class as the savable one: saving costs nothing here).
     ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2.
     As in Energon, ``watchdog_timeout_seconds`` (default 60, None: off),
@@ -1128,7 +1133,7 @@ def get_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, s
     return _make_loader(dataset, prefetch_factor, energon_args, _stall_args(stall_report, stall_report_every_s))
 
 
-def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int | None = None, stall_report: bool = False, stall_report_every_s: float | None = None, **energon_args) -> SavableDataLoader:
+def get_savable_loader(dataset: Recipe, *, prefetch_factor: int | None = None, stall_report: bool = False, stall_report_every_s: float | None = None, **energon_args) -> SavableDataLoader:
     """Energon's savable loader.  Energon's checkpoint tuning arguments (``checkpoint_every_sec``,
     ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here.
     ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2.
@@ -1136,7 +1141,7 @@ def get_savable_loader(dataset: SavableDataset, *, prefetch_factor: int | None =
     return _make_loader(dataset, prefetch_factor, energon_args, _stall_args(stall_report, stall_report_every_s))
 
 
-def get_val_datasets(path, *, split_part: str = "val", **kwargs) -> list[tuple[SavableDataset, dict[str, Any]]]:
+def get_val_datasets(path, *, split_part: str = "val", **kwargs) -> list[tuple[Recipe, dict[str, Any]]]:
     """Energon's ``get_val_datasets``: one validation dataset per leaf dataset, not concatenated.
 
     Each entry is ``(dataset, description)``; Energon gives its factory object as the second

@@ -42,13 +42,12 @@ from .errors import (
     format_message,
 )
 from .loader import _spec  # the argument handling of get_train_dataset
-from .pipeline.build import leaf_cooking, leaf_loader, validate
+from .pipeline.build import default_recipe, leaf_cooking, leaf_loader, validate
 from .pipeline.hooks import hook_spec
 from .rng import stage_id
-from .task_encoder.base import DefaultTaskEncoder, TaskEncoder
-from .task_encoder.marks import HookState, invoke
+from .pipeline.marks import HookState, invoke
+from .pipeline.task_hooks import DefaultHooks, Hooks
 from .worker import WorkerConfig
-from .wrappers.compose import overrides_build
 
 __all__ = ["MapStyleDataset", "blend_counts", "blend_order", "get_map_dataset"]
 
@@ -142,7 +141,7 @@ class MapStyleDataset(torch.utils.data.Dataset):
     rebuilds the view (metadata and blend index) and opens files when it first reads.
     """
 
-    def __init__(self, path: Any, *, split_part: str = "train", task_encoder: TaskEncoder | None = None, seed: int = 42,
+    def __init__(self, path: Any, *, split_part: str = "train", task_encoder: Hooks | None = None, seed: int = 42,
                  num_samples: int | None = None, worker_config: WorkerConfig | None = None, trust_dataset_code: bool = False,
                  **kwargs: Any) -> None:
         self._arguments = dict(path=path, split_part=split_part, task_encoder=task_encoder, seed=seed, num_samples=num_samples,
@@ -158,7 +157,7 @@ class MapStyleDataset(torch.utils.data.Dataset):
             path,
             training=True,  # a blend keeps its weights in every split, as Megatron's blends do
             worker_config=worker_config or WorkerConfig(rank=0, world_size=1, num_workers=0),
-            task_encoder=DefaultTaskEncoder() if task_encoder is None else task_encoder,
+            task_encoder=DefaultHooks() if task_encoder is None else task_encoder,
             packing_buffer_size=None,
             kwargs={**kwargs, "trust_dataset_code": trust_dataset_code},
             split_part=split_part,
@@ -182,10 +181,15 @@ class MapStyleDataset(torch.utils.data.Dataset):
 
     # --- construction ---------------------------------------------------------------------
 
+    def _composes_its_own(self) -> bool:
+        """Whether the task encoder composes a pipeline other than the default one (``build_*``)."""
+        recipe = self.task_encoder.compose_pipeline(self.spec)
+        return recipe is not None and recipe != default_recipe(self.spec)
+
     def _check_task_encoder(self) -> None:
         name = type(self.task_encoder).__name__
         what = "packs samples (select_samples_to_pack)" if self._hooks.packing else "groups batches (batch_group_criterion)" if self._hooks.grouping else None
-        if what is None and overrides_build(self.task_encoder):
+        if what is None and self._composes_its_own():
             what = "builds its own pipeline (build_train_datasets, ...)"
         if what is not None:
             raise ConfigError(
@@ -395,7 +399,7 @@ def get_map_dataset(
     path: Any,
     *,
     split_part: str = "train",
-    task_encoder: TaskEncoder | None = None,
+    task_encoder: Hooks | None = None,
     seed: int = 42,
     num_samples: int | None = None,
     worker_config: WorkerConfig | None = None,

@@ -45,7 +45,7 @@ import torch.utils.data
 from .errors import ConfigError, EmptyDatasetError, StateError, format_message
 from .pipeline.node import Node, State, get_restore_key, set_restore_key
 from .pipeline.state_check import check_count
-from .wrappers.base import SavableDataset
+from .pipeline.recipe import Recipe
 
 __all__ = ["MOCK_MODES", "MockDataset", "MockNode", "mock_mode"]
 
@@ -215,14 +215,14 @@ class MockNode(Node[Any]):
 # --- the dataset -------------------------------------------------------------------------------
 
 
-class MockDataset(SavableDataset[Any]):
+class MockDataset(Recipe[Any]):
     """``dataset``'s first item per worker, again and again (see the module's docstring).
 
     ``endless``: the real stream never ends (a training stream that repeats); otherwise each
     pass yields the real number of items per worker.  ``name`` names the dataset in errors.
     """
 
-    def __init__(self, dataset: SavableDataset[Any], *, mode: str = "same", endless: bool, name: str) -> None:
+    def __init__(self, dataset: Recipe[Any], *, mode: str = "same", endless: bool, name: str) -> None:
         super().__init__()
         if mode not in MOCK_MODES:
             raise ConfigError(format_message("invalid mock mode", expected=" or ".join(MOCK_MODES), found=repr(mode)))

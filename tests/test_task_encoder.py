@@ -37,8 +37,8 @@ from megatron_energon_lite.task_encoder import (
     hook_context,
     stateless,
 )
-from megatron_energon_lite.task_encoder.cooking import select_cooker
-from megatron_energon_lite.task_encoder.marks import StatelessSpec, stateless_spec
+from megatron_energon_lite.pipeline.cooking import select_cooker
+from megatron_energon_lite.pipeline.marks import StatelessSpec, stateless_spec
 
 
 def energon():

@@ -30,25 +30,19 @@ from ..format.metadataset import (
 from ..format.resolved import ResolvedDataset, resolve_datasets
 from ..rng import dataset_seed
 from ..storage import configure_storage
-from ..task_encoder.base import TaskEncoder
-from ..task_encoder.cooking import select_cooker
+from ..samples import CrudeSample
 from ..worker import WorkerConfig
 from .aux_sources import aux_stores
-from .batch import BatchNode
-from .blend import BlendNode
-from .concat import ConcatNode
-from .group import GroupBatchNode
+from .cooking import select_cooker
 from .guard import SampleGuard
-from .hooks import batch_member_context, hook_spec, stage_hook
+from .hooks import hook_spec, stage_hook
 from .load import JoinLoader, SampleLoader
 from .map import MapNode
 from .node import Node
-from .pack import PackNode
-from .passes import PassNode
-from .repeat import RepeatNode
+from .recipe import Batch, Blend, Concat, GroupBatch, Map, Pack, Pass, Recipe, Repeat, Shuffle, input_recipes
 from .sharding import Slices, epoch_slice_order, rotation_offset_for, worker_slices
-from .shuffle import ShuffleBufferNode
 from .source import SliceSource
+from .task_hooks import Hooks, fingerprint_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +65,7 @@ class PipelineSpec:
     dataset_config: str | None = None
     split_config: str | None = None
     trust_dataset_code: bool = False
-    task_encoder: TaskEncoder = dataclasses.field(default=None, compare=False)
+    task_encoder: Hooks = dataclasses.field(default=None, compare=False)
     plan: BlendPlan = dataclasses.field(default=None, compare=False)
     blend_mode: str = "random"
     packing_buffer_size: int | None = None
@@ -99,7 +93,7 @@ class PipelineSpec:
             "limit": self.limit,
             "repeat": self.repeat,
             "shuffle_over_epochs_multiplier": self.shuffle_over_epochs_multiplier,
-            "task_encoder": type(self.task_encoder).__qualname__,
+            "task_encoder": fingerprint_name(self.task_encoder),
             "decoder": None if decoder is None else decoder.config(),
             # Blends only, so that a plain dataset's fingerprint stays as it was.
             **(self._blend_fingerprint() if self.plan.kind != "single" else {}),
@@ -110,10 +104,14 @@ class PipelineSpec:
 
     def with_topology(self, worker_config: WorkerConfig) -> PipelineSpec:
         """The same plan for another rank or topology (elastic resume), sharing the datasets
-        this spec read: nothing is read again."""
-        other = dataclasses.replace(self, worker_config=worker_config)
-        other.__dict__["datasets"] = self.datasets  # the cached_property's value
-        return other
+        this spec read: nothing is read again. Asked again for the same worker config, the same
+        spec (so every source of a composed pipeline shares one)."""
+        made = self.__dict__.setdefault("_topologies", {})
+        if id(worker_config) not in made:
+            other = dataclasses.replace(self, worker_config=worker_config)
+            other.__dict__["datasets"] = self.datasets  # the cached_property's value
+            made[id(worker_config)] = (worker_config, other)  # the config is kept: its id stays unique
+        return made[id(worker_config)][1]
 
     def _blend_fingerprint(self) -> dict[str, Any]:
         """The datasets of a blend (or val concatenation) and each one's target share of samples."""
@@ -256,11 +254,6 @@ def worker_lengths(spec: PipelineSpec) -> list[int]:
     return lengths
 
 
-def share(length: int, num_workers: int, local_worker_id: int) -> int:
-    """Energon's per-worker share of a per-rank length (virtual epochs, limit)."""
-    return length // num_workers + (1 if local_worker_id < length % num_workers else 0)
-
-
 def rank_length(spec: PipelineSpec, lengths: list[int] | None = None) -> int:
     """``len(dataset)``: items per pass for this rank, as Energon computes it (``lengths``: the
     :func:`worker_lengths` of ``spec`` when the caller has them)."""
@@ -274,24 +267,6 @@ def rank_length(spec: PipelineSpec, lengths: list[int] | None = None) -> int:
 
 def _slice_order(seed: int, multiplier: int, num_slices: int, epoch: int) -> list[int]:
     return epoch_slice_order(num_slices, seed=seed, epoch=epoch, shuffle_over_epochs=multiplier)
-
-
-def _global_position(spec: PipelineSpec, local_worker_id: int) -> Callable[[int], int]:
-    """Where this worker's ``n``-th blended sample sits in the global training stream.
-
-    The stream is ordered by training step, then rank, then position in the batch: the loader
-    takes one batch from each local worker in turn, so this worker's ``k``-th batch is rank step
-    ``k * workers + local_worker_id``, taken by all ranks at once.
-    """
-    wc = spec.worker_config
-    batch = spec.batch_size or 1
-    workers, ranks, rank = wc.workers_per_rank, wc.world_size, wc.rank
-
-    def position(n: int) -> int:
-        k, j = divmod(n, batch)
-        return ((k * workers + local_worker_id) * ranks + rank) * batch + j
-
-    return position
 
 
 def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, hook, cook: bool = True) -> Node:
@@ -334,110 +309,184 @@ def is_crude(loader) -> bool:
     return loader.crude
 
 
-def leaf_source(spec: PipelineSpec, k: int, local_worker_id: int, slices: list[tuple[int, int]]) -> Node:
-    """Dataset ``k`` of the plan on one worker (``slices``: its part of ``dataset_slices(spec)[k]``),
-    uncooked: what Energon's ``dataset.build()`` gives a task encoder that composes its own pipeline."""
-    wc = spec.worker_config
-    seed = wc.worker_seed(local_worker_id)
-    guard = partial(SampleGuard, wc.global_error_handler)
-    return _dataset_pipeline(spec, k, slices, seed=dataset_seed(seed, k), guard=guard, hook=None, cook=False)
+class Source(Recipe):
+    """Dataset ``index`` of a spec's plan on each worker: its slices (shuffled per epoch for
+    training), then, with ``cook`` and a crude dataset, the task encoder's cooker. Energon's
+    ``dataset.build()`` gives it uncooked."""
+
+    def __init__(self, spec: PipelineSpec, index: int, *, cook: bool) -> None:
+        super().__init__()
+        self.spec = spec
+        self.index = index
+        self.cook = cook
+        self.worker_config = spec.worker_config
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Source) and other.spec is self.spec and (other.index, other.cook) == (self.index, self.cook)
+
+    __hash__ = Recipe.__hash__
+
+    @property
+    def leaf(self) -> LeafDataset:
+        return self.spec.plan.leaves[self.index]
+
+    @property
+    def subflavors(self) -> dict[str, Any]:
+        """Its samples' subflavors: its ``dataset.yaml``'s, overridden by the metadataset's."""
+        config = self.spec.datasets[self.index].config
+        return {**(config.subflavors if config is not None else {}), **self.leaf.subflavors}
+
+    @property
+    def crude(self) -> bool:
+        """Whether its samples are crude dicts that a cooker must turn into samples."""
+        return self.spec.plan.leaves[self.index].join is None and self.spec.datasets[self.index].yields is CrudeSample
+
+    def cooked(self) -> Source:
+        return Source(self.spec, self.index, cook=True)
+
+    def build_worker(self, local_worker_id: int) -> Node:
+        spec, wc = self.spec, self.worker_config
+        seed = wc.worker_seed(local_worker_id)
+        guard = partial(SampleGuard, wc.global_error_handler)
+        hook = partial(stage_hook, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
+        slices = spec.slices[self.index][local_worker_id]
+        return _dataset_pipeline(spec, self.index, slices, seed=dataset_seed(seed, self.index), guard=guard, hook=hook, cook=self.cook)
+
+    def worker_length(self, local_worker_id: int) -> int:
+        return self.spec.slices[self.index][local_worker_id].samples
+
+    def config(self) -> dict[str, Any]:
+        spec = self.spec
+        return {"type": "DatasetSource", "dataset": spec.plan.leaves[self.index].describe(), "training": spec.training, "split_part": spec.split_part, "cook": self.cook}
+
+    def with_topology(self, worker_config: WorkerConfig) -> Source:
+        return Source(self.spec.with_topology(worker_config), self.index, cook=self.cook)
+
+    def __repr__(self) -> str:
+        return f"Source({self.spec.plan.leaves[self.index].where!r}{', cooked' if self.cook else ''})"
 
 
-def _datasets(spec: PipelineSpec, local_worker_id: int, *, seed: int, guard, hook) -> Node:
-    """The datasets of the plan, repeated and blended (training) or concatenated (val)."""
-    plan = spec.plan
-    per_dataset = [slices[local_worker_id] for slices in dataset_slices(spec)]
-    nodes = [
-        _dataset_pipeline(spec, k, slices, seed=dataset_seed(seed, k), guard=guard, hook=hook)
-        for k, slices in enumerate(per_dataset)
-    ]
+def plan_sources(recipe: Recipe) -> list[Source]:
+    """The plan sources ``recipe`` reads from, in order."""
+    if isinstance(recipe, Source):
+        return [recipe]
+    return [source for inner in input_recipes(recipe) for source in plan_sources(inner)]
+
+
+def sources(spec: PipelineSpec) -> list[Source]:
+    """Each dataset of the plan, cooked where it is crude."""
+    result = []
+    for k in range(len(spec.plan.leaves)):
+        source = Source(spec, k, cook=False)
+        result.append(source.cooked() if source.crude else source)
+    return result
+
+
+def datasets_recipe(spec: PipelineSpec, datasets: list[Recipe] | None = None) -> Recipe:
+    """The datasets of the plan (``datasets``: their recipes, default :func:`sources`), repeated
+    and blended (training) or concatenated (val), in the spec's blend mode."""
+    plan, wc = spec.plan, spec.worker_config
+    nodes = sources(spec) if datasets is None else list(datasets)
     if not spec.training:
-        return nodes[0] if len(nodes) == 1 else ConcatNode(nodes)
+        return nodes[0] if len(nodes) == 1 else Concat(tuple(nodes), wc)
     if plan.kind == "single":
-        return RepeatNode(nodes[0]) if spec.repeat else nodes[0]
-    names = [leaf.where for leaf in plan.leaves]
+        return Repeat(nodes[0], wc, count_samples=False) if spec.repeat else nodes[0]
+    names = tuple(leaf.where for leaf in plan.leaves)
     if plan.kind == "blend":
-        nodes = [RepeatNode(node) for node in nodes]
-        position = _global_position(spec, local_worker_id) if spec.blend_mode == "exact" else None
-        cost = spec.task_encoder.sample_cost if spec.blend_mode == "cost" else None
-        return BlendNode(
-            nodes, [leaf.weight for leaf in plan.leaves], seed=seed, mode=spec.blend_mode, position=position, names=names, infinite=True, cost=cost,
-            position_batch=spec.batch_size or 1,
+        return Blend(
+            tuple(Repeat(node, wc, count_samples=False) for node in nodes),
+            wc,
+            tuple(leaf.weight for leaf in plan.leaves),
+            mode=spec.blend_mode,
+            names=names,
+            infinite=True,
+            cost=spec.task_encoder.sample_cost if spec.blend_mode == "cost" else None,
+            global_batch=(spec.batch_size or 1) if spec.blend_mode == "exact" else None,
         )
-    # blend_epochized: every dataset `repetitions` times per pass.
-    counts = [slices.samples for slices in per_dataset]
-    nodes = [RepeatNode(node, leaf.repetitions, worker_samples=n) for node, leaf, n in zip(nodes, plan.leaves, counts)]
-    if spec.blend_mode == "exact":
-        # Exact per worker: the schedule's weights are the items each dataset yields on this worker.
-        weights = [_repeated(n, leaf.repetitions) for n, leaf in zip(counts, plan.leaves)]
-    else:
-        # Energon's weights: dataset length (after its subset) times repetitions.
-        weights = [size * leaf.repetitions for size, leaf in zip(dataset_sizes(spec), plan.leaves)]
-    if sum(weights) == 0:
-        weights = [1] * len(nodes)  # this worker has no samples at all: the blend is empty
-    blend = BlendNode(nodes, weights, seed=seed, mode=spec.blend_mode, names=names)
-    return RepeatNode(blend) if spec.repeat else blend
+    # blend_epochized: every dataset `repetitions` times per pass. Exact: per worker, the schedule's
+    # weights are the items each dataset yields on it; random: Energon's weights, each dataset's
+    # length (after its subset) times its repetitions.
+    nodes = [Repeat(node, wc, leaf.repetitions) for node, leaf in zip(nodes, plan.leaves)]
+    weights = tuple(size * leaf.repetitions for size, leaf in zip(dataset_sizes(spec), plan.leaves))
+    blend = Blend(tuple(nodes), wc, weights, mode=spec.blend_mode, names=names, worker_weights=spec.blend_mode == "exact")
+    return Repeat(blend, wc, count_samples=False) if spec.repeat else blend
 
 
-def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int) -> Node:
-    """The stages of worker ``local_worker_id`` of this rank (0 when there are no workers)."""
-    wc = spec.worker_config
-    te = spec.task_encoder
-    hooks = hook_spec(te)
-    for protocol, (options, settings) in spec.storage.items():  # a spawned worker starts empty
-        configure_storage(protocol, storage_options=options, settings=settings)
-    seed = wc.worker_seed(local_worker_id)
-    guard = partial(SampleGuard, wc.global_error_handler)
-    hook = partial(stage_hook, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
-    node = _datasets(spec, local_worker_id, seed=seed, guard=guard, hook=hook)
-    if spec.training and spec.shuffle_buffer_size is not None and spec.shuffle_buffer_size > 1:
-        node = ShuffleBufferNode(node, spec.shuffle_buffer_size, seed=seed)
-    if hooks.sample_encoder is not None:
-        name = hooks.sample_encoder
-        node = MapNode(node, hook(getattr(te, name)), guard=guard(stage=name, tolerance=hooks.tolerance(name)))
-    postencode = hook(te.postencode_sample) if hooks.postencoder else None
-    if spec.packing_buffer_size is not None:
+def encode_sample_recipe(hooks: Hooks, dataset: Recipe, worker_config: WorkerConfig) -> Recipe:
+    """``encode_sample`` (or ``preencode_sample``) on every sample, when it does something."""
+    spec = hook_spec(hooks)
+    if spec.sample_encoder is None:
+        return dataset
+    name = spec.sample_encoder
+    return Map(dataset, worker_config, getattr(hooks, name), stage=name, tolerance=spec.tolerance(name))
+
+
+def batch_recipe(hooks: Hooks, dataset: Recipe, worker_config: WorkerConfig, *, batch_size: int | None, batch_drop_last: bool = False, packing_buffer_size: int | None = None, group_buffer_size: int | None = None) -> Recipe:
+    """Packing or post-encoding, then batching (grouped when ``batch_group_criterion`` is
+    overridden), then ``encode_batch`` when it does something."""
+    spec = hook_spec(hooks)
+    postencode = hooks.postencode_sample if spec.postencoder else None
+    if packing_buffer_size is not None:
+        if not spec.packing:
+            raise ConfigError(
+                format_message(
+                    "packing_buffer_size needs a task encoder that packs",
+                    where=spec.task_encoder,
+                    expected="select_samples_to_pack and pack_selected_samples overridden",
+                    fix="override both hooks, or leave packing_buffer_size None",
+                )
+            )
         # Members are post-encoded once they are chosen for a pack (Energon's order).
-        node = PackNode(
-            node,
-            spec.packing_buffer_size,
-            hook(te.select_samples_to_pack),
-            hook(te.pack_selected_samples),
+        dataset = Pack(
+            dataset,
+            worker_config,
+            packing_buffer_size,
+            hooks.select_samples_to_pack,
+            hooks.pack_selected_samples,
             postencode=postencode,
-            allow_drop=bool(getattr(te, "packing_may_drop_samples", False)),
-            guard=guard(stage="pack_selected_samples", tolerance=hooks.tolerance("pack_selected_samples")),
-            select_guard=guard(stage="select_samples_to_pack", tolerance=hooks.tolerance("select_samples_to_pack")),
+            allow_drop=bool(getattr(hooks, "packing_may_drop_samples", False)),
+            tolerance=spec.tolerance("pack_selected_samples"),
+            select_tolerance=spec.tolerance("select_samples_to_pack"),
         )
     elif postencode is not None:
-        node = MapNode(node, postencode, guard=guard(stage="postencode_sample", tolerance=hooks.tolerance("postencode_sample")), tag="Postencode")
-    batcher = hook(te.batch, batch=True)
-    if hooks.grouping:
-        node = GroupBatchNode(
-            node,
-            hook(te.batch_group_criterion),
-            batcher,
-            batch_size=spec.batch_size,
-            drop_last=spec.batch_drop_last,
-            max_buffered=spec.group_buffer_size,
-            guard=guard(stage="batch", tolerance=hooks.tolerance("batch")),
-        )
-    elif spec.batch_size is not None:
-        node = BatchNode(
-            node,
-            spec.batch_size,
-            batcher,
-            drop_last=spec.batch_drop_last,
-            guard=guard(stage="batch", tolerance=hooks.tolerance("batch")),
-            member_context=batch_member_context(local_worker_id=local_worker_id, workers=wc.workers_per_rank),
-        )
-    if hooks.grouping or spec.batch_size is not None:
-        if hooks.batch_encoder:
-            node = MapNode(node, hook(te.encode_batch, batch=True), guard=guard(stage="encode_batch", tolerance=hooks.tolerance("encode_batch")), tag="EncodeBatch")
+        dataset = Map(dataset, worker_config, postencode, stage="postencode_sample", tolerance=spec.tolerance("postencode_sample"), tag="Postencode")
+    if spec.grouping:
+        dataset = GroupBatch(dataset, worker_config, batch_size, hooks.batch_group_criterion, hooks.batch, drop_last=batch_drop_last, tolerance=spec.tolerance("batch"), max_buffered=group_buffer_size)
+    elif batch_size is not None:
+        dataset = Batch(dataset, worker_config, batch_size, hooks.batch, drop_last=batch_drop_last, tolerance=spec.tolerance("batch"))
+    else:
+        return dataset
+    if spec.batch_encoder:
+        dataset = Map(dataset, worker_config, hooks.encode_batch, stage="encode_batch", tolerance=spec.tolerance("encode_batch"), tag="EncodeBatch", batch=True)
+    return dataset
+
+
+def passes_recipe(spec: PipelineSpec, dataset: Recipe) -> Recipe:
+    """Virtual epochs (training) or the val limit: where a pass ends."""
     if spec.training and spec.virtual_epoch_length > 0:
-        node = PassNode(node, share(spec.virtual_epoch_length, wc.workers_per_rank, local_worker_id), what="items per virtual epoch")
+        return Pass(dataset, spec.worker_config, spec.virtual_epoch_length, what="items per virtual epoch")
     if not spec.training and spec.limit is not None:
-        node = PassNode(node, share(spec.limit, wc.workers_per_rank, local_worker_id), restart=True, what="the limit of items per pass")
-    return node
+        return Pass(dataset, spec.worker_config, spec.limit, restart=True, capped=True, what="the limit of items per pass")
+    return dataset
+
+
+def default_recipe(spec: PipelineSpec) -> Recipe:
+    """The pipeline of ``spec``, composed as Energon composes it (module docstring)."""
+    te, wc = spec.task_encoder, spec.worker_config
+    recipe = datasets_recipe(spec)
+    if spec.training and spec.shuffle_buffer_size is not None and spec.shuffle_buffer_size > 1:
+        recipe = Shuffle(recipe, wc, spec.shuffle_buffer_size)
+    recipe = encode_sample_recipe(te, recipe, wc)
+    recipe = batch_recipe(te, recipe, wc, batch_size=spec.batch_size, batch_drop_last=spec.batch_drop_last, packing_buffer_size=spec.packing_buffer_size, group_buffer_size=spec.group_buffer_size)
+    return passes_recipe(spec, recipe)
+
+
+def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int, recipe: Recipe | None = None) -> Node:
+    """The stages of worker ``local_worker_id`` of this rank (0 when there are no workers) that
+    ``recipe`` (default: :func:`default_recipe`) composes over ``spec``'s datasets."""
+    for protocol, (options, settings) in spec.storage.items():  # a spawned worker starts empty
+        configure_storage(protocol, storage_options=options, settings=settings)
+    return (default_recipe(spec) if recipe is None else recipe).build_worker(local_worker_id)
 
 
 def leaf_loader(spec: PipelineSpec, k: int) -> SampleLoader | JoinLoader:

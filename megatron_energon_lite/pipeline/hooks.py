@@ -14,9 +14,8 @@ from typing import Any, TypeVar
 
 from ..decode import SampleDecoder
 from ..errors import ConfigError, format_message
-from ..task_encoder.base import DefaultTaskEncoder, TaskEncoder
-from ..task_encoder.cooking import Cooker
-from ..task_encoder.marks import (
+from .cooking import Cooker
+from .marks import (
     HOOK_STATE,
     HookState,
     check_tolerance,
@@ -26,6 +25,7 @@ from ..task_encoder.marks import (
     stateless_spec,
 )
 from .guard import describe_item
+from .task_hooks import DefaultHooks, Hooks
 
 __all__ = ["HOOK_NAMES", "HookInfo", "HookSpec", "call_hook", "hook_seed", "hook_spec", "stage_hook"]  # hook_seed: re-exported for tests
 
@@ -70,7 +70,7 @@ class HookInfo:
     """One hook of a task encoder, as :func:`hook_spec` found it."""
 
     name: str
-    #: Defined outside :class:`TaskEncoder` (Energon's meaning: DefaultTaskEncoder's hooks count).
+    #: Defined outside :class:`Hooks` (Energon's meaning: DefaultTaskEncoder's hooks count).
     overridden: bool
     #: Marked with ``@stateless``.
     stateless: bool
@@ -139,7 +139,7 @@ def _is_defined_by(task_encoder: Any, name: str, *bases: type) -> bool:
     return any(base.__dict__.get(name) is func for base in bases)
 
 
-def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
+def hook_spec(task_encoder: Hooks[Any, Any, Any, Any]) -> HookSpec:
     """Reads which hooks ``task_encoder`` overrides and how they are marked, and checks Energon's rules.
 
     Raises :class:`ConfigError` for: ``encode_sample`` together with ``preencode_sample``; only
@@ -149,7 +149,7 @@ def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
     """
     cls = type(task_encoder)
     cls_name = f"{cls.__module__}.{cls.__qualname__}"
-    if not isinstance(task_encoder, TaskEncoder):
+    if not isinstance(task_encoder, Hooks):
         raise ConfigError(
             format_message(
                 "the task encoder must derive from megatron_energon_lite's TaskEncoder",
@@ -175,7 +175,7 @@ def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
         tolerance = default_tolerance if spec is None or spec.failure_tolerance is None else spec.failure_tolerance
         hooks[name] = HookInfo(
             name=name,
-            overridden=not _is_defined_by(task_encoder, name, TaskEncoder),
+            overridden=not _is_defined_by(task_encoder, name, Hooks),
             stateless=spec is not None,
             restore_seeds=spec is not None and spec.restore_seeds,
             failure_tolerance=tolerance,
@@ -183,7 +183,7 @@ def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
         )
 
     # Energon's rules.
-    if hooks["preencode_sample"].overridden and not _is_defined_by(task_encoder, "encode_sample", TaskEncoder, DefaultTaskEncoder):
+    if hooks["preencode_sample"].overridden and not _is_defined_by(task_encoder, "encode_sample", Hooks, DefaultHooks):
         raise ConfigError(
             format_message(
                 f"{cls_name} overrides both encode_sample and preencode_sample",
@@ -225,17 +225,17 @@ def hook_spec(task_encoder: TaskEncoder[Any, Any, Any, Any]) -> HookSpec:
     if hooks["preencode_sample"].overridden:
         sample_encoder: str | None = "preencode_sample"
     elif hooks["encode_sample"].overridden and not (
-        _is_defined_by(task_encoder, "encode_sample", DefaultTaskEncoder) and task_encoder._encoded_sample_type is None  # type: ignore[attr-defined]
+        _is_defined_by(task_encoder, "encode_sample", DefaultHooks) and task_encoder._encoded_sample_type is None  # type: ignore[attr-defined]
     ):
         sample_encoder = "encode_sample"
     else:
         sample_encoder = None
     batch_encoder = hooks["encode_batch"].overridden and not (
-        _is_defined_by(task_encoder, "encode_batch", DefaultTaskEncoder)
+        _is_defined_by(task_encoder, "encode_batch", DefaultHooks)
         and task_encoder._batch_type in (None, task_encoder._raw_batch_type)  # type: ignore[attr-defined]
     )
     default_batch = not hooks["batch"].overridden or (
-        _is_defined_by(task_encoder, "batch", DefaultTaskEncoder) and task_encoder._raw_batch_type is None  # type: ignore[attr-defined]
+        _is_defined_by(task_encoder, "batch", DefaultHooks) and task_encoder._raw_batch_type is None  # type: ignore[attr-defined]
     )
     return HookSpec(
         task_encoder=cls_name,

@@ -1,6 +1,6 @@
 """WatchdogNode: passes a pipeline through and reports a ``next()`` that takes longer than a timeout.
 
-The stage behind :class:`~megatron_energon_lite.wrappers.watchdog_dataset.WatchdogDataset` (and
+The stage behind :class:`~megatron_energon_lite.pipeline.recipe.Watchdog` (and
 every loader's default watchdog): a daemon thread per worker checks how long the running call has
 taken and, when it is overdue, reports the stuck thread's stack and calls the trigger.
 
@@ -28,7 +28,7 @@ from ..fork_hook import ForkMixin
 from .node import Node, PassThroughNode, State
 
 if TYPE_CHECKING:
-    from ..wrappers.watchdog_dataset import WatchdogDataset
+    from .recipe import Watchdog
 
 __all__ = ["StuckReports", "WatchdogNode", "describe_stack", "short_repr"]
 
@@ -70,7 +70,7 @@ class WatchdogNode(ForkMixin, PassThroughNode[T]):
         self,
         source: Node[T],
         *,
-        owner: WatchdogDataset,
+        owner: Watchdog,
         timeout: float,
         initial_timeout: float | None,
         where: str,

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import ConfigError, format_message
-from ..pipeline.batch import BatchNode
-from ..pipeline.hooks import batch_member_context
-from ..pipeline.node import Node
+from ..pipeline.recipe import Batch
 from ..worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset, function_config
 
@@ -21,7 +19,7 @@ def check_batch_size(owner: str, batch_size: Any, *, optional: bool = False) -> 
         raise ConfigError(format_message(f"invalid {owner}(batch_size=...)", expected="a positive integer" + (" or None" if optional else ""), found=repr(batch_size)))
 
 
-class BatchDataset(BaseWrapperDataset[Any]):
+class BatchDataset(BaseWrapperDataset[Any], Batch[Any]):
     """Energon's ``BatchDataset(dataset, batch_size, batcher, *, worker_config, drop_last=False, ...)``."""
 
     def __init__(
@@ -43,21 +41,4 @@ class BatchDataset(BaseWrapperDataset[Any]):
         self.batcher_stateless = batcher_stateless
         self.batcher_config = batcher_config
         self.drop_last = drop_last
-        self.failure_tolerance = failure_tolerance
-
-    def build_worker(self, local_worker_id: int) -> Node:
-        return BatchNode(
-            self.dataset.build_worker(local_worker_id),
-            self.batch_size,
-            self._stage_fn(self.batcher, local_worker_id, batch=True),
-            drop_last=self.drop_last,
-            guard=self._guard("batch", self.failure_tolerance),
-            member_context=batch_member_context(local_worker_id=local_worker_id, workers=self.worker_config.workers_per_rank),
-        )
-
-    def worker_length(self, local_worker_id: int) -> int:
-        samples = self.dataset.worker_length(local_worker_id)
-        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
-
-    def _own_config(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "batcher": function_config(self.batcher), "drop_last": self.drop_last}
+        self.tolerance = self.failure_tolerance = failure_tolerance

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError, format_message
-from ..pipeline.blend import BlendNode
-from ..pipeline.node import Node
+from ..pipeline.recipe import Blend
 from ..worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset
 
@@ -34,7 +33,7 @@ def split_weights(owner: str, dataset_weights: tuple[Any, ...]) -> tuple[list[Sa
     return datasets, weights
 
 
-class BlendDataset(BaseWrapperDataset[Any]):
+class BlendDataset(BaseWrapperDataset[Any], Blend[Any]):
     """Energon's ``BlendDataset((dataset, weight), ..., worker_config=...)``.
 
     Each sample comes from dataset ``i`` with probability ``weight_i / sum(weights)``, drawn from
@@ -46,18 +45,5 @@ class BlendDataset(BaseWrapperDataset[Any]):
     def __init__(self, *dataset_weights: tuple[SavableDataset[Any], float], worker_config: WorkerConfig) -> None:
         datasets, weights = split_weights("BlendDataset", dataset_weights)
         super().__init__(*datasets, worker_config=worker_config)
-        self.weights = weights
-
-    def build_worker(self, local_worker_id: int) -> Node:
-        return BlendNode(
-            [d.build_worker(local_worker_id) for d in self.datasets],
-            self.weights,
-            seed=self.worker_config.worker_seed(local_worker_id),
-            names=[f"BlendDataset dataset {i}" for i in range(len(self.datasets))],
-        )
-
-    def worker_length(self, local_worker_id: int) -> int:
-        return sum(d.worker_length(local_worker_id) for d in self.datasets)
-
-    def _own_config(self) -> dict[str, Any]:
-        return {"weights": self.weights}
+        self.weights = tuple(weights)
+        self.names = tuple(f"BlendDataset dataset {i}" for i in range(len(datasets)))

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..pipeline.filter import FilterNode
-from ..pipeline.node import Node
+from ..pipeline.recipe import Filter
 from ..worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset, function_config
 
 __all__ = ["FilterDataset"]
 
 
-class FilterDataset(BaseWrapperDataset[Any]):
+class FilterDataset(BaseWrapperDataset[Any], Filter[Any]):
     """Energon's ``FilterDataset(dataset, *, filter_fn, filter_fn_config=None, worker_config)``.
     ``len()`` is the wrapped dataset's (an upper bound), as in Energon."""
 
@@ -25,11 +24,5 @@ class FilterDataset(BaseWrapperDataset[Any]):
         worker_config: WorkerConfig,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
-        self.filter_fn = filter_fn
+        self.predicate = self.filter_fn = filter_fn
         self.filter_fn_config = filter_fn_config
-
-    def build_worker(self, local_worker_id: int) -> Node:
-        return FilterNode(self.dataset.build_worker(local_worker_id), self._stage_fn(self.filter_fn, local_worker_id), guard=self._guard("filter", 100))
-
-    def _own_config(self) -> dict[str, Any]:
-        return {"filter_fn": function_config(self.filter_fn)}

@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError, format_message
-from ..pipeline.node import Node
-from ..pipeline.passes import PassNode
+from ..pipeline.recipe import Pass
 from ..worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset, share
 
 __all__ = ["LimitDataset"]
 
 
-class LimitDataset(BaseWrapperDataset[Any]):
+class LimitDataset(BaseWrapperDataset[Any], Pass[Any]):
     """Energon's ``LimitDataset(dataset, length, *, reset_after_epoch=False, worker_config)``.
 
     Each worker yields its share of ``length`` per pass. With ``reset_after_epoch`` every pass
@@ -27,20 +26,6 @@ class LimitDataset(BaseWrapperDataset[Any]):
         if not isinstance(length, int) or isinstance(length, bool) or length < 0:
             raise ConfigError(format_message("invalid LimitDataset(length=...)", expected="an integer >= 0 (items per pass of this rank)", found=repr(length)))
         self.length = length
-        self.reset_after_epoch = reset_after_epoch
-
-    def build_worker(self, local_worker_id: int) -> Node:
-        return PassNode(self.dataset.build_worker(local_worker_id), self._share(local_worker_id), restart=self.reset_after_epoch, what="the limit of items per pass")
-
-    def _share(self, local_worker_id: int) -> int:
-        return share(self.length, self.worker_config.workers_per_rank, local_worker_id)
-
-    def worker_length(self, local_worker_id: int) -> int:
-        return min(self._share(local_worker_id), self.dataset.worker_length(local_worker_id)) if not self.dataset.passes_continue else self._share(local_worker_id)
-
-    @property
-    def passes_continue(self) -> bool:
-        return True
-
-    def _own_config(self) -> dict[str, Any]:
-        return {"length": self.length, "reset_after_epoch": self.reset_after_epoch}
+        self.restart = self.reset_after_epoch = reset_after_epoch
+        self.capped = True
+        self.what = "the limit of items per pass"

@@ -1,18 +1,17 @@
-"""MapDataset: applies a function to every sample (a generator function may yield 0..n outputs)."""
+"""MapDataset: applies a function to every sample."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..pipeline.map import MapNode
-from ..pipeline.node import Node
+from ..pipeline.recipe import Map
 from ..worker import WorkerConfig
-from .base import BaseWrapperDataset, SavableDataset, function_config
+from .base import BaseWrapperDataset, SavableDataset
 
 __all__ = ["MapDataset"]
 
 
-class MapDataset(BaseWrapperDataset[Any]):
+class MapDataset(BaseWrapperDataset[Any], Map[Any]):
     """Energon's ``MapDataset(dataset, map_fn, *, worker_config, ...)``.
 
     ``stateless_map_fn`` is accepted for Energon's signature: outputs here are always rebuilt
@@ -31,18 +30,11 @@ class MapDataset(BaseWrapperDataset[Any]):
         worker_config: WorkerConfig,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
-        self.map_fn = map_fn
+        self.fn = self.map_fn = map_fn
         self.stateless_map_fn = stateless_map_fn
         self.map_fn_config = map_fn_config
-        self.failure_tolerance = failure_tolerance
+        self.tolerance = self.failure_tolerance = failure_tolerance
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return MapNode(
-            self.dataset.build_worker(local_worker_id),
-            self._stage_fn(self.map_fn, local_worker_id),
-            guard=self._guard("map", self.failure_tolerance),
-        )
-
-    def _own_config(self) -> dict[str, Any]:
+    def own_config(self) -> dict[str, Any]:
         config = self.map_fn_config() if callable(self.map_fn_config) else self.map_fn_config
-        return {"map_fn": function_config(self.map_fn), **({"map_fn_config": config} if config is not None else {})}
+        return {**super().own_config(), **({"map_fn_config": config} if config is not None else {})}

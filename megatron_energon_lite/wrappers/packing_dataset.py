@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import ConfigError, format_message
-from ..pipeline.node import Node
-from ..pipeline.pack import PackNode
+from ..pipeline.recipe import Pack
 from ..worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset, function_config
 
 __all__ = ["PackingDataset"]
 
 
-class PackingDataset(BaseWrapperDataset[Any]):
+class PackingDataset(BaseWrapperDataset[Any], Pack[Any]):
     """Energon's ``PackingDataset(dataset, buffer_size, pre_packer, final_packer, *, sample_encoder=None, worker_config, ...)``.
 
     ``pre_packer(buffer) -> [[samples of pack 1], ...]`` chooses the packs, ``sample_encoder``
@@ -41,28 +40,8 @@ class PackingDataset(BaseWrapperDataset[Any]):
         if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size <= 0:
             raise ConfigError(format_message("invalid PackingDataset(buffer_size=...)", expected="a positive integer", found=repr(buffer_size)))
         self.buffer_size = buffer_size
-        self.pre_packer = pre_packer
-        self.final_packer = final_packer
-        self.sample_encoder = sample_encoder
-        self.pre_packer_failure_tolerance = pre_packer_failure_tolerance
-        self.final_packer_failure_tolerance = final_packer_failure_tolerance
-
-    def build_worker(self, local_worker_id: int) -> Node:
-        return PackNode(
-            self.dataset.build_worker(local_worker_id),
-            self.buffer_size,
-            self._stage_fn(self.pre_packer, local_worker_id),
-            self._stage_fn(self.final_packer, local_worker_id),
-            postencode=None if self.sample_encoder is None else self._stage_fn(self.sample_encoder, local_worker_id),
-            allow_drop=True,
-            guard=self._guard("pack_selected_samples", self.final_packer_failure_tolerance),
-            select_guard=self._guard("select_samples_to_pack", self.pre_packer_failure_tolerance),
-        )
-
-    def _own_config(self) -> dict[str, Any]:
-        return {
-            "buffer_size": self.buffer_size,
-            "pre_packer": function_config(self.pre_packer),
-            "final_packer": function_config(self.final_packer),
-            "sample_encoder": None if self.sample_encoder is None else function_config(self.sample_encoder),
-        }
+        self.select = self.pre_packer = pre_packer
+        self.pack = self.final_packer = final_packer
+        self.postencode = self.sample_encoder = sample_encoder
+        self.select_tolerance = self.pre_packer_failure_tolerance = pre_packer_failure_tolerance
+        self.tolerance = self.final_packer_failure_tolerance = final_packer_failure_tolerance

@@ -22,6 +22,7 @@ from megatron_energon_lite import (
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.pipeline import watchdog as pipeline_watchdog
+from megatron_energon_lite.pipeline.recipe import Watchdog
 from megatron_energon_lite.wrappers import MapDataset
 from megatron_energon_lite.wrappers.watchdog_dataset import (
     WatchdogDataset,
@@ -76,7 +77,7 @@ def triggers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         with record.open("a") as f:
             f.write(f"{os.getpid()}\n")
 
-    monkeypatch.setattr(WatchdogDataset, "_watchdog_trigger", trigger)
+    monkeypatch.setattr(Watchdog, "_watchdog_trigger", trigger)  # the loader's watchdog and WatchdogDataset alike
     return record
 
 
@@ -128,7 +129,7 @@ def test_items_and_states_are_those_without_a_watchdog(dataset: Path) -> None:
     watched, loader = run(watchdog_timeout_seconds=30)
     plain, _ = run(watchdog_timeout_seconds=None)
     assert watched == plain
-    assert isinstance(loader.savable_dataset, WatchdogDataset) and len(loader) == len(plain)
+    assert isinstance(loader.savable_dataset, Watchdog) and len(loader) == len(plain)
 
     # A state saved with a watchdog restores into a loader without one, and the reverse.
     middle = watched[4][2]

@@ -27,9 +27,9 @@ from ...pipeline.build import (
     PipelineSpec,
     dataset_sizes,
     dataset_slices,
-    leaf_source,
+    Source,
 )
-from ...pipeline.node import Node
+from ...pipeline.task_hooks import DefaultHooks
 from ...worker import WorkerConfig
 from ...wrappers.base import SavableDataset
 from ..base_dataset import BaseCoreDatasetFactory
@@ -44,27 +44,12 @@ __all__ = ["BaseWebdatasetFactory", "DatasetSource"]
 DEFAULT_DECODER: Any = object()
 
 
-class DatasetSource(SavableDataset[Any]):
-    """Dataset ``index`` of a spec's plan on each worker, uncooked (shuffled slices for training).
+class DatasetSource(SavableDataset[Any], Source):
+    """Dataset ``index`` of a spec's plan on each worker, uncooked (shuffled slices for training):
+    the core's plan source under Energon's dataset methods."""
 
-    ``slices``: ``dataset_slices(spec)[index]``, computed once for all datasets of the plan.
-    """
-
-    def __init__(self, spec: PipelineSpec, index: int, slices: list[list[tuple[int, int]]]) -> None:
-        super().__init__()
-        self.spec = spec
-        self.index = index
-        self.slices = slices
-        self.worker_config = spec.worker_config
-
-    def build_worker(self, local_worker_id: int) -> Node:
-        return leaf_source(self.spec, self.index, local_worker_id, self.slices[local_worker_id])
-
-    def worker_length(self, local_worker_id: int) -> int:
-        return self.slices[local_worker_id].samples
-
-    def config(self) -> dict[str, Any]:
-        return {"type": "DatasetSource", "dataset": self.spec.plan.leaves[self.index].describe(), "training": self.spec.training, "split_part": self.spec.split_part}
+    def __init__(self, spec: PipelineSpec, index: int) -> None:
+        Source.__init__(self, spec, index, cook=False)
 
 
 class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
@@ -158,9 +143,7 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         return None
 
     def _own_spec(self) -> PipelineSpec:
-        from ...task_encoder.base import DefaultTaskEncoder
-
-        task_encoder = DefaultTaskEncoder()
+        task_encoder = DefaultHooks()
         own = self.builds_own_samples()
         task_encoder.decoder = None if own else self._spec_decoder()
         plan = single_dataset_plan(
@@ -199,7 +182,7 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         """The split's samples on each worker. Energon's ``worker_rotation_offset`` is computed
         from the plan here (a blend's later datasets continue where earlier ones left off)."""
         spec, index, slices, _ = self._binding()
-        return DatasetSource(spec, index, slices)
+        return DatasetSource(spec, index)
 
     def __len__(self) -> int:
         return self._binding()[3]
