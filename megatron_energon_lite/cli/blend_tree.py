@@ -18,7 +18,7 @@ import click
 
 from ..errors import ConfigError, EnergonLiteError, format_message
 from ..format.metadata import load_structured
-from ..format.metadataset import BlendPlan, LeafDataset, load_blend_plan
+from ..format.metadataset import BlendPlan, LeafDataset, load_blend_plan, repeated_length
 
 __all__ = ["LeafRow", "SplitTree", "echo_trees", "leaf_datasets", "read_trees", "split_names"]
 
@@ -142,9 +142,7 @@ def _summary(tree: SplitTree) -> str:
         mode = plan.blend_mode or "random (default)"
         text = f"blend of {count} datasets, blend_mode {mode}"
     else:
-        from ..pipeline.build import _repeated
-
-        per_pass = [_repeated(row.samples, row.leaf.repetitions) for row in tree.rows if row.samples is not None]
+        per_pass = [repeated_length(row.samples, row.leaf.repetitions) for row in tree.rows if row.samples is not None]
         text = f"blend_epochized of {count} datasets, {sum(per_pass)} samples per pass"
     if tree.split != "train" and plan.kind != "single":
         text += "; get_val_dataset reads each entry once, in order"
@@ -152,8 +150,6 @@ def _summary(tree: SplitTree) -> str:
 
 
 def _columns(tree: SplitTree, top: Path) -> list[list[str]]:
-    from ..pipeline.build import _repeated
-
     kind = tree.plan.kind
     subsets = any(row.sample_range is not None and row.sample_range != (0, row.total) for row in tree.rows)
     header = ["entry", "dataset", "split", *{"blend": ["weight"], "blend_epochized": ["repetitions"]}.get(kind, []), "samples"]
@@ -168,7 +164,7 @@ def _columns(tree: SplitTree, top: Path) -> list[list[str]]:
             line.append(f"x{float(leaf.repetitions):g}")
         line.append("?" if samples is None else str(samples))
         if kind == "blend_epochized":
-            line.append("?" if samples is None else str(_repeated(samples, leaf.repetitions)))
+            line.append("?" if samples is None else str(repeated_length(samples, leaf.repetitions)))
         if subsets:
             line.append("-" if row.sample_range in (None, (0, row.total)) else f"[{row.sample_range[0]}, {row.sample_range[1]}) of {row.total}")
         line.append(", ".join(f"{k}={v}" for k, v in leaf.subflavors.items()) or "-")

@@ -36,6 +36,7 @@ from .jsonl import jsonl_index_path
 from .metadata import check_mapping, is_prepared, load_structured
 
 __all__ = [
+    "repeated_length",
     "BLEND_MODES",
     "WITH_REPLACEMENT",
     "AuxSource",
@@ -221,6 +222,12 @@ def check_shuffle_over_epochs(value: Any, *, where: str | None = None) -> int | 
             found=repr(value),
         )
     )
+
+
+def repeated_length(samples: int, repetitions: float) -> int:
+    """Items of a dataset of ``samples`` items repeated ``repetitions`` times in a pass of a
+    ``blend_epochized`` blend (Energon's ``RepeatDataset.len_worker``: the fraction rounds down)."""
+    return int(samples * repetitions)
 
 
 def combine_shuffle_over_epochs(outer: int | None, inner: int | None) -> int | None:

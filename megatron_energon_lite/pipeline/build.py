@@ -26,6 +26,7 @@ from ..format.metadataset import (
     BlendPlan,
     LeafDataset,
     combine_shuffle_over_epochs,
+    repeated_length,
 )
 from ..format.resolved import ResolvedDataset, resolve_datasets
 from ..rng import dataset_seed
@@ -229,10 +230,6 @@ def _dataset_slices(spec: PipelineSpec) -> list[list[Slices]]:
     return result
 
 
-def _repeated(samples: int, repetitions: float) -> int:
-    return int(samples * repetitions)  # Energon's RepeatDataset.len_worker
-
-
 def worker_lengths(spec: PipelineSpec) -> list[int]:
     """Items (batches, or samples without batching) each worker of this rank yields per pass."""
     per_dataset = dataset_slices(spec)
@@ -241,7 +238,7 @@ def worker_lengths(spec: PipelineSpec) -> list[int]:
     lengths = []
     for w in range(spec.worker_config.workers_per_rank):
         samples = sum(
-            _repeated(slices[w].samples, leaf.repetitions) if epochized else slices[w].samples
+            repeated_length(slices[w].samples, leaf.repetitions) if epochized else slices[w].samples
             for leaf, slices in zip(spec.plan.leaves, per_dataset)
         )
         if spec.batch_size is None or grouping:
