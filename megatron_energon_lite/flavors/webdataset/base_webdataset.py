@@ -30,6 +30,7 @@ from ...pipeline.build import (
     leaf_source,
 )
 from ...pipeline.node import Node
+from ...task_encoder.base import DefaultTaskEncoder
 from ...worker import WorkerConfig
 from ...wrappers.base import SavableDataset
 from ..base_dataset import BaseCoreDatasetFactory
@@ -158,8 +159,6 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         return None
 
     def _own_spec(self) -> PipelineSpec:
-        from ...task_encoder.base import DefaultTaskEncoder
-
         task_encoder = DefaultTaskEncoder()
         own = self.builds_own_samples()
         task_encoder.decoder = None if own else self._spec_decoder()
