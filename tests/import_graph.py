@@ -8,8 +8,8 @@ they never run.  Relative imports are resolved against the importing module's pa
 A name is owned by the longest module that contains it: ``from ..storage import as_path`` in
 ``epathlib/epath.py`` is an edge to ``storage`` (the package's ``__init__``), ``from ..storage
 import paths`` one to ``storage.paths``.  Importing ``a.b.c`` also runs ``a/__init__.py`` and
-``a/b/__init__.py``; those implicit edges are left out (every module would depend on the package
-root), as import-linter and the review's cycle script do.
+``a/b/__init__.py``; those implicit edges are left out (every module would then depend on the
+package root, which names everything).
 
 Used by ``tests/test_layering.py``; run ``python tests/import_graph.py`` for a report.
 """
@@ -33,9 +33,12 @@ class Edge:
     line: int
     in_function: bool
 
+    @property
+    def where(self) -> str:
+        return "inside a function" if self.in_function else "module level"
+
     def __str__(self) -> str:
-        where = "in a function" if self.in_function else "module level"
-        return f"{short(self.source)} -> {short(self.target)}  ({self.path.name}:{self.line}, {where})"
+        return f"{short(self.source)} -> {short(self.target)}  ({self.path.name}:{self.line}; {self.where})"
 
 
 def short(module: str) -> str:
@@ -43,17 +46,17 @@ def short(module: str) -> str:
     return module.removeprefix(PACKAGE).removeprefix(".") or "__init__"
 
 
-def package_dir(package: str = PACKAGE) -> Path:
+def package_dir() -> Path:
     """The package's source folder in this checkout (the tests' sibling), whatever sys.path finds."""
-    return Path(__file__).resolve().parents[1] / package
+    return Path(__file__).resolve().parents[1] / PACKAGE
 
 
-def find_modules(package: str = PACKAGE) -> dict[str, Path]:
-    """Every module of the package by dotted name (a package by its own name, not ``.__init__``)."""
-    root = package_dir(package)
+def find_modules(root: Path) -> dict[str, Path]:
+    """Every module under the package folder ``root`` by dotted name (a package by its own name,
+    not ``.__init__``)."""
     modules = {}
     for path in sorted(root.rglob("*.py")):
-        parts = (package, *path.relative_to(root).with_suffix("").parts)
+        parts = (PACKAGE, *path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         modules[".".join(parts)] = path
@@ -75,7 +78,7 @@ def runtime_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bo
             for child in node.orelse:
                 visit(child, in_function)
             return
-        inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         for child in ast.iter_child_nodes(node):
             visit(child, inside)
 
@@ -111,9 +114,10 @@ def owner(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
-def import_graph(package: str = PACKAGE) -> dict[str, list[Edge]]:
-    """Every module of the package with its edges to other modules of the package."""
-    modules = find_modules(package)
+def import_graph(root: Path | None = None) -> dict[str, list[Edge]]:
+    """Every module of the package (at ``root``, default :func:`package_dir`) with its edges to
+    other modules of the package."""
+    modules = find_modules(root or package_dir())
     graph: dict[str, list[Edge]] = {}
     for module, path in modules.items():
         edges: dict[Edge, None] = {}  # one edge per statement and target, in source order
@@ -164,11 +168,10 @@ def describe_cycles(graph: dict[str, list[Edge]], components: list[set[str]]) ->
     lines = []
     for component in components:
         lines.append(f"cycle of {len(component)} modules: {', '.join(sorted(map(short, component)))}")
-        pairs: dict[tuple[str, str, bool], list[str]] = {}
+        pairs: dict[tuple[str, str, str], list[str]] = {}
         for edge in edges_within(graph, component):
-            pairs.setdefault((edge.source, edge.target, edge.in_function), []).append(f"{edge.path.name}:{edge.line}")
-        for (source, target, in_function), places in pairs.items():
-            where = "inside a function" if in_function else "module level"
+            pairs.setdefault((edge.source, edge.target, edge.where), []).append(f"{edge.path.name}:{edge.line}")
+        for (source, target, where), places in pairs.items():
             lines.append(f"    {short(source)} -> {short(target)}  ({', '.join(places)}; {where})")
     return "\n".join(lines)
 
