@@ -35,6 +35,8 @@ from typing import IO, Any
 
 from ..errors import ConfigError, format_message
 from ..storage import RemotePath, as_path
+from ..storage.dss import parse_dss, resolve_dots, set_dataset_cache_lookup
+from ..storage.paths import dss_path
 from ..storage.remote import with_retries
 
 __all__ = ["DEFAULT_PROFILE_NAME", "NVDATASET_CACHE_DIR", "EPath", "EPathStat"]
@@ -47,6 +49,7 @@ _URL = re.compile(r"^(?P<protocol>[a-z][a-z0-9+.-]*)://(?P<rest>.*)$")
 _MAGIC = re.compile(r"[*?\[]")
 
 # Where ``profile`` is not an MSC profile: "dss" paths and other URL protocols (s3, gs, ...).
+# Their names are parsed and resolved by the storage layer (storage/dss.py).
 _DSS = "dss"
 
 
@@ -67,34 +70,6 @@ class EPathStat:
     @property
     def st_mtime(self) -> float | None:
         return None if self.last_modified is None else self.last_modified.timestamp()
-
-
-def _resolve(path: PurePosixPath, original: object) -> PurePosixPath:
-    """``path`` (absolute) with ``.`` and ``..`` resolved by name."""
-    parts: list[str] = []
-    for part in path.parts[1:]:
-        if part == "..":
-            if not parts:
-                raise ConfigError(
-                    format_message("path goes above the root", found=repr(str(original)), fix="remove a '..' from the path")
-                )
-            parts.pop()
-        elif part != ".":
-            parts.append(part)
-    return PurePosixPath("/", *parts)
-
-
-def _dss_name_version(first: str, original: object) -> tuple[str, str]:
-    name, sep, version = first.rpartition("@")
-    if not sep or not name or not version:
-        raise ConfigError(
-            format_message(
-                "DSS paths must include a dataset version separated by '@'",
-                expected="dss://NAME@VERSION/path",
-                found=repr(str(original)),
-            )
-        )
-    return name, version
 
 
 class EPath:
@@ -138,18 +113,17 @@ class EPath:
                 self._set_local("/" + inner)
                 return
             self.protocol, self.profile = "msc", first
-            self.internal_path = _resolve(PurePosixPath("/", inner), text)
+            self.internal_path = resolve_dots(PurePosixPath("/", inner), text)
         elif protocol == _DSS:
-            _dss_name_version(first, text)
             self.protocol, self.profile = _DSS, _DSS
-            self.internal_path = _resolve(PurePosixPath("/", first, inner), text)
+            self.internal_path = parse_dss(first, inner, text)
         else:
             self.protocol, self.profile = protocol, ""
-            self.internal_path = _resolve(PurePosixPath("/", rest), text)
+            self.internal_path = resolve_dots(PurePosixPath("/", rest), text)
 
     def _set_local(self, path: str) -> None:
         self.protocol, self.profile = None, DEFAULT_PROFILE_NAME
-        self.internal_path = _resolve(PurePosixPath(os.path.join(os.getcwd(), path)), path)
+        self.internal_path = resolve_dots(PurePosixPath(os.path.join(os.getcwd(), path)), path)
 
     def _derive(self, internal_path: PurePosixPath) -> EPath:
         new = object.__new__(EPath)
@@ -202,7 +176,7 @@ class EPath:
         text = os.fspath(other) if isinstance(other, os.PathLike) else str(other)
         if text.startswith("/") or "://" in text:
             return EPath(text)
-        return self._derive(_resolve(self.internal_path / text, text))
+        return self._derive(resolve_dots(self.internal_path / text, text))
 
     @property
     def name(self) -> str:
@@ -255,21 +229,8 @@ class EPath:
         return as_path(self.url)
 
     def _dss_path(self) -> Path | RemotePath:
-        cache = NVDATASET_CACHE_DIR  # the module global, read at call time (it may be reassigned)
-        if cache is None:
-            raise ConfigError(
-                format_message(
-                    "dss:// paths need the dataset cache folder",
-                    where=self.url,
-                    fix="set the environment variable NVDATASET_CACHE_DIR before starting Python",
-                )
-            )
-        parts = self.internal_path.parts
-        name, version = _dss_name_version(parts[1], self.url) if len(parts) > 1 else ("", "")
-        base = cache.storage_path() if isinstance(cache, EPath) else as_path(cache)
-        for part in (name, version, *parts[2:]):
-            base = base / part
-        return base
+        # The module global, read at call time (it may be reassigned).
+        return dss_path(self.internal_path, NVDATASET_CACHE_DIR)
 
     def is_local(self) -> bool:
         return not isinstance(self.storage_path(), RemotePath)
@@ -466,3 +427,11 @@ def _match_parts(pattern: list[str], parts: list[str]) -> bool:
 #: The local dataset cache that ``dss://`` paths live in (the ``NVDATASET_CACHE_DIR`` environment
 #: variable at import), or None.
 NVDATASET_CACHE_DIR: EPath | None = EPath(os.environ["NVDATASET_CACHE_DIR"]) if os.environ.get("NVDATASET_CACHE_DIR") else None
+
+
+def _dataset_cache_dir() -> EPath | None:
+    return NVDATASET_CACHE_DIR
+
+
+# storage.as_path reads dss:// URLs too (a metadataset's paths): it looks the cache folder up here.
+set_dataset_cache_lookup(_dataset_cache_dir)

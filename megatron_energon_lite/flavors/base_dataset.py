@@ -12,6 +12,7 @@ import abc
 from typing import Any, Generic, TypeVar
 
 from ..errors import NotSupportedError, format_message
+from ..format.dataset_config import DatasetFactory
 from ..samples import Sample
 from ..wrappers.base import SavableDataset
 
@@ -32,8 +33,11 @@ class PinMemoryMixin:
         return _pin(self)
 
 
-class BaseCoreDatasetFactory(Generic[T_sample], abc.ABC):
-    """One dataset split, configured but not yet read (Energon's ``BaseCoreDatasetFactory``)."""
+class BaseCoreDatasetFactory(Generic[T_sample], DatasetFactory, abc.ABC):
+    """One dataset split, configured but not yet read (Energon's ``BaseCoreDatasetFactory``).
+
+    A :class:`~megatron_energon_lite.format.dataset_config.DatasetFactory`: a ``dataset.yaml`` may
+    name a subclass with ``__module__``/``__class__``."""
 
     #: The type of the samples the built dataset yields.
     __sample_type__: type = None  # type: ignore[assignment]

@@ -14,3 +14,5 @@ class CrudeWebdataset(DefaultDecoderWebdatasetFactory[CrudeSample]):
     the task encoder's ``cookers``."""
 
     __sample_type__ = CrudeSample
+    #: A dataset.yaml naming a subclass is read as a crude one (DatasetFactory).
+    yields_crude_samples = True

@@ -17,7 +17,10 @@ import a module because a data file names it, unless the caller trusts the datas
 
 A fourth form names the user's own factory class (``__module__: my.pkg``, ``__class__:
 MyWebdataset``, a subclass of one of Energon's ``*WebdatasetFactory`` classes): the other keys are
-its constructor's keyword arguments, and its ``load_sample`` builds each sample.
+its constructor's keyword arguments, and its ``load_sample`` builds each sample.  Energon's factory
+classes live in the Energon layer above this module; they derive from :class:`DatasetFactory`,
+which is how a class named here is told to be a factory, and offer what the loader calls on one
+(:class:`SampleFactory`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 import yaml
 
@@ -118,6 +121,32 @@ class FieldAccess:
         raise KeyError(f"{self.expression!r}: {last_error!r}")
 
 
+class DatasetFactory:
+    """A dataset factory class that a ``dataset.yaml`` may name with ``__module__``/``__class__``.
+
+    Energon's ``BaseCoreDatasetFactory`` (:mod:`megatron_energon_lite.flavors`, built on this
+    module) derives from it, so every Energon factory class and a user's subclass of one is a
+    ``DatasetFactory``; any other class a data file names is refused.
+    """
+
+    #: Its ``dataset.yaml`` is a crude one (parts decoded into a :class:`CrudeSample` for the
+    #: cookers, whatever ``__sample_type__`` says): Energon's ``CrudeWebdataset`` and subclasses.
+    yields_crude_samples: ClassVar[bool] = False
+
+
+class SampleFactory(Protocol):
+    """What the loader uses of a user's factory whose ``load_sample`` builds the samples (made by
+    :meth:`DatasetConfig.make_factory`, or constructed by the user)."""
+
+    subflavors: dict[str, Any]
+
+    def sample_config(self) -> DatasetConfig:
+        """Which parts to read and how samples are filled (its ``dataset.yaml``, or its arguments)."""
+
+    def load_sample(self, raw: dict[str, Any]) -> Any:
+        """The sample from Energon's raw sample dict (``__key__``, ``__restore_key__``, parts)."""
+
+
 @dataclass
 class DatasetConfig:
     """A parsed ``dataset.yaml``."""
@@ -132,7 +161,7 @@ class DatasetConfig:
     loader_options: dict[str, Any] = field(default_factory=dict)
     #: The user's factory class named by ``__module__``/``__class__`` (None: one of ours), and
     #: the other keys of the file: its constructor's keyword arguments.
-    factory_class: type | None = None
+    factory_class: type[DatasetFactory] | None = None
     factory_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -140,7 +169,7 @@ class DatasetConfig:
         """The type of the samples, before cooking: :class:`CrudeSample` for a crude dataset."""
         return CrudeSample if self.kind == "crude" else self.sample_type
 
-    def make_factory(self, root: Any, *, subflavors: Mapping[str, Any] | None = None, **arguments: Any) -> Any:
+    def make_factory(self, root: Any, *, subflavors: Mapping[str, Any] | None = None, **arguments: Any) -> SampleFactory:
         """An instance of the user's factory class for the dataset at ``root``, as Energon makes it:
         the loader's ``arguments`` (split_part, training, worker_config, decoder, ...) overridden
         by the file's keys; then the caller's ``subflavors`` (a metadataset's) merged over the
@@ -309,10 +338,6 @@ def _is_ours(module: str) -> bool:
 def _user_factory_config(raw: Mapping[str, Any], path: Path, module: str, name: str, trust_dataset_code: bool) -> DatasetConfig:
     """``__module__: my.pkg`` / ``__class__: MyWebdataset``: the user's factory class, taken from a
     module the program imported (or imported here when the caller trusts the dataset's code)."""
-    # flavors build on this module: imported here
-    from ..flavors.base_dataset import BaseCoreDatasetFactory
-    from ..flavors.crude import CrudeWebdataset
-
     file = str(path)
     where = f"{file}: __class__"
     if module not in sys.modules and dataset_code_trusted(trust_dataset_code, dataset=str(path.parent.parent)):
@@ -321,7 +346,7 @@ def _user_factory_config(raw: Mapping[str, Any], path: Path, module: str, name: 
         except ImportError as exc:
             raise ConfigError(format_message(f"cannot import module {module!r} named by dataset.yaml", where=f"{file}: __module__", found=str(exc), fix=f"install the package that provides {module}, or fix __module__")) from None
     cls = getattr(sys.modules.get(module), name, None)
-    if not (isinstance(cls, type) and issubclass(cls, BaseCoreDatasetFactory)):
+    if not (isinstance(cls, type) and issubclass(cls, DatasetFactory)):
         raise ConfigError(
             format_message(
                 f"dataset factory {module}.{name} is not available",
@@ -333,7 +358,7 @@ def _user_factory_config(raw: Mapping[str, Any], path: Path, module: str, name: 
             )
         )
     kwargs = {k: v for k, v in raw.items() if k not in ("__module__", "__class__")}
-    if issubclass(cls, CrudeWebdataset):
+    if cls.yields_crude_samples:
         config = DatasetConfig(path=path, kind="crude", subflavors=_subflavors(raw, file), part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code), loader_options=_loader_options(raw))
     else:
         sample_type = getattr(cls, "__sample_type__", None)

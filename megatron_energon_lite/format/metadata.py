@@ -30,7 +30,6 @@ from ..storage import (
     atomic_write_text,
     list_files,
 )
-from .tar_index import index_name
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +150,16 @@ def check_mapping(
             )
         )
     return value
+
+
+def index_name(tar_name: str) -> str:
+    """``shards/a.tar`` -> ``shards/a.tar.idx`` for names relative to a dataset root."""
+    # A string operation (called per shard at start-up): the last suffix becomes ".tar.idx".
+    head, slash, base = tar_name.rpartition("/")
+    stem, dot, suffix = base.rpartition(".")
+    if not (dot and stem and suffix):  # no suffix (".tar", "b."): append, as pathlib does
+        stem = base
+    return f"{head}{slash}{stem}.tar.idx"
 
 
 def meta_dir(root: str | os.PathLike) -> AnyPath:

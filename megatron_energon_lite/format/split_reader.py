@@ -26,11 +26,12 @@ from ..storage import (
 from .metadata import (
     DatasetInfo,
     ResolvedSplit,
+    index_name,
     missing_shard_error,
     read_info,
     resolve_split,
 )
-from .tar_index import index_name, read_tar_index
+from .tar_index import read_tar_index
 from .tar_reader import parse_sample
 
 

@@ -23,12 +23,14 @@ import shutil
 import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from ..edataclass import edataclass
 from ..errors import ConfigError, DatasetError, format_message
+from ..storage import as_path
 from .media_metadata import MEDIA_SCHEMA
+from .metadata import INDEX_SQLITE, meta_dir, read_info
 from .tar_reader import SampleEntry
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ __all__ = [
     "IndexSamplePart",
     "SqliteIndexWriter",
     "shard_row_count",
+    "shard_sample_keys",
 ]
 
 _SCHEMA = (
@@ -598,3 +601,28 @@ def shard_row_count(index: Path, tar_file_id: int) -> int:
             db.close()
     except sqlite3.Error:
         return 0
+
+
+def shard_sample_keys(tar_path: str | os.PathLike, first: int, *, limit: int) -> list[str]:
+    """Keys of the shard's samples from position ``first`` on, from the index.sqlite of the
+    dataset it belongs to (the nearest of its six parent folders that holds one): an empty list
+    when there is none to read. For error messages (a truncated shard names its lost samples)."""
+    path = as_path(tar_path)
+    for root in list(path.parents)[:6]:
+        database = meta_dir(root) / INDEX_SQLITE
+        try:
+            if not isinstance(database, os.PathLike) or not os.path.isfile(database):
+                continue
+            names = list(read_info(root).shard_counts)
+            name = str(PurePosixPath(*path.parts[len(root.parts):]))
+            if name not in names:
+                return []
+            with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+                rows = db.execute(
+                    "SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index >= ? ORDER BY sample_index LIMIT ?",
+                    (names.index(name), first, limit),
+                ).fetchall()
+            return [row[0] for row in rows]
+        except (sqlite3.Error, OSError, DatasetError, ValueError):
+            return []
+    return []

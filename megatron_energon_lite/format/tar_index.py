@@ -13,7 +13,6 @@ no shorter, not much longer, and nothing but zero blocks where it says the archi
 from __future__ import annotations
 
 import os
-from pathlib import PurePosixPath
 from typing import Callable
 
 import numpy as np
@@ -29,6 +28,10 @@ from ..storage import (
     file_pool,
     file_stat,
 )
+# index_name (shards/a.tar -> shards/a.tar.idx) is defined with the dataset's other file names in
+# metadata, which lists shards with their indexes; prepare and lint import it from here.
+from .metadata import index_name  # noqa: F401
+from .sqlite_index import shard_sample_keys
 
 INDEX_DTYPE = np.dtype("<u8")
 
@@ -40,16 +43,6 @@ _BLOCK = 512
 
 #: Reads ``size`` bytes at ``offset`` of the tar (a file pool's read, bound to one path).
 TailReader = Callable[[int, int], bytes]
-
-
-def index_name(tar_name: str) -> str:
-    """``shards/a.tar`` -> ``shards/a.tar.idx`` for names relative to a dataset root."""
-    # A string operation (called per shard at start-up): the last suffix becomes ".tar.idx".
-    head, slash, base = tar_name.rpartition("/")
-    stem, dot, suffix = base.rpartition(".")
-    if not (dot and stem and suffix):  # no suffix (".tar", "b."): append, as pathlib does
-        stem = base
-    return f"{head}{slash}{stem}.tar.idx"
 
 
 def index_path(tar_path: str | os.PathLike) -> AnyPath:
@@ -177,7 +170,7 @@ def _truncated(offsets: np.ndarray, tar_size: int, tar_path: str | os.PathLike) 
     only hide that; the error names them, from the index."""
     samples = len(offsets) - 1
     first_lost = int(np.searchsorted(offsets[1:], tar_size, side="right"))
-    keys = _sample_keys(tar_path, first_lost, limit=10)
+    keys = shard_sample_keys(tar_path, first_lost, limit=10)
     named = f": keys {', '.join(map(repr, keys))}{', ...' if samples - first_lost > len(keys) else ''}" if keys else ""
     return DatasetError(
         format_message(
@@ -189,34 +182,6 @@ def _truncated(offsets: np.ndarray, tar_size: int, tar_path: str | os.PathLike) 
             "exclude the shard in split.yaml or re-run prepare to index what is left",
         )
     )
-
-
-def _sample_keys(tar_path: str | os.PathLike, first: int, *, limit: int) -> list[str]:
-    """Keys of the shard's samples from position ``first`` on, from the dataset's index.sqlite
-    (an empty list when there is none to read)."""
-    import sqlite3
-
-    from .metadata import INDEX_SQLITE, meta_dir, read_info
-
-    path = as_path(tar_path)
-    for root in list(path.parents)[:6]:
-        database = meta_dir(root) / INDEX_SQLITE
-        try:
-            if not isinstance(database, os.PathLike) or not os.path.isfile(database):
-                continue
-            names = list(read_info(root).shard_counts)
-            name = str(PurePosixPath(*path.parts[len(root.parts):]))
-            if name not in names:
-                return []
-            with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
-                rows = db.execute(
-                    "SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index >= ? ORDER BY sample_index LIMIT ?",
-                    (names.index(name), first, limit),
-                ).fetchall()
-            return [row[0] for row in rows]
-        except (sqlite3.Error, OSError, DatasetError, ValueError):
-            return []
-    return []
 
 
 def _read(tar_path: str | os.PathLike, offset: int, size: int, read: TailReader | None) -> bytes:

@@ -10,11 +10,12 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from stat import S_ISDIR
 from typing import Any, Iterator, Mapping, Union
 
 from ..errors import StorageError, format_message
+from .dss import DSS_PREFIX, cache_parts, dataset_cache_dir, dss_url, missing_cache_error, split_dss_url
 from .local import LocalFilePool
 from .local import atomic_write_bytes as _local_atomic_write
 from .remote import (
@@ -31,9 +32,6 @@ AnyPath = Union[Path, RemotePath]
 # Prepare copies a remote tar to local disk in pieces of this size (retries resume per piece).
 DOWNLOAD_PIECE = 64 << 20
 
-# Energon's dataset-cache URLs: not an fsspec protocol but a folder in NVDATASET_CACHE_DIR.
-DSS_PREFIX = "dss://"
-
 
 def as_path(value: Any, storage_options: Mapping[str, Any] | None = None, settings: RemoteSettings | None = None) -> AnyPath:
     """``s3://…``, ``msc://…`` and other URLs -> :class:`RemotePath`; anything else -> ``Path``.
@@ -41,7 +39,7 @@ def as_path(value: Any, storage_options: Mapping[str, Any] | None = None, settin
     A :class:`RemotePath` passes through unchanged (it keeps its own options); ``file://`` URLs
     are local paths.  ``dss://NAME@VERSION/path`` (Energon's dataset-cache URL) is the folder
     ``NAME/VERSION/path`` in ``NVDATASET_CACHE_DIR``, local or remote as that folder is; without
-    the variable it is a :class:`~megatron_energon_lite.errors.ConfigError`.
+    the variable it is a :class:`~megatron_energon_lite.errors.ConfigError` (see :mod:`.dss`).
     """
     if isinstance(value, RemotePath):
         return value
@@ -52,15 +50,24 @@ def as_path(value: Any, storage_options: Mapping[str, Any] | None = None, settin
         return storage_path()
     text = os.fspath(value)
     if text.startswith(DSS_PREFIX):
-        # Imported here: epathlib builds on this module.
-        from ..epathlib.epath import EPath
-
-        return EPath(text).storage_path()
+        return dss_path(split_dss_url(text), dataset_cache_dir())
     if is_url(text):
         return RemotePath(text, storage_options, settings)
     if text.startswith("file://"):
         text = text[len("file://") :]
     return Path(text)
+
+
+def dss_path(internal_path: PurePosixPath, cache_dir: Any) -> AnyPath:
+    """What ``internal_path`` (``/NAME@VERSION/a``, a parsed ``dss://`` URL) names in the dataset
+    cache folder ``cache_dir`` (anything :func:`as_path` takes): ``NAME/VERSION/a`` there.
+    Without a cache folder (None) it is a ConfigError that names ``NVDATASET_CACHE_DIR``."""
+    if cache_dir is None:
+        raise missing_cache_error(dss_url(internal_path))
+    base = as_path(cache_dir)
+    for part in cache_parts(internal_path):
+        base = base / part
+    return base
 
 
 def is_remote(path: Any) -> bool:

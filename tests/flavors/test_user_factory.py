@@ -15,6 +15,8 @@ from megatron_energon_lite import (
     CaptioningSample,
     CaptioningWebdataset,
     ConfigError,
+    CrudeSample,
+    CrudeWebdataset,
     DefaultTaskEncoder,
     TextSample,
     WorkerConfig,
@@ -25,6 +27,7 @@ from megatron_energon_lite import (
 )
 from megatron_energon_lite.dataset_config import get_dataset_from_config
 from megatron_energon_lite.flavors.webdataset import DefaultDecoderWebdatasetFactory
+from megatron_energon_lite.format.dataset_config import load_dataset_config
 from megatron_energon_lite.format.prepare import prepare_dataset
 
 NO_WORKERS = WorkerConfig(rank=0, world_size=1, num_workers=0)
@@ -63,6 +66,10 @@ class WordCount(DefaultDecoderWebdatasetFactory[TextSample]):
         return TextSample(__key__=raw_data["__key__"], __restore_key__=raw_data["__restore_key__"], text=str(len(raw_data["txt"].split())))
 
 
+class TaggedCrude(CrudeWebdataset):
+    """A user's subclass of CrudeWebdataset: its dataset.yaml is a crude one."""
+
+
 class NotAFactory:
     pass
 
@@ -75,6 +82,7 @@ def texts(tmp_path_factory) -> Path:
     meta = root / ".nv-meta"
     (meta / "shouting.yaml").write_text(f"__module__: {__name__}\n__class__: ShoutingText\nfield_map:\n  text: txt\nsuffix: '!'\nsubflavors:\n  kind: loud\n")
     (meta / "counting.yaml").write_text(f"__module__: {__name__}\n__class__: WordCount\n")
+    (meta / "tagged.yaml").write_text(f"__module__: {__name__}\n__class__: TaggedCrude\npart_filter: [txt]\nsubflavors:\n  kind: tagged\n")
     return root
 
 
@@ -119,6 +127,15 @@ def test_user_factory_in_a_training_loader_restores_exactly(texts: Path, num_wor
     resumed.restore_state_rank(state)
     again = iter(resumed)
     assert [next(again).__key__ for _ in range(4)] == [batch.__key__ for batch in rest]
+
+
+def test_a_subclass_of_crude_webdataset_reads_crude_samples(texts: Path) -> None:
+    config = load_dataset_config(texts, "tagged.yaml")
+    assert (config.kind, config.factory_class, config.yields, config.part_filter) == ("crude", TaggedCrude, CrudeSample, frozenset({"txt"}))
+    factory = get_dataset_from_config(texts, dataset_config="tagged.yaml", split_part="train", training=False, worker_config=NO_WORKERS)
+    samples = list(get_loader(factory.build()))
+    assert type(factory) is TaggedCrude and len(samples) == 12
+    assert all(isinstance(s, CrudeSample) and set(s) >= {"txt", "__key__"} and s["__subflavors__"] == {"kind": "tagged"} for s in samples)
 
 
 def test_a_factory_constructed_in_code_builds_its_own_samples(texts: Path) -> None:

@@ -1,0 +1,68 @@
+"""The import graph's shape: one acyclic core (base -> storage -> format -> decode -> pipeline ->
+loader) with Energon's API as a layer of adapters on top that the core never imports. The graph is
+read from the source, imports inside functions included and ``if TYPE_CHECKING:`` ones left out
+(tests/import_graph.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from import_graph import PACKAGE, cycles, describe_cycles, import_graph, layer_violations, short
+
+#: Energon's API, adapters the core never imports (module names below megatron_energon_lite;
+#: a prefix covers its submodules). Once the layer moves under megatron_energon_lite/energon/,
+#: this becomes ("energon",). task_encoder/ is left out for now: it mixes the hooks the core
+#: reads (pipeline/hooks.py, build.py) with Energon's build_* methods until those are split.
+ENERGON_LAYER = ("flavors", "wrappers", "metadataset", "epathlib", "av", "media", "tools", "dataset_config")
+
+#: The modules above the layer, allowed to import it: the CLI, previews, the public names
+#: (the package root) and the as_energon alias table.
+ABOVE_THE_LAYER = ("cli", "preview", "__init__", "as_energon")
+
+
+# Report mode while modules outside this change import the layer or close a cycle; the failure
+# message lists what remains. At the time of writing: the cycle closed by task_encoder.base <->
+# wrappers.compose (both inside functions); imports of wrappers from loader, elastic, mock,
+# map_view and task_encoder.base (being restructured on another branch); decode.av and
+# cache.file_store -> media.metadata (Energon's typed media metadata classes).
+PENDING = pytest.mark.xfail(strict=False, reason="edges from modules being restructured on another branch")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+@PENDING
+def test_no_import_cycles(graph) -> None:
+    found = cycles(graph)
+    assert not found, "import cycles (strongly connected components):\n" + describe_cycles(graph, found)
+
+
+@PENDING
+def test_the_core_does_not_import_the_energon_layer(graph) -> None:
+    found = layer_violations(graph, ENERGON_LAYER, ABOVE_THE_LAYER)
+    assert not found, "core modules importing the Energon layer:\n" + "\n".join(f"    {edge}" for edge in found)
+
+
+def test_the_graph_reads_imports_as_python_runs_them(tmp_path: Path) -> None:
+    """The helpers on a made-up package (named like ours, so names read the same)."""
+    root = tmp_path / PACKAGE
+    files = {
+        "__init__.py": "",
+        "a.py": "from . import b\n\ndef f():\n    from .c import thing\n",
+        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import X\nelse:\n    from .sub.d import z\n",
+        "c.py": f"import {PACKAGE}.a\nimport os\n",
+        "sub/__init__.py": "",
+        "sub/d.py": "from .. import c\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    graph = import_graph(root)
+    edges = {(short(e.source), short(e.target), e.in_function) for edges in graph.values() for e in edges}
+    assert edges == {("a", "b", False), ("a", "c", True), ("b", "sub.d", False), ("c", "a", False), ("sub.d", "c", False)}
+    assert [sorted(map(short, c)) for c in cycles(graph)] == [["a", "b", "c", "sub.d"]]
+    assert "a -> c  (a.py:4; inside a function)" in describe_cycles(graph, cycles(graph))
+    assert [(short(e.source), short(e.target)) for e in layer_violations(graph, ("c",), ("sub",))] == [("a", "c")]
