@@ -32,8 +32,8 @@ Differences from Energon, on purpose:
 The work is split by job: :mod:`.discover` finds the shards, :mod:`.scan` indexes one (the
 worker processes' task), :mod:`.splits` assigns shards to splits and writes ``split.yaml``,
 :mod:`.incremental` holds what a re-prepare reuses (``.lite-prepare.json``, the unchanged shards,
-the temporary ``.tar.idx`` names), :mod:`.write` builds the new index, and :mod:`.run` is
-:func:`prepare_dataset`, which runs those steps in order and writes the metadata.
+the temporary ``.tar.idx`` names), :mod:`.write` writes the new index, ``.tar.idx`` files and
+metadata, and :mod:`.run` is :func:`prepare_dataset`, which runs those steps in order.
 """
 
 from __future__ import annotations

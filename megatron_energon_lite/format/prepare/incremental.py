@@ -5,18 +5,29 @@ the shards unchanged since, whether to update the previous index in place, and t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat as stat_module
 from pathlib import Path
 from typing import Iterable
 
-from ...storage import AnyPath, RemotePath, atomic_write_text, list_files, temporary_basename
-from ..media_metadata import MediaFilter
+from ...storage import (
+    AnyPath,
+    RemotePath,
+    atomic_write_text,
+    list_files,
+    remove_stale_temporaries,
+    temporary_basename,
+)
+from ..media_metadata import MediaFilter, read_media_filter
 from ..metadata import INDEX_SQLITE, META_DIR, meta_dir
 from ..tar_index import index_name
 
 PREPARE_STATE = ".lite-prepare.json"
 PREPARE_STATE_VERSION = 2  # 2: stamps are [size, version string] (mtime or ETag)
+
+# The package's name, the one prepare's log records had when it was a single module.
+logger = logging.getLogger(__package__)
 
 
 def _pending_index(root: str, name: str, owner: int) -> str:
@@ -28,6 +39,19 @@ def _pending_index(root: str, name: str, owner: int) -> str:
     return os.path.join(folder, temporary_basename(base, owner))
 
 
+def _remove_leftovers(root: AnyPath, meta: AnyPath, names: list[str], dotted: set[str] | None) -> None:
+    """Removes what a killed or out-of-room prepare left behind (locally): stale temporaries in
+    ``.nv-meta/`` and in the shards' folders (with ``dotted`` from the walk, only in those where
+    it saw a ".NAME": see :func:`~.discover._discover`)."""
+    if isinstance(root, RemotePath):
+        return
+    base = os.fspath(root)
+    folders = {name.rpartition("/")[0] for name in names}  # ~100 for 10,000 shards
+    if dotted is not None:  # the walk just listed them: only where it saw a ".NAME"
+        folders &= dotted
+    remove_stale_temporaries({os.fspath(meta), *(os.path.join(base, folder) for folder in folders)})
+
+
 def _load_prepare_state(root: AnyPath) -> dict:
     path = meta_dir(root) / PREPARE_STATE
     try:
@@ -35,6 +59,14 @@ def _load_prepare_state(root: AnyPath) -> dict:
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
     return state if state.get("version") == PREPARE_STATE_VERSION else {}
+
+
+def _kept_media_filter(meta: AnyPath) -> MediaFilter | None:
+    """The media filter of the existing index, if any: a re-prepare without one keeps it."""
+    media_filter = read_media_filter(meta / INDEX_SQLITE)
+    if media_filter is not None:
+        logger.info("keeping the media metadata of %s (%s)", meta / INDEX_SQLITE, media_filter.to_json())
+    return media_filter
 
 
 def _stamps(root: AnyPath, names: Iterable[str]) -> dict[str, list]:

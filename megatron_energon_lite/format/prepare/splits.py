@@ -84,6 +84,19 @@ def splits_by_patterns(
     return result
 
 
+def _choose_splits(
+    names: Sequence[str],
+    split_ratio: Sequence[float] | None,
+    split_parts: Sequence[tuple[str, str]] | None,
+    *,
+    shuffle: bool,
+) -> dict[str, list[str]]:
+    """The splits of a full prepare: by ``split_parts`` if given, else by ``split_ratio``."""
+    if split_parts is not None:
+        return splits_by_patterns(names, split_parts)
+    return splits_by_ratio(names, split_ratio, shuffle=shuffle)
+
+
 def _kept_excludes(root: AnyPath) -> list[str]:
     """A re-prepare keeps the excludes a user wrote into the old split config."""
     try:

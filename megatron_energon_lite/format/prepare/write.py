@@ -1,5 +1,5 @@
-"""Writing the new index: ``index.sqlite`` built from the scans (and the previous index), and
-its files made durable."""
+"""Writing the outputs: ``index.sqlite`` built from the scans (and the previous index), the new
+``.tar.idx`` files made durable and put in place, then the rest of ``.nv-meta/``."""
 
 from __future__ import annotations
 
@@ -7,16 +7,35 @@ import logging
 import os
 import sqlite3
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
+
 from ...errors import DatasetError, format_message
-from ...storage import AnyPath
+from ...storage import (
+    AnyPath,
+    RemotePath,
+    atomic_write_text,
+    is_no_room,
+    local_scratch,
+    local_view,
+    no_room_error,
+    remove_scratch,
+    replace_with,
+    temporary_name,
+)
 from ..media_metadata import MediaFilter, MediaIndexWriter, MediaScan
+from ..metadata import INDEX_SQLITE, INDEX_UUID, DatasetInfo, write_info
 from ..process_pool import scan_in_order
+from ..split_cache import write_split_cache
 from ..sqlite_index import DuplicateKey, DuplicateSampleKeyError, IndexMismatchError, SqliteIndexWriter
+from ..tar_index import INDEX_DTYPE, index_name, write_tar_index
+from .incremental import _pending_index, _update_in_place, _write_prepare_state
 from .scan import _Scanned, _scan_task
+from .splits import _write_splits
 
 # The package's name, the one prepare's log records had when it was a single module.
 logger = logging.getLogger(__package__)
@@ -123,6 +142,110 @@ class _Built:
     tar_stamps: dict[str, list] = field(default_factory=dict)  # local: stamp of each scanned tar
     media_entries: int = 0
     media_failures: list[str] = field(default_factory=list)
+
+
+def _build_and_install(
+    root: AnyPath,
+    meta: AnyPath,
+    names: list[str],
+    unchanged: dict[str, tuple[int, int]],
+    state: dict,
+    *,
+    num_workers: int | None,
+    progress: bool,
+    media_filter: MediaFilter | None,
+) -> tuple[_Built, dict[str, tuple[int, int]]]:
+    """Builds the new ``index.sqlite`` and puts it and the new ``.tar.idx`` files in place.
+    Returns what the build produced and the shards it kept (none when the previous index turned
+    out to be unreadable: then every shard was scanned).
+
+    SQLite needs local files: the new index is built next to the old one locally (so the final
+    rename is atomic), in a temporary folder for a remote dataset (then uploaded).  Locally the
+    workers write each new .tar.idx under a temporary name; they are renamed into place only
+    once the whole index is built (and removed if it is not).
+    """
+    local = not isinstance(root, RemotePath)
+    base = os.fspath(root) if local else ""
+    owner = os.getpid() if local else None
+    pending: set[str] = set()  # shards whose temporary .tar.idx may exist
+    scratch, owned = local_scratch(meta)
+    done = False
+    try:
+        tmp_index = temporary_name(scratch / INDEX_SQLITE)
+        previous_index = local_view(meta / INDEX_SQLITE) if unchanged or media_filter is not None else None
+        build = dict(num_workers=num_workers, progress=progress, media_filter=media_filter, owner=owner, pending=pending)
+        try:
+            try:
+                in_place = _update_in_place(names, unchanged, state)
+                built = _build_index(tmp_index, previous_index, root, names, unchanged, in_place=in_place, **build)
+            except _UnusablePreviousIndex as exc:
+                logger.warning("%s", exc)
+                unchanged = {}
+                built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
+        except (OSError, sqlite3.OperationalError) as exc:
+            if is_no_room(exc):
+                raise no_room_error(tmp_index, exc) from None
+            raise
+        _install_tar_indexes(root, base, owner, built, pending)
+        replace_with(meta / INDEX_SQLITE, tmp_index)
+        done = True
+    finally:
+        if not done and pending:
+            for name in pending:
+                _unlink_quietly(_pending_index(base, name, owner))
+        remove_scratch(scratch, owned)
+    return built, unchanged
+
+
+def _install_tar_indexes(root: AnyPath, base: str, owner: int | None, built: _Built, pending: set[str]) -> None:
+    """Puts the scanned shards' new ``.tar.idx`` files in place: locally the temporaries the
+    workers wrote, made durable and renamed (each leaves ``pending`` once renamed); remotely
+    uploaded from the bytes the workers sent back."""
+    if not isinstance(root, RemotePath):
+        written = {name: _pending_index(base, name, owner) for name in built.index_stamps}
+        _sync_files(list(written.values()))
+        for name, temporary in written.items():
+            os.replace(temporary, os.path.join(base, index_name(name)))
+            pending.discard(name)
+    else:
+        for name, data in built.index_data.items():
+            write_tar_index(root / name, np.frombuffer(data, dtype=INDEX_DTYPE))
+
+
+def _write_metadata(
+    root: AnyPath,
+    meta: AnyPath,
+    names: list[str],
+    built: _Built,
+    *,
+    splits: dict[str, list[str]],
+    state: dict,
+    unchanged: dict[str, tuple[int, int]],
+    media_filter: MediaFilter | None,
+    dataset_yaml: str | None,
+    dataset_yaml_name: str,
+) -> None:
+    """Writes the rest of ``.nv-meta/`` once the index is in place, each file through a temporary
+    and a rename: a new index UUID, ``split.yaml`` (when there are ``splits``: not with
+    ``tar_index_only``), the dataset YAML if given, the prepare state, ``.info.json``, and the
+    split cache made from it and ``split.yaml``."""
+    atomic_write_text(meta / INDEX_UUID, str(uuid.uuid4()))
+    split_record = _write_splits(root, splits, state) if splits else state.get("split")
+    if dataset_yaml is not None:
+        atomic_write_text(meta / dataset_yaml_name, dataset_yaml)
+    _write_prepare_state(
+        root,
+        names,
+        built.counts,
+        media_filter,
+        previous=state,
+        unchanged=unchanged,
+        tar_stamps=built.tar_stamps,
+        index_stamps=built.index_stamps,
+        split_record=split_record,
+    )
+    write_info(root, DatasetInfo(shard_counts=built.counts))
+    write_split_cache(root)  # after both files it copies: every rank then starts without parsing them
 
 
 def _build_index(
