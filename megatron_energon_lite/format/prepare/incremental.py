@@ -33,7 +33,8 @@ logger = logging.getLogger(__package__)
 def _pending_index(root: str, name: str, owner: int) -> str:
     """Where the worker writes a shard's new ``.tar.idx`` before the rename: the temporary name
     :func:`~megatron_energon_lite.storage.temporary_name` gives, with the preparing process's id,
-    so that :func:`remove_stale_temporaries` recognises leftovers of a killed run."""
+    so that :func:`~megatron_energon_lite.storage.remove_stale_temporaries` recognises leftovers
+    of a killed run."""
     final = os.path.join(root, index_name(name))
     folder, base = os.path.split(final)
     return os.path.join(folder, temporary_basename(base, owner))
@@ -166,8 +167,9 @@ _IN_PLACE_SHARE = 0.25
 
 def _update_in_place(names: list[str], unchanged: dict[str, tuple[int, int]], state: dict) -> bool:
     """Whether the new index is a copy of the previous one with the changed shards' rows
-    replaced (:meth:`SqliteIndexWriter.update_copy`) rather than a new file: when every shard
-    has the id it had in the previous run (the same shards in the same order) and few changed."""
+    replaced (:meth:`~megatron_energon_lite.format.sqlite_index.SqliteIndexWriter.update_copy`)
+    rather than a new file: when every shard has the id it had in the previous run (the same
+    shards in the same order) and few changed."""
     if not unchanged or len(names) - len(unchanged) > _IN_PLACE_SHARE * len(names):
         return False
     recorded = state.get("shards", {})

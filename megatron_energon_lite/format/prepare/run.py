@@ -63,7 +63,7 @@ def prepare_dataset(
     root = as_path(root)
     if not root.is_dir():
         raise DatasetError(format_message("dataset folder not found", where=str(root)))
-    dotted: set[str] | None = set() if shards is None and not tar_index_only else None  # see _discover
+    dotted: set[str] | None = set() if shards is None and not tar_index_only else None  # see discover._discover
     if tar_index_only:
         names = _prepared_shards(root)
     else:

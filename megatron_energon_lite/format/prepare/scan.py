@@ -112,8 +112,8 @@ class _Scanned:
     """What a worker sends back for one shard: rows ready for SQLite, nothing else per sample.
 
     Locally the worker has also written the shard's new ``.tar.idx`` to its temporary name
-    (:func:`_pending_index`); it is renamed into place once the whole index is built.  Remotely
-    ``index`` holds its bytes, uploaded at that point instead.
+    (:func:`~.incremental._pending_index`); it is renamed into place once the whole index is
+    built.  Remotely ``index`` holds its bytes, uploaded at that point instead.
     """
 
     sample_rows: list[tuple]  # (tar_file_id, key, sample_index, byte_offset, byte_size)
@@ -125,8 +125,9 @@ class _Scanned:
 
 
 def _write_pending_index(path: str, data: bytes) -> list:
-    """Writes a temporary ``.tar.idx`` (made durable later, all at once: :func:`_sync_files`)
-    and returns its stamp; a full disk raises the storage error that names the file."""
+    """Writes a temporary ``.tar.idx`` (made durable later, all at once:
+    :func:`~.write._sync_files`) and returns its stamp; a full disk raises the storage error that
+    names the file."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:

@@ -299,8 +299,9 @@ def _write_index(
 ) -> tuple[_Built, dict[str, MediaScan]]:
     """Writes the samples table of the new index from ``scans`` (the changed shards, in order).
 
-    With ``in_place`` (every shard keeps its id, few changed: :func:`_update_in_place`), the new
-    index is a copy of the previous one without the changed shards' rows, plus their new rows.
+    With ``in_place`` (every shard keeps its id, few changed:
+    :func:`~.incremental._update_in_place`), the new index is a copy of the previous one without
+    the changed shards' rows, plus their new rows.
     Otherwise it is built afresh, and runs of consecutive unchanged shards are copied from the
     previous index with one statement per table and run.
     """
