@@ -26,7 +26,7 @@ import pytest
 import yaml
 from energon_lite_dev.synthetic import make_png, make_text, write_tar
 
-from megatron_energon_lite.format import prepare as prepare_module
+from megatron_energon_lite.format.prepare import discover, incremental
 from megatron_energon_lite.format.media_metadata import MediaFilter
 from megatron_energon_lite.format.metadata import (
     SplitConfig,
@@ -553,11 +553,11 @@ def test_discovery_matches_pathlib_glob(tmp_path: Path) -> None:
         key=lambda n: Path(n).parts,
     )
     expected = [n for n in expected if not n.startswith(".nv-meta/")]
-    assert prepare_module.discover_shards(root) == expected
+    assert discover.discover_shards(root) == expected
     assert "linked_dir/b.tar" not in expected and "link.tar" in expected
 
 
 @pytest.mark.parametrize("name", ["a.tar", "d/a.tar", ".tar", "d/.tar", "..tar", "d/..tar", "d/a.b.tar", "d/a.tgz", "x.y/z.tar", "x.tar/.tar"])
 def test_index_names_are_pathlib_s(name: str) -> None:
     assert index_name(name) == str(PurePosixPath(name).with_suffix(".tar.idx"))
-    assert prepare_module._index_name(name) == index_name(name)  # the shortcut a re-prepare takes
+    assert incremental._index_name(name) == index_name(name)  # the shortcut a re-prepare takes
