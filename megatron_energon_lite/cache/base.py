@@ -25,7 +25,7 @@ from ..errors import NotSupportedError, format_message
 from ..source_info import SourceInfo, add_source_info
 
 if TYPE_CHECKING:
-    from ..media.metadata import MediaMetadataBase
+    from ..format.media_types import MediaMetadataBase
 
 __all__ = [
     "CachePool",

@@ -27,7 +27,7 @@ from ..errors import AuxFileNotFoundError, DatasetError, format_message
 from ..format.media_metadata import open_index
 from ..format.metadata import INDEX_SQLITE, meta_dir, read_info
 from ..format.tar_reader import split_name
-from ..media.metadata import MediaMetadataBase, deserialize_media_metadata
+from ..format.media_types import MediaMetadataBase, deserialize_media_metadata
 from ..source_info import SourceInfo
 from ..storage import AnyPath, RemotePath, as_path, file_pool, file_stat
 from ..storage.remote import fetch_object

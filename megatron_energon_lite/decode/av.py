@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Optional, Sequence
 import numpy as np
 
 from ..errors import DecodeError, MissingDependencyError, format_message
-from ..media.metadata import (
+from ..format.media_types import (
     AVMetadata,  # the one typed metadata class (Energon's media.AVMetadata)
 )
 
