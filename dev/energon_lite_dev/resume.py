@@ -94,14 +94,16 @@ def _read(events: Iterator[tuple[Any, Any]], count: int, on_event: Callable[[int
     return out
 
 
-def _close(loader: Any, events: Iterator | None) -> None:
-    """Stops the loader's worker processes now rather than whenever it is collected."""
+def _close(loader: Any, events: Iterator | None) -> bool:
+    """Stops the loader's worker processes now rather than whenever it is collected; True if it had some."""
     if events is not None:
         events.close()  # type: ignore[attr-defined]
     iterator = getattr(loader, "_iterator", None)  # torch keeps persistent workers' iterator here
     shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    if shutdown is None:
+        return False
+    shutdown()
+    return True
 
 
 def _first_difference(expected: list[Any], found: list[Any]) -> int:
@@ -155,6 +157,7 @@ def check_loader_resume(
     saved: dict[int, tuple[dict, str]] = {}
     rebuild: list[tuple[int, tuple]] = []
 
+    had_workers = False
     loader = make_loader()
     events: Iterator | None = None
     try:
@@ -192,35 +195,37 @@ def check_loader_resume(
                 f"  expected: {_short(stream[index])}\n  found:    {_short(identity(rebuilt))}"
             )
     finally:
-        _close(loader, events)
+        had_workers = _close(loader, events)
         del loader, events
-        gc.collect()
 
-    for k in sorted(saved):
-        expected = stream[k:]
-        fresh = make_loader()
-        fresh_events: Iterator | None = None
-        try:
-            fresh.restore_state_rank(json.loads(saved[k][1]))
-            fresh_events = _events(fresh, identity)
-            found = _read(fresh_events, n - k)
-        except Exception as exc:
-            add_note = getattr(exc, "add_note", None)  # Python 3.11+
-            if add_note is not None:
-                add_note(f"check_loader_resume: while resuming from the state saved after step {k} of {n}")
-            raise
-        finally:
-            _close(fresh, fresh_events)
-            del fresh, fresh_events
-            gc.collect()
-        if found != expected:
-            j = _first_difference(expected, found)
-            lines = [f"resuming from the state saved after step {k} of {n} diverged at step {k + j} ({j} steps after the restore)"]
-            if j < len(expected) and j < len(found):
-                lines += [f"  expected: {_short(expected[j])}", f"  found:    {_short(found[j])}"]
-            else:
-                lines.append(f"  the restored loader stopped after {len(found)} steps (two pass ends in a row); expected {len(expected)}")
-            if k == 0:
-                lines.append("  (the state before the first batch: is make_loader() deterministic?)")
-            raise AssertionError("\n".join(lines))
+    try:
+        for k in sorted(saved):
+            expected = stream[k:]
+            fresh = make_loader()
+            fresh_events: Iterator | None = None
+            try:
+                fresh.restore_state_rank(json.loads(saved[k][1]))
+                fresh_events = _events(fresh, identity)
+                found = _read(fresh_events, n - k)
+            except Exception as exc:
+                add_note = getattr(exc, "add_note", None)  # Python 3.11+
+                if add_note is not None:
+                    add_note(f"check_loader_resume: while resuming from the state saved after step {k} of {n}")
+                raise
+            finally:
+                had_workers = _close(fresh, fresh_events) or had_workers
+                del fresh, fresh_events
+            if found != expected:
+                j = _first_difference(expected, found)
+                lines = [f"resuming from the state saved after step {k} of {n} diverged at step {k + j} ({j} steps after the restore)"]
+                if j < len(expected) and j < len(found):
+                    lines += [f"  expected: {_short(expected[j])}", f"  found:    {_short(found[j])}"]
+                else:
+                    lines.append(f"  the restored loader stopped after {len(found)} steps (two pass ends in a row); expected {len(expected)}")
+                if k == 0:
+                    lines.append("  (the state before the first batch: is make_loader() deterministic?)")
+                raise AssertionError("\n".join(lines))
+    finally:
+        if had_workers:
+            gc.collect()  # what stopped workers' loaders leave (pipes, shared memory); slow, so only then
     return stream
