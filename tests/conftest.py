@@ -2,8 +2,8 @@
 
 ``text_dataset`` is a fresh unprepared dataset per test.  ``prepared_text``,
 ``prepared_captioning`` and ``prepared_blend`` are prepared datasets built once per session
-(``PREPARED_TEXT``, ``PREPARED_CAPTIONING`` and ``PREPARED_BLEND_*`` say what they hold) and
-shared by every test that asks for them: they are READ-ONLY.  A test must not write into them,
+(``energon_lite_dev.prepared`` says what they hold; import the counts from there) and shared by
+every test that asks for them: they are READ-ONLY.  A test must not write into them,
 not even next to them (a YAML beside the dataset, a prepare with ``force_overwrite``, a deleted
 shard): copy one (``shutil.copytree(prepared_text, tmp_path / "copy")``) or write the YAML into
 ``tmp_path`` with absolute paths.  After every test the files of the shared datasets built so
@@ -19,13 +19,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import (
-    CAPTIONING_SAMPLE_YAML,
-    generate_captioning_dataset,
-    prepared_text_dataset,
-    write_tar,
-    write_text_blend,
-)
+from energon_lite_dev.prepared import build_prepared_blend, build_prepared_captioning, build_prepared_text
+from energon_lite_dev.synthetic import write_tar
 
 
 def tar_members(path: Path) -> list[tarfile.TarInfo]:
@@ -60,19 +55,6 @@ def text_dataset(tmp_path: Path) -> Path:
 
 
 # --- shared prepared datasets (read-only) --------------------------------------------------------
-
-#: ``prepared_text``: ``prepared_text_dataset`` arguments; 3 shards x 37 ``TextSample`` of 1-8
-#: words, keys ``{shard:04d}_{index:06d}``, all in the train split (111 samples).
-PREPARED_TEXT = dict(num_shards=3, samples_per_shard=37, min_words=1, max_words=8, seed=3)
-#: ``prepared_captioning``: ``generate_captioning_dataset`` arguments; 6 shards x 9
-#: ``CaptioningSample`` (8x6 JPEG, caption), keys ``{shard:04d}_{index:06d}``, split
-#: ``PREPARED_CAPTIONING_SPLIT`` by shards: 4 train (36 samples), 2 val (18).
-PREPARED_CAPTIONING = dict(num_shards=6, samples_per_shard=9, image_size=(8, 6), seed=3)
-PREPARED_CAPTIONING_SPLIT = (4, 2, 0)
-#: ``prepared_blend``: ``write_text_blend`` arguments; ``TextSample`` datasets ``a`` (24 samples)
-#: and ``b`` (39) of uneven shards, keys ``sized_keys(name, sizes)``, blended 1:2 in the train split.
-PREPARED_BLEND_SIZES = {"a": [7, 5, 9, 3], "b": [11, 4, 8, 6, 10]}
-PREPARED_BLEND_WEIGHTS = {"a": 1, "b": 2}
 
 #: The shared datasets built so far: root -> its files as built (see ``_files``).
 _SHARED: dict[Path, dict[str, tuple]] = {}
@@ -116,27 +98,23 @@ def _shared_datasets_stay_unchanged():
 
 @pytest.fixture(scope="session")
 def prepared_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A prepared ``TextSample`` dataset (``PREPARED_TEXT``), shared by the session: read-only."""
-    return _shared(prepared_text_dataset(tmp_path_factory.mktemp("prepared_text") / "text", **PREPARED_TEXT))
+    """A prepared ``TextSample`` dataset (``energon_lite_dev.prepared.PREPARED_TEXT``), shared by
+    the session: read-only."""
+    return _shared(build_prepared_text(tmp_path_factory.mktemp("prepared_text") / "text"))
 
 
 @pytest.fixture(scope="session")
 def prepared_captioning(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A prepared ``CaptioningSample`` dataset with train and val splits (``PREPARED_CAPTIONING``),
-    shared by the session: read-only."""
-    from megatron_energon_lite.format.prepare import prepare_dataset
-
-    root = tmp_path_factory.mktemp("prepared_captioning") / "captions"
-    generate_captioning_dataset(root, **PREPARED_CAPTIONING)
-    prepare_dataset(root, split_ratio=PREPARED_CAPTIONING_SPLIT, progress=False, num_workers=1, dataset_yaml=CAPTIONING_SAMPLE_YAML)
-    return _shared(root)
+    """A prepared ``CaptioningSample`` dataset with train and val splits
+    (``energon_lite_dev.prepared.PREPARED_CAPTIONING``), shared by the session: read-only."""
+    return _shared(build_prepared_captioning(tmp_path_factory.mktemp("prepared_captioning") / "captions"))
 
 
 @pytest.fixture(scope="session")
 def prepared_blend(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The path of a metadataset YAML (``blend.yaml``) blending two prepared ``TextSample``
-    datasets ``a`` and ``b`` beside it (``PREPARED_BLEND_*``), shared by the session: read-only,
-    the folder of the YAML too."""
-    path = write_text_blend(tmp_path_factory.mktemp("prepared_blend"), PREPARED_BLEND_SIZES, PREPARED_BLEND_WEIGHTS)
+    datasets ``a`` and ``b`` beside it (``energon_lite_dev.prepared.PREPARED_BLEND_*``), shared by
+    the session: read-only, the folder of the YAML too."""
+    path = build_prepared_blend(tmp_path_factory.mktemp("prepared_blend"))
     _shared(path.parent)
     return path

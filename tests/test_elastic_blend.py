@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import PREPARED_BLEND_SIZES, PREPARED_BLEND_WEIGHTS
+from energon_lite_dev.prepared import PREPARED_BLEND_SIZES, PREPARED_BLEND_WEIGHTS
 from energon_lite_dev.states import carried_datasets
 from energon_lite_dev.synthetic import sized_keys, write_text_blend
 from hypothesis import HealthCheck, assume, example, given, settings

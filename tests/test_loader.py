@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PREPARED_CAPTIONING
+from energon_lite_dev.prepared import PREPARED_CAPTIONING
 from energon_lite_dev.resume import END, check_loader_resume
 
 from megatron_energon_lite import (

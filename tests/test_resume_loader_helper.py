@@ -11,7 +11,7 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
-from conftest import PREPARED_TEXT
+from energon_lite_dev.prepared import PREPARED_TEXT
 from energon_lite_dev.resume import END, batch_identity, check_loader_resume
 
 from megatron_energon_lite import DefaultTaskEncoder, WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
