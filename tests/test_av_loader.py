@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from energon_lite_dev.resume import batch_identity, check_loader_resume
 from energon_lite_dev.synthetic import make_audio, make_video, write_tar
 
 from megatron_energon_lite import (
@@ -55,18 +56,11 @@ def loader(root: Path, workers: int):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_video_batches_and_exact_resume(videos: Path, workers: int) -> None:
-    first = loader(videos, workers)
-    it = iter(first)
-    states, batches = [first.save_state_rank()], []
-    for _ in range(10):
-        batch = next(it)
+    def video(batch):
         assert batch.video.shape == (2, 4, 3, 12, 16) and batch.video.dtype == torch.uint8
-        batches.append(list(batch.__key__))
-        states.append(first.save_state_rank())
-    for step in (0, 3, 6, 10):
-        fresh = loader(videos, workers)
-        fresh.restore_state_rank(states[step])
-        assert [list(b.__key__) for _, b in zip(range(10 - step), fresh)] == batches[step:]
+        return batch_identity(batch)
+
+    check_loader_resume(lambda: loader(videos, workers), 10, at=(0, 3, 6, 10), identity=video)
 
 
 def test_the_lazy_decoder_crosses_into_the_main_process(videos: Path) -> None:

@@ -16,7 +16,6 @@ from collections import deque
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import prepared_text_dataset
 
 from megatron_energon_lite import (
     DefaultTaskEncoder,
@@ -152,8 +151,9 @@ def test_the_last_bundle_ends_with_pass_over() -> None:
 
 
 @pytest.fixture(scope="module")
-def texts(tmp_path_factory) -> Path:
-    return prepared_text_dataset(tmp_path_factory.mktemp("bundles") / "text", num_shards=3, samples_per_shard=37, min_words=1, max_words=8, seed=3)
+def texts(prepared_text: Path) -> Path:
+    """The shared prepared text dataset (tests/conftest.py: 3 shards x 37 samples): read-only."""
+    return prepared_text
 
 
 def _run(root: Path, monkeypatch: pytest.MonkeyPatch, bundle_ms: str, *, steps: int, restore: dict | None = None, task_encoder=None, workers: int = 2) -> tuple[list, list]:

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.prepared import PREPARED_BLEND_SIZES, PREPARED_BLEND_WEIGHTS
 from energon_lite_dev.states import carried_datasets
 from energon_lite_dev.synthetic import sized_keys, write_text_blend
 from hypothesis import HealthCheck, assume, example, given, settings
@@ -30,12 +31,14 @@ from megatron_energon_lite import (
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
-SIZES = {"a": [7, 5, 9, 3], "b": [11, 4, 8, 6, 10]}  # 24 and 39 samples, uneven shards
+SIZES = PREPARED_BLEND_SIZES  # a: 24 and b: 39 samples, uneven shards
+assert PREPARED_BLEND_WEIGHTS == {"a": 1, "b": 2}  # the checks below count on 1:2
 
 
 @pytest.fixture(scope="module")
-def blend(tmp_path_factory) -> Path:
-    return write_text_blend(tmp_path_factory.mktemp("elastic_blend"), SIZES, {"a": 1, "b": 2})
+def blend(prepared_blend: Path) -> Path:
+    """The shared prepared blend (tests/conftest.py): read-only, its folder too."""
+    return prepared_blend
 
 
 def all_keys(name: str) -> list[str]:
@@ -161,9 +164,9 @@ REPETITIONS = {"a": 1.5, "b": 2}  # a: every sample once, then a partial epoch o
 
 
 @pytest.fixture(scope="module")
-def epochized(blend: Path) -> Path:
-    path = blend.parent / "epochized.yaml"
-    entries = "".join(f"      - {{repetitions: {REPETITIONS[name]}, path: {name}}}\n" for name in SIZES)
+def epochized(blend: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("elastic_blend") / "epochized.yaml"
+    entries = "".join(f"      - {{repetitions: {REPETITIONS[name]}, path: {blend.parent / name}}}\n" for name in SIZES)
     path.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n{entries}")
     return path
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from energon_lite_dev.resume import batch_identity, check_loader_resume
 from energon_lite_dev.synthetic import generate_text_dataset, make_jpeg, write_tar
 
 from megatron_energon_lite import ConfigError, WorkerConfig, get_loader, get_savable_loader, get_train_dataset
@@ -100,16 +101,7 @@ def test_token_budget_blend_holds_token_shares_within_2_percent(texts: Path) -> 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_token_budget_blend_resumes_exactly(texts: Path, workers: int) -> None:
-    loader = packing_loader(texts, "cost", workers)
-    it = iter(loader)
-    states, packs = [loader.save_state_rank()], []
-    for _ in range(12):
-        packs.append(next(it).sample_keys)
-        states.append(loader.save_state_rank())
-    for step in (0, 1, 5, 12):
-        fresh = packing_loader(texts, "cost", workers)
-        fresh.restore_state_rank(states[step])
-        assert [p.sample_keys for _, p in zip(range(12 - step), fresh)] == packs[step:]
+    check_loader_resume(lambda: packing_loader(texts, "cost", workers), 12, at=(0, 1, 5, 12), identity=lambda pack: (batch_identity(pack), pack.sample_keys))
 
 
 def test_cost_mode_needs_sample_cost(texts: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from energon_lite_dev.resume import batch_identity, check_loader_resume
 from energon_lite_dev.synthetic import generate_text_dataset
 
 from megatron_energon_lite import (
@@ -129,18 +130,8 @@ def test_blend_resumes_exactly_at_every_step(root: Path, workers: int) -> None:
     def make():
         return get_train_dataset(blend_yaml(root), worker_config=config(workers), batch_size=None, shuffle_buffer_size=6, max_samples_per_sequence=4)
 
-    loader = get_savable_loader(make())
-    it = iter(loader)
     steps = 36
-    states, stream = [json.loads(json.dumps(loader.save_state_rank()))], []
-    for _ in range(steps):
-        stream.append(ident(next(it)))
-        states.append(json.loads(json.dumps(loader.save_state_rank())))
-    for step in range(0, steps + 1, 1 if workers == 0 else 7):
-        fresh = get_savable_loader(make())
-        fresh.restore_state_rank(states[step])
-        rest = [ident(s) for _, s in zip(range(steps - step), fresh)]
-        assert rest == stream[step:], f"restored at step {step}"
+    check_loader_resume(lambda: get_savable_loader(make()), steps, at=range(0, steps + 1, 1 if workers == 0 else 7), identity=lambda s: (batch_identity(s), ident(s)))
 
 
 def test_subset_of_an_indexed_dataset(root: Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from energon_lite_dev.resume import check_loader_resume
 from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import (
@@ -135,18 +136,11 @@ def test_resume_through_a_join(root: Path, workers: int) -> None:
     def make():
         return get_savable_loader(get_train_dataset(path, worker_config=config(workers), batch_size=2, shuffle_buffer_size=4, max_samples_per_sequence=2))
 
-    loader = make()
-    it = iter(loader)
-    states, batches = [loader.save_state_rank()], []
-    for _ in range(20):
-        batches.append(list(next(it).__key__))
-        states.append(loader.save_state_rank())
-    for step in (range(21) if workers == 0 else (0, 3, 11, 20)):
-        fresh = make()
-        fresh.restore_state_rank(states[step])
-        assert [list(b.__key__) for _, b in zip(range(20 - step), fresh)] == batches[step:], step
-    rebuilt = loader.restore_sample(next(it).__restore_key__)
-    assert isinstance(rebuilt, CaptioningSample)
+    def joined(batch):
+        assert isinstance(batch, CaptioningSample)  # restore_sample's rebuilt batches too
+        return batch.__restore_key__, list(batch.__key__), list(batch.caption)
+
+    check_loader_resume(make, 20, at=None if workers == 0 else (0, 3, 11, 20), identity=joined, restore_samples=True)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from energon_lite_dev.synthetic import generate_captioning_dataset
+from energon_lite_dev.prepared import PREPARED_CAPTIONING
+from energon_lite_dev.resume import END, check_loader_resume
 
 from megatron_energon_lite import (
     CaptioningSample,
@@ -19,20 +20,14 @@ from megatron_energon_lite import (
     get_train_dataset,
     get_val_dataset,
 )
-from megatron_energon_lite.format.prepare import prepare_dataset
 
-NUM_SHARDS, PER_SHARD = 6, 9
+PER_SHARD = PREPARED_CAPTIONING["samples_per_shard"]  # 9 per shard: 4 train shards, 2 val
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("loader") / "captions"
-    generate_captioning_dataset(root, num_shards=NUM_SHARDS, samples_per_shard=PER_SHARD, image_size=(8, 6), seed=3)
-    prepare_dataset(root, split_ratio=(4, 2, 0), progress=False, num_workers=1)
-    (root / ".nv-meta/dataset.yaml").write_text(
-        "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
-    )
-    return root
+def dataset(prepared_captioning: Path) -> Path:
+    """The shared prepared captioning dataset (tests/conftest.py): read-only."""
+    return prepared_captioning
 
 
 def _train(path: Path, workers: int, **kwargs):
@@ -62,19 +57,8 @@ def test_one_epoch_reads_every_sample_once(dataset: Path, workers: int) -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_save_and_restore_at_every_step(dataset: Path, workers: int) -> None:
-    steps = 14  # more than one epoch of 36 train samples in batches of 4 per worker
-    loader = get_savable_loader(_train(dataset, workers))
-    states, batches = [], []
-    iterator = iter(loader)
-    states.append(loader.save_state_rank())
-    for _ in range(steps):
-        batches.append(_keys(next(iterator)))
-        states.append(loader.save_state_rank())
-    for step in (0, 1, 5, 9, 13):
-        fresh = get_savable_loader(_train(dataset, workers))
-        fresh.restore_state_rank(states[step])
-        rest = [_keys(b) for _, b in zip(range(steps - step), fresh)]
-        assert rest == batches[step:], f"restored at step {step}"
+    # 14 batches: more than one epoch of 36 train samples in batches of 4 per worker
+    check_loader_resume(lambda: get_savable_loader(_train(dataset, workers)), 14, at=None if workers == 0 else (0, 1, 5, 9, 13))
 
 
 def test_restore_twice_in_a_row(dataset: Path) -> None:
@@ -180,13 +164,9 @@ def test_a_hook_that_always_fails_stops_with_the_keys(dataset: Path) -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_restore_at_the_end_of_a_virtual_epoch(dataset: Path, workers: int) -> None:
-    loader = get_savable_loader(_train(dataset, workers, virtual_epoch_length=4))
-    first_pass = [_keys(b) for b in loader]
-    state = loader.save_state_rank()
-    second_pass = [_keys(b) for b in loader]
-    restored = get_savable_loader(_train(dataset, workers, virtual_epoch_length=4))
-    restored.restore_state_rank(state)
-    assert len(first_pass) == 4 and [_keys(b) for b in restored] == second_pass
+    """Two passes of 4 batches, each ending (END); resumed also from just before and just after the first end."""
+    stream = check_loader_resume(lambda: get_savable_loader(_train(dataset, workers, virtual_epoch_length=4)), 10, at=None if workers == 0 else (3, 4, 5, 7))
+    assert [k for k, event in enumerate(stream) if event == END] == [4, 9]
 
 
 def test_unpicklable_batch_is_a_clear_error_not_a_hang(dataset: Path) -> None:

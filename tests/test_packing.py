@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from energon_lite_dev.resume import batch_identity, check_loader_resume
 from energon_lite_dev.synthetic import prepared_text_dataset
 
 from megatron_energon_lite import (
@@ -108,16 +109,7 @@ def _keys(batch) -> list:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_packing_resumes_at_every_step(dataset: Path, workers: int) -> None:
-    loader = get_savable_loader(packed_train(dataset, workers))
-    it = iter(loader)
-    states, batches = [loader.save_state_rank()], []
-    for _ in range(16):
-        batches.append(_keys(next(it)))
-        states.append(loader.save_state_rank())
-    for step in (range(17) if workers == 0 else (0, 1, 4, 9, 16)):
-        fresh = get_savable_loader(packed_train(dataset, workers))
-        fresh.restore_state_rank(states[step])
-        assert [_keys(b) for _, b in zip(range(16 - step), fresh)] == batches[step:], step
+    check_loader_resume(lambda: get_savable_loader(packed_train(dataset, workers)), 16, at=None if workers == 0 else (0, 1, 4, 9, 16), identity=lambda b: (batch_identity(b), _keys(b)))
 
 
 def test_restore_sample_rebuilds_a_packed_batch(dataset: Path) -> None:
@@ -132,19 +124,12 @@ def test_grouped_batches_resume_at_every_step(dataset: Path, workers: int) -> No
     def make():
         return get_savable_loader(get_train_dataset(dataset, worker_config=config(workers), batch_size=None, shuffle_buffer_size=5, max_samples_per_sequence=4, task_encoder=GroupingEncoder()))
 
-    loader = make()
-    it = iter(loader)
-    states, batches = [loader.save_state_rank()], []
-    for _ in range(20):
-        batch = next(it)
+    def grouped(batch):
         words = [len(t.split()) for t in batch.text]
         assert len(batch.text) == (4 if words[0] < 10 else 2) and len({w < 10 for w in words}) == 1
-        batches.append(list(batch.__key__))
-        states.append(loader.save_state_rank())
-    for step in (range(21) if workers == 0 else (0, 3, 11, 20)):
-        fresh = make()
-        fresh.restore_state_rank(states[step])
-        assert [list(b.__key__) for _, b in zip(range(20 - step), fresh)] == batches[step:], step
+        return batch_identity(batch)
+
+    check_loader_resume(make, 20, at=None if workers == 0 else (0, 3, 11, 20), identity=grouped)
 
 
 def test_validation_flushes_partial_groups_at_the_end(dataset: Path) -> None:
@@ -198,19 +183,7 @@ def test_energons_popping_packer_packs_and_resumes(dataset: Path, workers: int) 
     keys = [k for p in packs for k in p.keys]
     assert len(keys) == 30 and len(set(keys)) == 30
 
-    def make():
-        return get_savable_loader(packed_train(dataset, workers, task_encoder=PoppingPackingEncoder()))
-
-    loader = make()
-    it = iter(loader)
-    states, batches = [loader.save_state_rank()], []
-    for _ in range(8):
-        batches.append(_keys(next(it)))
-        states.append(loader.save_state_rank())
-    for step in (0, 3, 8):
-        fresh = make()
-        fresh.restore_state_rank(states[step])
-        assert [_keys(b) for _, b in zip(range(8 - step), fresh)] == batches[step:], step
+    check_loader_resume(lambda: get_savable_loader(packed_train(dataset, workers, task_encoder=PoppingPackingEncoder())), 8, at=(0, 3, 8), identity=lambda b: (batch_identity(b), _keys(b)))
 
 
 def test_a_packer_that_leaves_samples_out_drops_them_with_a_warning(dataset: Path, caplog) -> None:
@@ -243,21 +216,13 @@ def test_dict_batches_have_no_restore_key_entry_and_still_restore(dataset: Path,
     def make():
         return get_savable_loader(get_train_dataset(dataset, worker_config=config(workers), batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4, task_encoder=DictEncoder()))
 
-    loader = make()
-    it = iter(loader)
-    states, batches = [loader.save_state_rank()], []
-    for _ in range(6):
-        batch = next(it)
+    def lengths(batch):
         assert isinstance(batch, dict) and set(batch) == {"length", "first"}
         model(**batch)
-        batches.append(batch)
-        states.append(loader.save_state_rank())
-    rebuilt = loader.restore_sample(batches[4].__restore_key__)
-    assert set(rebuilt) == {"length", "first"} and torch.equal(rebuilt["length"], batches[4]["length"])
-    assert rebuilt.__restore_key__ == batches[4].__restore_key__
-    fresh = make()
-    fresh.restore_state_rank(states[2])
-    assert [b["length"].tolist() for _, b in zip(range(4), fresh)] == [b["length"].tolist() for b in batches[2:]]
+        return batch.__restore_key__, batch["length"].tolist()
+
+    # restore_samples: restore_sample rebuilds each batch, its restore key and lengths.
+    check_loader_resume(make, 6, at=(2,), identity=lengths, restore_samples=True)
 
 
 class DictGroupingEncoder(DictEncoder):
@@ -272,15 +237,8 @@ def test_grouped_dict_items_resume_exactly(dataset: Path) -> None:
     def make():
         return get_savable_loader(get_train_dataset(dataset, worker_config=config(0), batch_size=None, shuffle_buffer_size=5, max_samples_per_sequence=4, task_encoder=DictGroupingEncoder()))
 
-    loader = make()
-    it = iter(loader)
-    states, batches = [loader.save_state_rank()], []
-    for _ in range(10):
-        batch = next(it)
+    def lengths(batch):
         assert set(batch) == {"length", "first"}
-        batches.append(batch["length"].tolist())
-        states.append(loader.save_state_rank())
-    for step in (1, 4, 7):
-        fresh = make()
-        fresh.restore_state_rank(states[step])
-        assert [b["length"].tolist() for _, b in zip(range(10 - step), fresh)] == batches[step:], step
+        return batch["length"].tolist()
+
+    check_loader_resume(make, 10, at=(1, 4, 7), identity=lengths)

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import prepared_text_dataset
 
 from megatron_energon_lite import (
     ConfigError,
@@ -31,8 +30,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 
 
 @pytest.fixture(scope="module")
-def texts(tmp_path_factory) -> Path:
-    return prepared_text_dataset(tmp_path_factory.mktemp("start") / "text", num_shards=2, samples_per_shard=20, min_words=1, max_words=5, seed=4)
+def texts(prepared_text: Path) -> Path:
+    """The shared prepared text dataset (tests/conftest.py: 3 shards x 37 samples): read-only."""
+    return prepared_text
 
 
 def _loader(root: Path, task_encoder=None):

@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from energon_lite_dev.resume import batch_identity, check_loader_resume
 from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import DefaultTaskEncoder, WorkerConfig, generic_batch, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
@@ -104,18 +105,8 @@ def test_composed_pipeline_saves_and_restores_exactly(dataset: Path, workers: in
         shuffled = ShuffleBufferDataset(kept, 4, worker_config=wc(workers))
         return BatchDataset(shuffled, 3, generic_batch, worker_config=wc(workers))
 
-    loader = get_savable_loader(make())
-    it = iter(loader)
-    states, batches = [], []
-    for _ in range(9):
-        states.append(loader.save_state_rank())
-        batches.append(keys(next(it)))
-    assert not any(k.endswith("3") for b in batches for k in b)
-    for step in (0, 4, 7):
-        fresh = get_savable_loader(make())
-        fresh.restore_state_rank(states[step])
-        rest = [keys(b) for _, b in zip(range(9 - step), fresh)]
-        assert rest == batches[step:], step
+    stream = check_loader_resume(lambda: get_savable_loader(make()), 9, at=(0, 4, 7), identity=lambda b: (batch_identity(b), keys(b)))
+    assert not any(k.endswith("3") for _, b in stream for k in b)
 
 
 class OwnPipeline(DefaultTaskEncoder):
@@ -143,19 +134,12 @@ def test_build_train_datasets_override_runs_and_resumes(dataset: Path, workers: 
     def make():
         return get_train_dataset(dataset, batch_size=2, worker_config=wc(workers), shuffle_buffer_size=None, max_samples_per_sequence=None, task_encoder=OwnPipeline())
 
-    loader = get_savable_loader(make())
-    it = iter(loader)
-    batches, states = [], []
-    for _ in range(12):  # past the train samples once
-        states.append(loader.save_state_rank())
-        batch = next(it)
-        assert all(c.startswith("tagged ") for c in batch.caption)
-        batches.append(keys(batch))
-    fresh = get_savable_loader(make())
-    fresh.restore_state_rank(states[5])
-    assert [keys(b) for _, b in zip(range(7), fresh)] == batches[5:]
-    sample = fresh.restore_sample(next(iter(get_savable_loader(make()))).__restore_key__)
-    assert all(c.startswith("tagged ") for c in sample.caption)
+    def tagged(batch):
+        assert all(c.startswith("tagged ") for c in batch.caption)  # restore_sample's batches too
+        return batch_identity(batch)
+
+    # 12 batches: past the train samples once.
+    check_loader_resume(lambda: get_savable_loader(make()), 12, at=(5,), identity=tagged, restore_samples=True)
 
 
 def test_build_batch_override_is_used_by_the_default_composition(dataset: Path) -> None:
