@@ -42,6 +42,14 @@ class SavableDataset(Recipe[T], Generic[T]):
     def can_restore_sample(self) -> bool:
         return True
 
+    @classmethod
+    def __subclasshook__(cls, subclass: type) -> bool:
+        # Every recipe of the core is a savable dataset in Energon's sense (what get_train_dataset
+        # returns, the loader's watchdog, ...): isinstance(x, SavableDataset) holds for them too.
+        if cls is SavableDataset and Recipe in getattr(subclass, "__mro__", ()):
+            return True
+        return NotImplemented
+
 
 class BaseWrapperDataset(SavableDataset[T]):
     """A dataset that wraps one or more others (Energon's ``BaseWrapperDataset``). Energon's
