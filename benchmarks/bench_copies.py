@@ -75,6 +75,7 @@ def measure(workers: int, root: str, batches: int) -> None:
         get_train_dataset,
         handover,
         samples,
+        worker_slabs,
     )
     from megatron_energon_lite.decode import SampleDecoder
     from megatron_energon_lite.decode import image as image_module
@@ -119,7 +120,7 @@ def measure(workers: int, root: str, batches: int) -> None:
         return descriptor
 
     def counted_dump(payload):
-        if handover._active is None:  # no slabs: every tensor goes torch's way
+        if worker_slabs.active is None:  # no slabs: every tensor goes torch's way
             for tensor in _tensors(payload, set()):
                 if not tensor.is_shared():
                     add("hand-over", tensor.nbytes)

@@ -52,7 +52,6 @@ from .format.metadataset import (
 )
 from .handover import (
     SlabRing,
-    activate_slabs,
     dump_for_main,
     load_from_worker,
     slab_bytes_from_env,
@@ -68,23 +67,18 @@ from .pipeline.build import (
 )
 from .pipeline.node import Node, as_key, get_restore_key, set_restore_key
 from .pipeline.passes import on_top
+from .pipeline.stage_clock import StageClock, activate_clock, timed
 from .pipeline.state_check import nested
 from .pipeline.watchdog import StuckReports
 from .rank_state import REDISTRIBUTED_FROM, RankState
 from .skip_report import SkipLedger
-from .stall import (
-    StageClock,
-    StageTimes,
-    StallClock,
-    StallReport,
-    activate_clock,
-    timed,
-)
+from .stall import StageTimes, StallClock, StallReport
 from .storage import configure_storage, configured_storage, is_remote
 from .pipeline.recipe import Recipe, Watchdog, input_recipes, share
 from .pipeline.task_hooks import DefaultHooks, Hooks
 from .worker import WorkerConfig
 from .worker_queue import DirectForkContext, direct_queues_from_env
+from .worker_slabs import activate_slabs
 from .worker_start import StartWatch, worker_start_seconds_from_env
 
 logger = logging.getLogger(__name__)

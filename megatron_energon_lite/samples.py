@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigError, format_message
+from .worker_slabs import slab_empty
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -559,8 +560,6 @@ def batch_stack(values: Sequence[Any]) -> Any:
         )
     ):
         import numpy as np
-
-        from .handover import slab_empty
 
         arrays = [v.numpy() for v in values]
         out = slab_empty((len(values), *first.shape), first.dtype)

@@ -44,13 +44,12 @@ from megatron_energon_lite.handover import (
     PICKLES_IN_SLAB_MIN_BYTES,
     SLAB_MIB_ENV,
     SlabRing,
-    activate_slabs,
     dump_for_main,
     load_from_worker,
-    slab_empty,
 )
 from megatron_energon_lite.loader import _Carrier
 from megatron_energon_lite.samples import batch_stack
+from megatron_energon_lite.worker_slabs import activate_slabs, slab_empty
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
