@@ -47,7 +47,7 @@ from megatron_energon_lite.handover import (
     dump_for_main,
     load_from_worker,
 )
-from megatron_energon_lite.loader import _Carrier
+from megatron_energon_lite.loader.streams import Carrier
 from megatron_energon_lite.samples import batch_stack
 from megatron_energon_lite.worker_slabs import activate_slabs, slab_empty
 
@@ -164,7 +164,7 @@ def test_an_allocated_slab_dropped_unsent_is_free_again(ring: SlabRing) -> None:
 def _bundle(*texts: str, tensor: torch.Tensor | None = None) -> Bundle:
     """A worker's bundle as the loader makes it: its carriers (pickled entries), then PASS_OVER."""
     entries = [(text if tensor is None else {"text": text, "tensor": tensor}, 0, None, (0, 0)) for text in texts]
-    return Bundle(0, [*(_Carrier(entry) for entry in entries), PASS_OVER])
+    return Bundle(0, [*(Carrier(entry) for entry in entries), PASS_OVER])
 
 
 def test_a_bundles_pickles_cross_in_one_slab_freed_when_they_are_loaded(ring: SlabRing) -> None:
