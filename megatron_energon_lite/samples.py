@@ -543,7 +543,7 @@ def batch_stack(values: Sequence[Any]) -> Any:
     ``torch.stack`` of a few MB of uint8 images 10-100x slower when the cores are busy (a batch of
     32 256x256 RGB images: 0.7 ms single-threaded, 16-120 ms with 2 busy threads).  In a loader
     worker the result is made in the worker's shared-memory slab, so handing it to the main
-    process copies nothing more (:mod:`.handover`).
+    process copies nothing more (``loader/handover/slabs.py``).
     """
     import torch
 

@@ -1,4 +1,4 @@
-"""The hand-over of batches from workers through shared-memory slabs (``handover.py``).
+"""The hand-over of batches from workers through shared-memory slabs (``loader/handover/slabs.py``).
 
 In-process: a payload pickled through a ring and loaded again gives equal tensors over the slab,
 the slab returns when the last of them is garbage, what cannot be placed goes torch's way, and a
@@ -33,14 +33,14 @@ from megatron_energon_lite import (
     get_loader,
     get_train_dataset,
 )
-from megatron_energon_lite.bundles import (
+from megatron_energon_lite.loader.handover.bundles import (
     BUNDLE_MS_ENV,
     MAX_BUNDLE_ITEMS,
     PASS_OVER,
     Bundle,
 )
 from megatron_energon_lite.decode import SampleDecoder
-from megatron_energon_lite.handover import (
+from megatron_energon_lite.loader.handover.slabs import (
     PICKLES_IN_SLAB_MIN_BYTES,
     SLAB_MIB_ENV,
     SlabRing,

@@ -30,7 +30,7 @@ from .dataset import PipelineDataset
 
 __all__ = ["get_loader", "get_savable_loader", "get_train_dataset", "get_val_dataset", "get_val_datasets", "plan_spec"]
 
-logger = logging.getLogger("megatron_energon_lite.loader")  # the package's logger (loader.py's before the split)
+logger = logging.getLogger("megatron_energon_lite.loader")  # loader.py's, unchanged by the split: the name users configure
 
 _UNSET: Any = object()
 
@@ -217,7 +217,7 @@ def _dataset(spec: PipelineSpec, mock: Any = None) -> Recipe:
     """The dataset of a spec: the default pipeline, or what the task encoder's ``build_*`` overrides
     compose; with ``mock`` (the argument, else the YAML's ``mock:``) its first item per worker, again
     and again (``mock.py``)."""
-    from ..mock import MockDataset, mock_mode
+    from .mock import MockDataset, mock_mode
 
     from_yaml = mock is None
     mode = mock_mode(getattr(spec.plan, "mock", False) if from_yaml else mock, where=f"{spec.plan.source}: mock" if from_yaml else "mock=...")

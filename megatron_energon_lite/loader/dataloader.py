@@ -17,12 +17,6 @@ from typing import Any, Iterator
 import torch
 import torch.utils.data
 
-from ..bundles import (
-    MAX_BUNDLE_ITEMS,
-    BundleLimits,
-    Interleave,
-    bundle_seconds_from_env,
-)
 from ..cache.base import CachePool
 from ..errors import (
     ConfigError,
@@ -32,17 +26,22 @@ from ..errors import (
     WorkerStartTimeoutError,
     format_message,
 )
-from ..handover import SlabRing, slab_bytes_from_env
 from ..pipeline.aux_sources import activate_cache_pool
 from ..pipeline.node import as_key, set_restore_key
 from ..pipeline.recipe import Recipe
 from ..pipeline.watchdog import StuckReports
-from ..rank_state import REDISTRIBUTED_FROM, RankState
-from ..skip_report import SkipLedger
-from ..stall import StageTimes, StallClock, StallReport
-from ..worker_queue import DirectForkContext, direct_queues_from_env
-from ..worker_start import StartWatch, worker_start_seconds_from_env
 from .dataset import PipelineDataset
+from .handover.bundles import (
+    MAX_BUNDLE_ITEMS,
+    BundleLimits,
+    Interleave,
+    bundle_seconds_from_env,
+)
+from .handover.queues import DirectForkContext, direct_queues_from_env
+from .handover.slabs import SlabRing, slab_bytes_from_env
+from .rank_state import REDISTRIBUTED_FROM, RankState
+from .skip_report import SkipLedger
+from .stall import StageTimes, StallClock, StallReport
 from .streams import (
     SKIPS_ONLY,
     WORKER_TAG,
@@ -52,10 +51,11 @@ from .streams import (
     convert_item,
     state_value,
 )
+from .worker_start import StartWatch, worker_start_seconds_from_env
 
 __all__ = ["SavableDataLoader", "blend_report"]
 
-logger = logging.getLogger("megatron_energon_lite.loader")  # the package's logger (loader.py's before the split)
+logger = logging.getLogger("megatron_energon_lite.loader")  # loader.py's, unchanged by the split: the name users configure
 
 
 def _dataset_names(dataset: Any) -> list[str]:
@@ -115,7 +115,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         num_workers = self.worker_config.num_workers
         extra: dict[str, Any] = {}
         if num_workers > 0:
-            # Workers write their messages themselves (see worker_queue.py).
+            # Workers write their messages themselves (see handover/queues.py).
             context = DirectForkContext() if direct_queues_from_env() else "fork"
             extra = dict(prefetch_factor=prefetch_factor, persistent_workers=True, multiprocessing_context=context)
         super().__init__(
@@ -132,7 +132,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         start_seconds = worker_start_seconds_from_env() if num_workers > 0 else 0
         self._start_watch = StartWatch(num_workers, start_seconds) if start_seconds > 0 else None
         self.dataset.start_watch = self._start_watch
-        # Made before the workers are forked, so that they share it (see handover.py).
+        # Made before the workers are forked, so that they share it (see handover/slabs.py).
         seconds = bundle_seconds_from_env() if num_workers > 0 else 0
         self._slabs = _slab_ring(num_workers, prefetch_factor, seconds > 0) if num_workers > 0 else None
         self.dataset.slabs = self._slabs
@@ -158,7 +158,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         #: Samples the default error handler skipped (logged here with key and reason, also when
         #: a worker process skipped them).
         self._skips = SkipLedger(num_workers)
-        from ..debug_log import LoaderLog
+        from .debug_log import LoaderLog
 
         self.id = self.next_id()
         self._debug_log = LoaderLog.create(self.worker_config, self.id, dataset)  # None unless worker_log_level >= 1
@@ -300,7 +300,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
-            from ..elastic import redistributed_rank_state
+            from .elastic import redistributed_rank_state
 
             self._restore(redistributed_rank_state(state, self.savable_dataset, self.worker_config))
             return
@@ -347,7 +347,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if same_topology:
             self.restore_state_rank(states[wc.rank])
             return
-        from ..elastic import elastic_rank_state
+        from .elastic import elastic_rank_state
 
         self._restore(elastic_rank_state(states, self.savable_dataset, wc))
 

@@ -21,7 +21,7 @@ from ..worker import WorkerConfig
 
 __all__ = ["PipelineDataset"]
 
-logger = logging.getLogger("megatron_energon_lite.loader")  # the package's logger (loader.py's before the split)
+logger = logging.getLogger("megatron_energon_lite.loader")  # loader.py's, unchanged by the split: the name users configure
 
 
 class PipelineDataset(Recipe):

@@ -4,7 +4,7 @@ carrier.
 Every worker sends its pipeline state along with each item it yields (DESIGN.md, State rule 6):
 an entry is ``(item, logical worker id, state after this item, skip reports)``.  In a worker
 process the entry is pickled at once (:class:`Carrier`; tensors go through the slabs of
-``handover.py``), its state pickled apart (:class:`PackedState`), which the main process unpickles
+``handover/slabs.py``), its state pickled apart (:class:`PackedState`), which the main process unpickles
 only when a state is saved.
 """
 
@@ -17,10 +17,8 @@ from typing import Any, Iterator
 import torch
 import torch.utils.data
 
-from ..bundles import Bundle, BundleLimits, bundled
 from ..cache.base import CachePool
 from ..errors import collect_skip_reports, format_message, take_skip_reports
-from ..handover import SlabRing, dump_for_main, load_from_worker
 from ..pipeline.aux_sources import activate_cache_pool
 from ..pipeline.node import Node, get_restore_key, set_restore_key
 from ..pipeline.passes import on_top
@@ -28,10 +26,12 @@ from ..pipeline.recipe import Recipe
 from ..pipeline.stage_clock import StageClock, activate_clock, timed
 from ..pipeline.state_check import nested
 from ..pipeline.watchdog import StuckReports
-from ..rank_state import RankState
-from ..stall import StageTimes
 from ..worker_slabs import activate_slabs
-from ..worker_start import StartWatch
+from .handover.bundles import Bundle, BundleLimits, bundled
+from .handover.slabs import SlabRing, dump_for_main, load_from_worker
+from .rank_state import RankState
+from .stall import StageTimes
+from .worker_start import StartWatch
 
 __all__ = ["SKIPS_ONLY", "WORKER_TAG", "Carrier", "PackedState", "UnpicklableItem", "WorkerStreams", "convert_item", "state_value"]
 
@@ -63,11 +63,11 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         #: Set by the loader when it runs worker processes: the shared memory items go out through.
         self.slabs: SlabRing | None = None
         #: Set by the loader when its workers send items in bundles: the main process's limits
-        #: on their sizes, and the seconds a worker may spend on one (see bundles.py).
+        #: on their sizes, and the seconds a worker may spend on one (see handover/bundles.py).
         self.bundles: tuple[BundleLimits, float] | None = None
         #: Set by the loader when its stall report is on: where each process's stage times go.
         self.stage_times: StageTimes | None = None
-        from ..debug_log import WorkerLog
+        from .debug_log import WorkerLog
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
 
@@ -196,7 +196,7 @@ class Carrier:
     :class:`UnpicklableItem`.  (With ``ENERGON_LITE_DIRECT_QUEUES=0`` it is also cheaper: the
     queue's thread then gets one bytes object instead of pickling the payload while the two
     threads hand the GIL back and forth; the default queue writes from this thread anyway, see
-    :mod:`.worker_queue`.)  Tensors go through shared memory (:mod:`.handover`).
+    :mod:`.handover.queues`.)  Tensors go through shared memory (:mod:`.handover.slabs`).
     """
 
     __slots__ = ("data", "message")

@@ -29,11 +29,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .pipeline.stage_clock import STAGES, StageClock
+from ..pipeline.stage_clock import STAGES, StageClock
 
 __all__ = ["StageTimes", "StallReport"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("megatron_energon_lite.stall")  # unchanged by the move into loader/: the name users configure
 
 
 class StageTimes:

@@ -52,9 +52,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import worker_slabs
-from .env_settings import nonnegative_number
-from .errors import DatasetError, format_message
+from ... import worker_slabs
+from ...errors import DatasetError, format_message
+from ..env_settings import nonnegative_number
 
 __all__ = [
     "PICKLES_IN_SLAB_MIN_BYTES",
@@ -67,7 +67,7 @@ __all__ = [
     "slab_bytes_from_env",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("megatron_energon_lite.handover")  # unchanged by the move into loader/: the name users configure
 
 #: Environment variable: MiB per slab (default 64); 0 turns slabs off (torch's path for all).
 SLAB_MIB_ENV = "ENERGON_LITE_SLAB_MIB"
