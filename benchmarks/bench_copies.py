@@ -12,7 +12,7 @@ made (workers run ahead of the loop, so that is more than the loop received):
 - CHW copy: the decoder's contiguous CHW image (``decode.image._from_rgbx_array``, the planes of
   the RGBX pixels, or ``_from_rgb_array`` for what Pillow decoded);
 - batch: the stacked (or padded) batch (``samples.batch_stack``);
-- hand-over: a worker's copy of a batch tensor into a slab (``handover._Placement._place``
+- hand-over: a worker's copy of a batch tensor into a slab (``handover.slabs._Placement._place``
   when the tensor was not made there), or into torch's shared memory (a tensor that goes
   torch's way: no slab, or ``ENERGON_LITE_SLAB_MIB=0``).  The main process maps the slabs and
   copies nothing.
@@ -73,11 +73,12 @@ def measure(workers: int, root: str, batches: int) -> None:
         WorkerConfig,
         get_loader,
         get_train_dataset,
-        handover,
         samples,
+        worker_slabs,
     )
     from megatron_energon_lite.decode import SampleDecoder
     from megatron_energon_lite.decode import image as image_module
+    from megatron_energon_lite.loader.handover import slabs as handover
 
     shared = mmap.mmap(-1, ROWS * len(KINDS) * 8)
     counts = np.frombuffer(shared, dtype=np.int64).reshape(ROWS, len(KINDS))
@@ -119,7 +120,7 @@ def measure(workers: int, root: str, batches: int) -> None:
         return descriptor
 
     def counted_dump(payload):
-        if handover._active is None:  # no slabs: every tensor goes torch's way
+        if worker_slabs.active is None:  # no slabs: every tensor goes torch's way
             for tensor in _tensors(payload, set()):
                 if not tensor.is_shared():
                     add("hand-over", tensor.nbytes)
@@ -131,9 +132,9 @@ def measure(workers: int, root: str, batches: int) -> None:
     samples.batch_stack = counted_batch_stack
     handover._Placement._place = counted_place
     handover.dump_for_main = counted_dump
-    import megatron_energon_lite.loader as loader_module
+    import megatron_energon_lite.loader.streams as streams_module
 
-    loader_module.dump_for_main = counted_dump  # the name the loader imported
+    streams_module.dump_for_main = counted_dump  # the name the loader's streams imported
 
     class Uint8(DefaultTaskEncoder):
         decoder = SampleDecoder(image_decode="torchrgb8")

@@ -81,14 +81,16 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
     from .format.metadataset import (
         Blender,
     )
-    from .loader import (
-        SavableDataLoader,
-        blend_report,
+    from .loader.api import (
         get_loader,
         get_savable_loader,
         get_train_dataset,
         get_val_dataset,
         get_val_datasets,
+    )
+    from .loader.dataloader import (
+        SavableDataLoader,
+        blend_report,
     )
     from .map_view import (
         MapStyleDataset,
@@ -211,13 +213,13 @@ _LAZY: dict[str, str] = {
     "VQAOCRWebdataset": ".flavors",
     "VQAWebdataset": ".flavors",
     "Blender": ".format.metadataset",
-    "SavableDataLoader": ".loader",
-    "blend_report": ".loader",
-    "get_loader": ".loader",
-    "get_savable_loader": ".loader",
-    "get_train_dataset": ".loader",
-    "get_val_dataset": ".loader",
-    "get_val_datasets": ".loader",
+    "SavableDataLoader": ".loader.dataloader",
+    "blend_report": ".loader.dataloader",
+    "get_loader": ".loader.api",
+    "get_savable_loader": ".loader.api",
+    "get_train_dataset": ".loader.api",
+    "get_val_dataset": ".loader.api",
+    "get_val_datasets": ".loader.api",
     "MapStyleDataset": ".map_view",
     "get_map_dataset": ".map_view",
     "DatasetLoader": ".metadataset",

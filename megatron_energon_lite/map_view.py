@@ -41,7 +41,7 @@ from .errors import (
     SkipSample,
     format_message,
 )
-from .loader import _spec  # the argument handling of get_train_dataset
+from .loader.api import plan_spec  # the argument handling of get_train_dataset
 from .pipeline.build import default_recipe, leaf_cooking, leaf_loader, validate
 from .pipeline.hooks import hook_spec
 from .rng import stage_id
@@ -153,7 +153,7 @@ class MapStyleDataset(torch.utils.data.Dataset):
             raise ConfigError(format_message("invalid seed for get_map_dataset", expected="an int", found=repr(seed)))
         if num_samples is not None and (not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1):
             raise ConfigError(format_message("invalid num_samples for get_map_dataset", expected="an integer >= 1, or None (the sum of the datasets' lengths)", found=repr(num_samples)))
-        spec = _spec(
+        spec = plan_spec(
             path,
             training=True,  # a blend keeps its weights in every split, as Megatron's blends do
             worker_config=worker_config or WorkerConfig(rank=0, world_size=1, num_workers=0),

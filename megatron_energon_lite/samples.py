@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigError, format_message
+from .worker_slabs import slab_empty
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -542,7 +543,7 @@ def batch_stack(values: Sequence[Any]) -> Any:
     ``torch.stack`` of a few MB of uint8 images 10-100x slower when the cores are busy (a batch of
     32 256x256 RGB images: 0.7 ms single-threaded, 16-120 ms with 2 busy threads).  In a loader
     worker the result is made in the worker's shared-memory slab, so handing it to the main
-    process copies nothing more (:mod:`.handover`).
+    process copies nothing more (``loader/handover/slabs.py``).
     """
     import torch
 
@@ -559,8 +560,6 @@ def batch_stack(values: Sequence[Any]) -> Any:
         )
     ):
         import numpy as np
-
-        from .handover import slab_empty
 
         arrays = [v.numpy() for v in values]
         out = slab_empty((len(values), *first.shape), first.dtype)

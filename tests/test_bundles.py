@@ -1,4 +1,4 @@
-"""Several items per message from a worker (``bundles.py``), delivered in the order of one per message.
+"""Several items per message from a worker (``loader/handover/bundles.py``), delivered in the order of one per message.
 
 In-process: :func:`bundled` and :class:`Interleave` driven by a simulation of torch's turns (one
 request per worker in turn, results in request order, a worker skipped once its pass is over)
@@ -20,14 +20,13 @@ import pytest
 from megatron_energon_lite import (
     DefaultTaskEncoder,
     WorkerConfig,
-    bundles,
     get_loader,
     get_savable_loader,
     get_train_dataset,
     get_val_dataset,
-    handover,
 )
-from megatron_energon_lite.bundles import (
+from megatron_energon_lite.loader.handover import bundles, slabs
+from megatron_energon_lite.loader.handover.bundles import (
     BUNDLE_MS_ENV,
     MAX_BUNDLE_ITEMS,
     PASS_OVER,
@@ -193,10 +192,10 @@ def test_bundles_through_slabs_give_the_batches_and_states_of_the_pipe(texts: Pa
     read = []
     load = bundles.load_pickles_from_slab
     monkeypatch.setattr(bundles, "load_pickles_from_slab", lambda descriptor, lengths: read.append(len(lengths)) or load(descriptor, lengths))
-    monkeypatch.setattr(handover, "PICKLES_IN_SLAB_MIN_BYTES", 1)
+    monkeypatch.setattr(slabs, "PICKLES_IN_SLAB_MIN_BYTES", 1)
     keys, states = _run(texts, monkeypatch, "1000", steps=90)
     assert len(read) >= 2 and sum(read) >= 60  # the bundles did cross in slabs
-    monkeypatch.setenv(handover.SLAB_MIB_ENV, "0")
+    monkeypatch.setenv(slabs.SLAB_MIB_ENV, "0")
     read.clear()
     expected_keys, expected_states = _run(texts, monkeypatch, "1000", steps=90)
     assert not read
@@ -237,7 +236,7 @@ class _FailsOnce(DefaultTaskEncoder):
 def test_a_workers_error_arrives_after_the_same_batches(texts: Path, monkeypatch: pytest.MonkeyPatch, through_slabs: bool) -> None:
     """Also when the bundles' pickles cross in slabs (the error travels beside them)."""
     if through_slabs:
-        monkeypatch.setattr(handover, "PICKLES_IN_SLAB_MIN_BYTES", 1)
+        monkeypatch.setattr(slabs, "PICKLES_IN_SLAB_MIN_BYTES", 1)
 
     def until_error(bundle_ms: str) -> tuple[list, str]:
         monkeypatch.setenv(BUNDLE_MS_ENV, bundle_ms)

@@ -15,7 +15,7 @@ from megatron_energon_lite import (
     get_train_dataset,
     get_val_dataset,
 )
-from megatron_energon_lite.debug_log import dataset_mode_and_path, find_config_value
+from megatron_energon_lite.loader.debug_log import dataset_mode_and_path, find_config_value
 from megatron_energon_lite.format.dataset_config import render_dataset_yaml
 from megatron_energon_lite.format.prepare import prepare_dataset
 

@@ -31,7 +31,7 @@ from megatron_energon_lite import (
     get_train_dataset,
     get_val_dataset,
 )
-from megatron_energon_lite.elastic import merge_ranges, share_remainder
+from megatron_energon_lite.loader.elastic import merge_ranges, share_remainder
 from megatron_energon_lite.format.prepare import prepare_dataset
 
 # Up to 3 workers per rank on a 2-core machine: torch warns, the test means it.

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_energon_lite.bundles import BUNDLE_MS_ENV, bundle_seconds_from_env
+from megatron_energon_lite.loader.handover.bundles import BUNDLE_MS_ENV, bundle_seconds_from_env
 from megatron_energon_lite.errors import ConfigError
-from megatron_energon_lite.handover import SLAB_MIB_ENV, slab_bytes_from_env
-from megatron_energon_lite.worker_start import (
+from megatron_energon_lite.loader.handover.slabs import SLAB_MIB_ENV, slab_bytes_from_env
+from megatron_energon_lite.loader.worker_start import (
     WORKER_START_ENV,
     worker_start_seconds_from_env,
 )

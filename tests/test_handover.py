@@ -1,4 +1,4 @@
-"""The hand-over of batches from workers through shared-memory slabs (``handover.py``).
+"""The hand-over of batches from workers through shared-memory slabs (``loader/handover/slabs.py``).
 
 In-process: a payload pickled through a ring and loaded again gives equal tensors over the slab,
 the slab returns when the last of them is garbage, what cannot be placed goes torch's way, and a
@@ -33,24 +33,23 @@ from megatron_energon_lite import (
     get_loader,
     get_train_dataset,
 )
-from megatron_energon_lite.bundles import (
+from megatron_energon_lite.loader.handover.bundles import (
     BUNDLE_MS_ENV,
     MAX_BUNDLE_ITEMS,
     PASS_OVER,
     Bundle,
 )
 from megatron_energon_lite.decode import SampleDecoder
-from megatron_energon_lite.handover import (
+from megatron_energon_lite.loader.handover.slabs import (
     PICKLES_IN_SLAB_MIN_BYTES,
     SLAB_MIB_ENV,
     SlabRing,
-    activate_slabs,
     dump_for_main,
     load_from_worker,
-    slab_empty,
 )
-from megatron_energon_lite.loader import _Carrier
+from megatron_energon_lite.loader.streams import Carrier
 from megatron_energon_lite.samples import batch_stack
+from megatron_energon_lite.worker_slabs import activate_slabs, slab_empty
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -165,7 +164,7 @@ def test_an_allocated_slab_dropped_unsent_is_free_again(ring: SlabRing) -> None:
 def _bundle(*texts: str, tensor: torch.Tensor | None = None) -> Bundle:
     """A worker's bundle as the loader makes it: its carriers (pickled entries), then PASS_OVER."""
     entries = [(text if tensor is None else {"text": text, "tensor": tensor}, 0, None, (0, 0)) for text in texts]
-    return Bundle(0, [*(_Carrier(entry) for entry in entries), PASS_OVER])
+    return Bundle(0, [*(Carrier(entry) for entry in entries), PASS_OVER])
 
 
 def test_a_bundles_pickles_cross_in_one_slab_freed_when_they_are_loaded(ring: SlabRing) -> None:

@@ -1,5 +1,5 @@
 """Mock data (``mock=True`` / ``mock: true``): the real first batch of each worker, again and again,
-with no reads after it; the real length, passes and save/restore (megatron_energon_lite/mock.py)."""
+with no reads after it; the real length, passes and save/restore (megatron_energon_lite/loader/mock.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from megatron_energon_lite import (
     get_val_dataset,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.mock import MockDataset
+from megatron_energon_lite.loader.mock import MockDataset
 from megatron_energon_lite.storage import LocalFilePool
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")]

@@ -1,4 +1,4 @@
-"""The stall report (``stall.py``): the loop's wait for batches and the loader's time per stage.
+"""The stall report (``loader/stall.py``): the loop's wait for batches and the loader's time per stage.
 
 The assertions use lower bounds that sleeps guarantee (a hook that sleeps 3 ms per sample takes at
 least that long, however loaded the machine; one batch in 8 is timed and scaled up, which keeps
@@ -26,7 +26,8 @@ from megatron_energon_lite import (
 )
 from megatron_energon_lite.decode import SampleDecoder
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.stall import STAGES, StallReport
+from megatron_energon_lite.pipeline.stage_clock import STAGES
+from megatron_energon_lite.loader.stall import StallReport
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -153,7 +154,8 @@ def test_a_loader_without_the_report_says_how_to_turn_it_on(root: Path) -> None:
 
 
 def test_one_item_in_time_every_is_timed_and_the_totals_are_scaled_up() -> None:
-    from megatron_energon_lite.stall import TIME_EVERY, StageTimes
+    from megatron_energon_lite.pipeline.stage_clock import TIME_EVERY
+    from megatron_energon_lite.loader.stall import StageTimes
 
     times = StageTimes(1, ["a"])
     clock = times.clock(0)

@@ -1,4 +1,4 @@
-"""The loader's queues write in the caller's thread when that cannot block (``worker_queue.py``).
+"""The loader's queues write in the caller's thread when that cannot block (``loader/handover/queues.py``).
 
 Between real processes: messages of every size, including ones larger than the pipe, arrive
 whole and in order, also from two writers at once; ``put`` returns when nobody reads; the sender
@@ -23,7 +23,7 @@ from megatron_energon_lite import (
     get_savable_loader,
     get_train_dataset,
 )
-from megatron_energon_lite.worker_queue import (
+from megatron_energon_lite.loader.handover.queues import (
     DIRECT_QUEUES_ENV,
     PIPE_BYTES,
     DirectForkContext,

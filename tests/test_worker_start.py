@@ -1,4 +1,4 @@
-"""The main process stops a dataloader worker that never starts (``worker_start.py``).
+"""The main process stops a dataloader worker that never starts (``loader/worker_start.py``).
 
 CPython's fork deadlock (gh-112275) hangs a worker before any Python code runs in it.  Here a
 worker hangs where its start flag would rise (the call that raises it never returns, in the
@@ -24,7 +24,7 @@ from megatron_energon_lite import (
     get_train_dataset,
 )
 from megatron_energon_lite.errors import WorkerStartTimeoutError
-from megatron_energon_lite.worker_start import WORKER_START_ENV, StartWatch
+from megatron_energon_lite.loader.worker_start import WORKER_START_ENV, StartWatch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

@@ -1,7 +1,7 @@
 """``energon-lite analyze-debug``: which sample keys a training run saw at which step.
 
 Reads the JSONL debug logs written with ``WorkerConfig(worker_log_level>=1,
-worker_debug_path=...)`` (ours or Energon's, see :mod:`megatron_energon_lite.debug_log`) and
+worker_debug_path=...)`` (ours or Energon's, see :mod:`megatron_energon_lite.loader.debug_log`) and
 draws a heatmap: one row per unique sample key (in order of first use), one column per step,
 coloured by the log file (rank or worker) the key came from.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..debug_log import find_config_value
+from ..loader.debug_log import find_config_value
 from .params import Command, ValueProblem
 
 _LOADER_INIT = ("SavableLoader.__init__", "BasicDataLoader.__init__")

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from ..errors import format_message
-from ..rank_state import MOVED_FROM, REDISTRIBUTED_FROM
+from ..loader.rank_state import MOVED_FROM, REDISTRIBUTED_FROM
 from .params import Command, ValueProblem
 
 _FILES = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -226,7 +226,7 @@ def redist(paths: tuple[Path, ...], output_option: Path | None, new_world_size: 
     checked here, and restore_state_rank divides the rest when it restores it (as
     restore_state_global does).
     """
-    from ..elastic import redistribute
+    from ..loader.elastic import redistribute
     from ..errors import ConfigError, StateError
 
     input_files, output_path = _inputs_and_output(paths, output_option)

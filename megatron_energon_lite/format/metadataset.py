@@ -16,7 +16,7 @@ multiplied or merged down to the leaf:
 Parsing is strict like Energon's (unknown keys are errors), and every error names the YAML file
 and the key path (``splits.train.blend[2].weight``).  Our two extensions, which Energon would
 reject as unknown keys: ``blend_mode: exact`` on a ``blend`` (see :data:`BLEND_MODES`), and a
-top-level ``mock: true`` (or ``copy``) for mock data (``mock.py``).
+top-level ``mock: true`` (or ``copy``) for mock data (``loader/mock.py``).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class BlendPlan:
     blend_mode: str | None = None  # set by the YAML; the Python argument may also set it
     source: str | None = None  # the YAML file, if any
     #: Ours: the YAML's top-level ``mock:`` (true, "copy" or false): the loader yields the first
-    #: real item again and again (``megatron_energon_lite/mock.py``).  Only the file the loader
+    #: real item again and again (``megatron_energon_lite/loader/mock.py``).  Only the file the loader
     #: is given decides; a referenced metadataset's flag is read but not used.
     mock: bool | str = False
 

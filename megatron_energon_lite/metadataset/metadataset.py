@@ -9,7 +9,7 @@ from typing import Any
 from ..epathlib import EPath
 from ..format.join import prepare_metadataset_joins
 from ..format.metadataset import Blender, load_blend_plan, single_dataset_plan
-from ..loader import _UNSET, _spec
+from ..loader.api import plan_spec
 from ..storage import as_path
 from ..worker import WorkerConfig
 from ..wrappers.compose import DatasetBlendMode, loaded_datasets
@@ -52,11 +52,10 @@ class _PlanLoader(DatasetLoaderInterface):
         plan = self._plan(split_part)
         options = {**self.kwargs, **kwargs, "subflavors": subflavors}
         settings = {key: options.pop(key) for key in _SPEC_SETTINGS if key in options}
-        spec = _spec(
+        spec = plan_spec(
             self.source,
             training=training,
             worker_config=worker_config,
-            task_encoder=_UNSET,
             packing_buffer_size=None,
             kwargs=options,
             split_part=split_part,

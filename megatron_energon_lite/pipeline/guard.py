@@ -31,7 +31,6 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable
 
-from .. import stall
 from ..errors import (
     ConfigError,
     DatasetError,
@@ -42,6 +41,7 @@ from ..errors import (
     set_failing_stage,
 )
 from ..worker import ErrorHandler, log_exception
+from . import stage_clock
 from .node import get_restore_key
 
 __all__ = ["DROPPED", "SYSTEM_EXCEPTIONS", "SampleGuard", "describe_item"]
@@ -132,7 +132,7 @@ class SampleGuard:
 
     def call(self, item: Any, fn: Callable[..., Any], *args: Any) -> Any:
         """Returns ``fn(*args)``, or :data:`DROPPED` when the policy dropped ``item``."""
-        clock = stall.active_clock  # the loader's stall report is on: time the hook as its stage
+        clock = stage_clock.active_clock  # the loader's stall report is on: time the hook as its stage
         try:
             return fn(*args) if clock is None else clock.run(self.stage, self.dataset, fn, *args)
         except SkipSample:

@@ -15,7 +15,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import stall
 from ..decode import SampleDecoder
 from ..errors import ConfigError, DatasetError, NotSupportedError, format_message
 from ..format.dataset_config import (
@@ -37,6 +36,7 @@ from ..format.split_reader import SplitReader
 from ..samples import CrudeSample, Sample, SourceInfo, TokensSample
 from ..storage import as_path
 from ..worker import WorkerConfig
+from . import stage_clock
 from .node import set_restore_key
 
 RESTORE_TAG = "Webdataset"  # Energon's tag for a raw sample's restore key
@@ -184,7 +184,7 @@ class SampleLoader:
         if self.sample_factory is not None:  # Energon's raw sample dict, parts undecoded
             raw_sample = {"__key__": raw.key, "__shard__": raw.shard, "__restore_key__": (RESTORE_TAG, index), "__sources__": (source,), **parts}
             return set_restore_key(self.sample_factory.load_sample(raw_sample), (RESTORE_TAG, index))
-        clock = stall.active_clock  # the loader's stall report is on: time the decode apart from the read
+        clock = stage_clock.active_clock  # the loader's stall report is on: time the decode apart from the read
         decoded = self._decode(parts, raw.key) if clock is None else clock.run("decode", None, self._decode, parts, raw.key)
         return make_sample(config, key=raw.key, decoded=decoded, restore_key=(RESTORE_TAG, index), source=source, subflavors=self.subflavors)
 

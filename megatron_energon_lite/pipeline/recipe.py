@@ -92,7 +92,7 @@ class Recipe(torch.utils.data.IterableDataset, Generic[T]):
         raise NotImplementedError
 
     def with_topology(self, worker_config: WorkerConfig) -> Recipe[T]:
-        """The same dataset for another rank or topology (elastic resume, ``elastic.py``)."""
+        """The same dataset for another rank or topology (elastic resume, ``loader/elastic.py``)."""
         raise NotSupportedError(
             format_message(
                 f"restoring a {type(self).__name__} on another topology is not supported: it is not one of the "

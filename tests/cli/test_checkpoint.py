@@ -101,7 +101,7 @@ def test_redist_makes_states_that_finish_the_pass_on_the_new_topology(rank_state
 
 def test_a_redistributed_state_refuses_another_rank_or_topology(rank_states: list[dict], tmp_path: Path) -> None:
     from megatron_energon_lite import StateError
-    from megatron_energon_lite.elastic import redistribute
+    from megatron_energon_lite.loader.elastic import redistribute
 
     states = redistribute(rank_states, 3, 0)
     with pytest.raises(StateError, match="rank 1 of 3 rank"):

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from .env_settings import nonnegative_number
-from .errors import format_message
+from ..errors import format_message
 
 __all__ = ["WORKER_START_ENV", "StartWatch", "worker_start_seconds_from_env"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("megatron_energon_lite.worker_start")  # unchanged by the move into loader/: the name users configure
 
 #: Environment variable: seconds a forked worker may take to start (default 120); 0: no check.
 WORKER_START_ENV = "ENERGON_LITE_WORKER_START_S"

@@ -16,7 +16,7 @@ import logging
 from collections import Counter
 from typing import Any
 
-from .errors import SKIP_REPORT_LIMIT, SkipRecord
+from ..errors import SKIP_REPORT_LIMIT, SkipRecord
 
 __all__ = ["LISTED_SKIPS", "SkipLedger"]
 

@@ -26,11 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ._version import __version__
-from .errors import ConfigError, StateError, format_message
-from .pipeline.blend import BlendNode
-from .pipeline.node import BlendCursor, Remainder, find_stage, samples_between
-from .pipeline.passes import on_top
+from .._version import __version__
+from ..errors import ConfigError, StateError, format_message
+from ..pipeline.blend import BlendNode
+from ..pipeline.node import BlendCursor, Remainder, find_stage, samples_between
+from ..pipeline.passes import on_top
+from ..pipeline.recipe import Recipe
+from ..worker import WorkerConfig
 from .rank_state import (
     MOVED_FROM,
     REDISTRIBUTED_FROM,
@@ -39,8 +41,6 @@ from .rank_state import (
     RankState,
     check_same_config,
 )
-from .worker import WorkerConfig
-from .pipeline.recipe import Recipe
 
 __all__ = [
     "Topology",

@@ -23,8 +23,8 @@ worker's items, else :data:`MAX_BUNDLE_ITEMS`.  So the items waiting in the main
 below a few bundles per worker, besides torch's ``prefetch_factor`` requests.
 
 A bundle's items are pickled already in the worker (the loader's carriers hold their
-:func:`~.handover.dump_for_main` bytes as ``data``): with slabs, those bytes cross in a slab of
-the worker and only their lengths go through the pipe (see :mod:`.handover`).
+:func:`~.slabs.dump_for_main` bytes as ``data``): with slabs, those bytes cross in a slab of
+the worker and only their lengths go through the pipe (see :mod:`.slabs`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from torch._utils import ExceptionWrapper
 
-from .env_settings import nonnegative_number
-from .errors import DatasetError, format_message
-from .handover import load_pickles_from_slab, pickles_to_slab
+from ...errors import DatasetError, format_message
+from ..env_settings import nonnegative_number
+from .slabs import load_pickles_from_slab, pickles_to_slab
 
 __all__ = ["BUNDLE_MS_ENV", "Bundle", "BundleLimits", "Interleave", "PASS_OVER", "bundle_seconds_from_env", "bundled"]
 
@@ -119,7 +119,7 @@ class Bundle:
 
 
 def _pickled(entry: Any) -> bytes | None:
-    """An entry's payload as :func:`~.handover.dump_for_main` pickled it (a loader's carrier), or None."""
+    """An entry's payload as :func:`~.slabs.dump_for_main` pickled it (a loader's carrier), or None."""
     data = getattr(entry, "data", None)
     return data if type(data) is bytes else None
 

@@ -42,10 +42,10 @@ from typing import Any
 
 import torch.utils.data
 
-from .errors import ConfigError, EmptyDatasetError, StateError, format_message
-from .pipeline.node import Node, State, get_restore_key, set_restore_key
-from .pipeline.state_check import check_count
-from .pipeline.recipe import Recipe
+from ..errors import ConfigError, EmptyDatasetError, StateError, format_message
+from ..pipeline.node import Node, State, get_restore_key, set_restore_key
+from ..pipeline.recipe import Recipe
+from ..pipeline.state_check import check_count
 
 __all__ = ["MOCK_MODES", "MockDataset", "MockNode", "mock_mode"]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import energon_mode
-from ._version import __version__
-from .errors import StateError, format_message
-from .pipeline.passes import upgrade_v1_worker_state
-from .pipeline.state_check import check_bool, check_index, invalid
-from .worker import WorkerConfig
+from .. import energon_mode
+from .._version import __version__
+from ..errors import StateError, format_message
+from ..pipeline.passes import upgrade_v1_worker_state
+from ..pipeline.state_check import check_bool, check_index, invalid
+from ..worker import WorkerConfig
 
 __all__ = ["MOVED_FROM", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config"]
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sample_utils import default_get_batch_keys
-from .worker import WorkerConfig
+from ..sample_utils import default_get_batch_keys
+from ..worker import WorkerConfig
 
 
 def dataset_mode_and_path(dataset: Any) -> tuple[bool | None, str | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 
-from .errors import ConfigError, format_message
+from ..errors import ConfigError, format_message
 
 __all__ = ["nonnegative_number"]
 

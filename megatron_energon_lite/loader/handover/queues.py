@@ -33,7 +33,7 @@ from typing import Any
 
 __all__ = ["DIRECT_QUEUES_ENV", "DirectForkContext", "DirectQueue", "PIPE_BYTES", "direct_queues_from_env"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("megatron_energon_lite.worker_queue")  # unchanged by the move into loader/: the name users configure
 
 #: Environment variable: ``0`` gives the loader multiprocessing's own queues (a feeder thread each).
 DIRECT_QUEUES_ENV = "ENERGON_LITE_DIRECT_QUEUES"

@@ -21,8 +21,8 @@ main process) and a sequence number written after the data: the main process che
 the descriptor, so a slab that was not written completely is never read as a batch.
 
 Fewer copies: the default batching stacks a batch's tensors straight into a slab of its worker
-(:func:`slab_empty`), so the hand-over has nothing left to copy: its descriptor points at where
-the stacked tensor already is.  Such a slab is held by the worker until the batch is sent (or
+(``worker_slabs.slab_empty``), so the hand-over has nothing left to copy: its descriptor points
+at where the stacked tensor already is.  Such a slab is held by the worker until the batch is sent (or
 dropped without being sent: then it is free again).
 
 Pickled items in bulk: a worker's bundle of small batches (text: 10 batches, 300-400 KB of
@@ -52,23 +52,22 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .env_settings import nonnegative_number
-from .errors import DatasetError, format_message
+from ... import worker_slabs
+from ...errors import DatasetError, format_message
+from ..env_settings import nonnegative_number
 
 __all__ = [
     "PICKLES_IN_SLAB_MIN_BYTES",
     "SLAB_MIB_ENV",
     "SlabRing",
-    "activate_slabs",
     "dump_for_main",
     "load_from_worker",
     "load_pickles_from_slab",
     "pickles_to_slab",
     "slab_bytes_from_env",
-    "slab_empty",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("megatron_energon_lite.handover")  # unchanged by the move into loader/: the name users configure
 
 #: Environment variable: MiB per slab (default 64); 0 turns slabs off (torch's path for all).
 SLAB_MIB_ENV = "ENERGON_LITE_SLAB_MIB"
@@ -88,8 +87,6 @@ _FREE, _IN_FLIGHT, _HELD, _ALLOCATED = 0, 1, 2, 3
 _rings: weakref.WeakValueDictionary[int, SlabRing] = weakref.WeakValueDictionary()
 _ring_ids = itertools.count()
 _lock = threading.Lock()
-#: In a worker process: (its loader's ring, its physical worker id).
-_active: tuple[SlabRing, int] | None = None
 _logged_too_large = False
 
 
@@ -152,7 +149,7 @@ class SlabRing:
 
     def allocate(self, worker: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """An uninitialised tensor in a free slab of ``worker``, marked allocated (see
-        :func:`slab_empty`), or None when it does not fit or no slab is free."""
+        ``worker_slabs.slab_empty``), or None when it does not fit or no slab is free."""
         nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
         if nbytes == 0 or nbytes > self.slab_bytes:
             return None
@@ -177,7 +174,7 @@ class SlabRing:
 
     def allocation_of(self, worker: int, tensor: torch.Tensor) -> tuple[int, int, int] | None:
         """``(slot, sequence, offset)`` when ``tensor`` is contiguous and lies in a slab that
-        ``worker`` allocated (:func:`slab_empty`) and has not sent yet."""
+        ``worker`` allocated (``worker_slabs.slab_empty``) and has not sent yet."""
         address = tensor.data_ptr() - self._address
         first = worker * self.slots * self.slab_bytes
         if not (first <= address < first + self.slots * self.slab_bytes) or not tensor.is_contiguous():
@@ -225,22 +222,6 @@ class SlabRing:
 
 def _release(control: np.ndarray, worker: int, slot: int) -> None:
     control[worker, slot, 0] = _FREE
-
-
-def slab_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-    """In a worker with slabs: an uninitialised tensor in a free slab of its own, for a batch
-    that will be sent as it is (the hand-over then copies nothing); None elsewhere, when it
-    does not fit or no slab is free."""
-    if _active is None:
-        return None
-    ring, worker = _active
-    return ring.allocate(worker, shape, dtype)
-
-
-def activate_slabs(ring: SlabRing | None, worker: int) -> None:
-    """In a worker process: its items go out through ``ring``'s slabs of ``worker``."""
-    global _active
-    _active = None if ring is None else (ring, worker)
 
 
 class _Placement:
@@ -296,9 +277,9 @@ def dump_for_main(payload: Any) -> bytes:
     """``payload`` pickled for the main process: through this worker's slabs when it has a ring,
     else (and for what does not fit) as torch pickles it."""
     global _logged_too_large
-    if _active is None:
+    if worker_slabs.active is None:
         return bytes(ForkingPickler.dumps(payload))
-    ring, worker = _active
+    ring, worker = worker_slabs.active
     buffer = io.BytesIO()
     pickler = ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL)
     # Exact type: tensor subclasses (parameters) go torch's way.
@@ -327,9 +308,9 @@ def pickles_to_slab(pickles: list[bytes]) -> tuple[int, int, int, int, int] | No
     :func:`load_pickles_from_slab` takes.  None, and they go as they are, without slabs, when
     they are smaller than :data:`PICKLES_IN_SLAB_MIN_BYTES` together or larger than a slab, or
     when no slab is free."""
-    if _active is None:
+    if worker_slabs.active is None:
         return None
-    ring, worker = _active
+    ring, worker = worker_slabs.active
     total = sum(len(data) for data in pickles)
     if total < PICKLES_IN_SLAB_MIN_BYTES or total > ring.slab_bytes:
         return None

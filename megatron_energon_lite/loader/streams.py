@@ -1,0 +1,277 @@
+"""What the DataLoader iterates and what its workers send: the worker streams and the hand-over
+carrier.
+
+Every worker sends its pipeline state along with each item it yields (DESIGN.md, State rule 6):
+an entry is ``(item, logical worker id, state after this item, skip reports)``.  In a worker
+process the entry is pickled at once (:class:`Carrier`; tensors go through the slabs of
+``handover/slabs.py``), its state pickled apart (:class:`PackedState`), which the main process unpickles
+only when a state is saved.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import Any, Iterator
+
+import torch
+import torch.utils.data
+
+from ..cache.base import CachePool
+from ..errors import collect_skip_reports, format_message, take_skip_reports
+from ..pipeline.aux_sources import activate_cache_pool
+from ..pipeline.node import Node, get_restore_key, set_restore_key
+from ..pipeline.passes import on_top
+from ..pipeline.recipe import Recipe
+from ..pipeline.stage_clock import StageClock, activate_clock, timed
+from ..pipeline.state_check import nested
+from ..pipeline.watchdog import StuckReports
+from ..worker_slabs import activate_slabs
+from .handover.bundles import Bundle, BundleLimits, bundled
+from .handover.slabs import SlabRing, dump_for_main, load_from_worker
+from .rank_state import RankState
+from .stall import StageTimes
+from .worker_start import StartWatch
+
+__all__ = ["SKIPS_ONLY", "WORKER_TAG", "Carrier", "PackedState", "UnpicklableItem", "WorkerStreams", "convert_item", "state_value"]
+
+# Items leaving a worker get ("Worker", local worker id) in front of their restore key, so that
+# restore_sample rebuilds them in the right worker's pipeline (hooks see worker-specific indices).
+WORKER_TAG = "Worker"
+
+
+class WorkerStreams(torch.utils.data.IterableDataset):
+    """What the DataLoader iterates: in each worker, that worker's pipeline from the dataset's
+    recipe, yielding ``(item, logical worker id, state after this item)``."""
+
+    def __init__(self, dataset: Recipe) -> None:
+        super().__init__()
+        self.recipe = dataset
+        self.worker_config = dataset.worker_config
+        self._pipelines: dict[int, Node] = {}  # each ends its passes (passes.on_top)
+        self._restored: RankState | None = None
+        # Between passes a pipeline starts over, unless its passes continue one stream (virtual
+        # epochs, limits): then the stage that cuts the stream owns the boundary.
+        self._restart_passes = not dataset.passes_continue
+        self._rotation = 0
+        #: Set by the loader when it runs worker processes: their watchdog reports reach it.
+        self.stuck_reports: StuckReports | None = None
+        #: Set by the loader when it runs worker processes: where each tells that it started.
+        self.start_watch: StartWatch | None = None
+        #: Set by the loader: the cache pool its cookers get (active while a pipeline runs).
+        self.cache_pool: CachePool | None = None
+        #: Set by the loader when it runs worker processes: the shared memory items go out through.
+        self.slabs: SlabRing | None = None
+        #: Set by the loader when its workers send items in bundles: the main process's limits
+        #: on their sizes, and the seconds a worker may spend on one (see handover/bundles.py).
+        self.bundles: tuple[BundleLimits, float] | None = None
+        #: Set by the loader when its stall report is on: where each process's stage times go.
+        self.stage_times: StageTimes | None = None
+        from .debug_log import WorkerLog
+
+        self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
+
+    def restore(self, state: RankState) -> None:
+        """Build the pipelines anew from ``state``, the worker whose turn it is first."""
+        self._restored = state
+        self._rotation = state.next_worker
+        self._pipelines.clear()
+
+    def _pipeline(self, logical: int) -> Node:
+        pipeline = self._pipelines.get(logical)
+        if pipeline is None:
+            pipeline = on_top(self.recipe.build_worker(logical), restart=self._restart_passes)
+            restored = self._restored
+            if restored is not None and restored.worker_states[logical] is not None:
+                with nested("worker_states", logical):  # names the field of a bad value (state_check)
+                    pipeline.reset(copy.deepcopy(restored.worker_states[logical]))
+                if restored.pass_ended:
+                    pipeline.pass_was_over()
+            self._pipelines[logical] = pipeline
+        return pipeline
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and self.start_watch is not None:
+            self.start_watch.started(info.id)
+        entries = self._entries(info)  # a generator: nothing runs (or raises) before the first item is asked for
+        if info is None or self.bundles is None:
+            return entries
+        limits, seconds = self.bundles
+        # The worker's logical id (checked against the topology by _entries, which raises into the bundle).
+        logical = (info.id + self._rotation) % self.worker_config.workers_per_rank
+        return bundled(entries, logical, _carried, _carried_size, seconds, limits, where=f"in DataLoader worker process {info.id}")
+
+    def _entries(self, info: Any) -> Iterator[tuple[Any, int, dict | None, tuple]]:
+        """``(item, logical worker id, state after this item, skip reports)`` until the pass ends.
+
+        Skips are collected for the main process to log and list, and with the stall report on,
+        the stages run under this process's clock.  A worker process runs nothing else, so both
+        stay on there (the hand-over after each item is timed too); in the main process they are
+        on only while this pipeline runs: another loader's may run between two items."""
+        physical = self.worker_config.current_worker_id("the loader's dataset")
+        logical = (physical + self._rotation) % self.worker_config.workers_per_rank
+        in_worker = info is not None
+        clock = None if self.stage_times is None else self.stage_times.clock(physical)
+        timing = None if clock is None else clock.for_next_item()  # the clock, when this item is timed
+        _enter_pipeline(timing)
+        try:
+            activate_cache_pool(self.cache_pool)  # before a restore replays cookers
+            pipeline = self._pipeline(logical)
+            if in_worker:
+                activate_slabs(self.slabs, physical)
+                if self.stuck_reports is not None:
+                    self.stuck_reports.attach()
+            while True:
+                try:
+                    item = pipeline.next() if timing is None else timing.run("pipeline", None, pipeline.next)
+                except StopIteration:  # this worker's pass is over; the next call begins the next
+                    skips = take_skip_reports()
+                    if skips[0] or skips[1]:  # skipped after this worker's last item
+                        entry = SKIPS_ONLY, logical, None, skips
+                        if not in_worker:
+                            _leave_pipeline()
+                        yield entry
+                    return
+                state = pipeline.get_state() if timing is None else timing.run("pipeline", None, pipeline.get_state)
+                entry = self._entry(item, logical, state)
+                if clock is not None:
+                    clock.publish()
+                if not in_worker:
+                    _leave_pipeline()
+                yield entry  # in a worker, a timed item's hand-over is timed too
+                timing = None if clock is None else clock.for_next_item()
+                _enter_pipeline(timing)
+        finally:
+            if clock is not None:
+                clock.publish()
+            if not in_worker:
+                _leave_pipeline()
+
+    def _entry(self, item: Any, logical: int, state: dict) -> tuple[Any, int, dict, tuple]:
+        item = set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
+        if self._debug_log is not None:
+            self._debug_log.yielded(item, logical)
+        return item, logical, state, take_skip_reports()
+
+
+def _enter_pipeline(clock: StageClock | None) -> None:
+    """A loader's pipeline runs in this process now: collect its skips, time it (``clock``)."""
+    collect_skip_reports()
+    activate_clock(clock)
+
+
+def _leave_pipeline() -> None:
+    collect_skip_reports(False)
+    activate_clock(None)
+
+
+class _SkipsOnly:
+    """The item of an entry that only carries skip reports (a worker skipped after its last item)."""
+
+    def __reduce__(self):
+        return (_skips_only, ())
+
+
+def _skips_only() -> _SkipsOnly:
+    return SKIPS_ONLY
+
+
+SKIPS_ONLY = _SkipsOnly()
+
+
+class UnpicklableItem:
+    """Sent by a worker in place of an item it could not pickle; the main process raises it."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class Carrier:
+    """What a worker sends: its payload pickled at once, in the worker's main thread, or the
+    error that names the sample when it cannot be pickled.
+
+    A multiprocessing queue pickles in a background thread that only prints a failure, so the
+    main process would wait forever for the lost item; pickling here turns the failure into an
+    :class:`UnpicklableItem`.  (With ``ENERGON_LITE_DIRECT_QUEUES=0`` it is also cheaper: the
+    queue's thread then gets one bytes object instead of pickling the payload while the two
+    threads hand the GIL back and forth; the default queue writes from this thread anyway, see
+    :mod:`.handover.queues`.)  Tensors go through shared memory (:mod:`.handover.slabs`).
+    """
+
+    __slots__ = ("data", "message")
+
+    def __init__(self, payload: tuple[Any, int, dict, tuple]) -> None:
+        self.data: bytes | None = None
+        self.message: str | None = None
+        try:
+            self.data = dump_for_main(payload)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure is reported, not lost
+            item = payload[0]
+            key = getattr(item, "__key__", None) or (item.get("__key__") if isinstance(item, dict) else None)
+            self.message = format_message(
+                "a dataloader worker cannot send an item to the main process: it cannot be pickled",
+                where=f"item with __key__ {key!r} (restore key {getattr(item, '__restore_key__', None)!r})",
+                found=f"{type(exc).__name__}: {exc}",
+                fix="return only tensors, numbers, strings and containers of them from encode_sample/"
+                "batch/encode_batch (no open files, locks, lambdas or generators)",
+            )
+
+    def __reduce__(self):
+        if self.data is None:
+            return UnpicklableItem, (self.message,)
+        return load_from_worker, (self.data,)
+
+
+
+def _converted(entry: tuple[Any, int, dict | None, tuple]) -> tuple[Any, int, dict | None, tuple]:
+    """As Energon's DataLoader (batch_size=None): numpy arrays in items become tensors."""
+    item, logical, state, skips = entry
+    return (item if item is SKIPS_ONLY else torch.utils.data.default_convert(item), logical, state, skips)
+
+
+class PackedState:
+    """A worker's state as the main process holds it: pickled in the worker, unpickled only when
+    a state is saved.  Every item carries its worker's state but only the last one of each worker
+    is ever read; unpickling each (a shuffle buffer's keys are hundreds of small lists) cost the
+    main process about as much as the text batch it came with."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self):
+        return PackedState, (self.data,)
+
+    def value(self) -> dict:
+        return pickle.loads(self.data)
+
+
+def state_value(state: dict | PackedState | None) -> dict | None:
+    return state.value() if isinstance(state, PackedState) else state
+
+
+def _packed(entry: tuple[Any, int, dict | None, tuple]) -> tuple[Any, int, PackedState | None, tuple]:
+    item, logical, state, skips = _converted(entry)
+    return item, logical, None if state is None else PackedState(pickle.dumps(state, pickle.HIGHEST_PROTOCOL)), skips
+
+
+def _carried(entry: tuple[Any, int, dict | None, tuple]) -> Carrier:
+    return timed("hand-over", _carrier_of, entry)
+
+
+def _carrier_of(entry: tuple[Any, int, dict | None, tuple]) -> Carrier:
+    return Carrier(_packed(entry))
+
+
+def _carried_size(carrier: Carrier) -> int:
+    return 0 if carrier.data is None else len(carrier.data)
+
+
+def convert_item(entry: Any) -> Any:
+    """The DataLoader's ``collate_fn``: an entry converted (and in a worker, pickled); a bundle
+    holds its entries so already."""
+    if isinstance(entry, Bundle):
+        return entry
+    return _converted(entry) if torch.utils.data.get_worker_info() is None else _carried(entry)
