@@ -37,7 +37,7 @@ from megatron_energon_lite.cache import FileStoreCachePool
 from megatron_energon_lite.decode.av import get_single_frames_uniform
 from megatron_energon_lite.format.media_metadata import MediaFilter
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.media.filesystem_prepare import prepare_media_folder
+from megatron_energon_lite.energon.media.filesystem_prepare import prepare_media_folder
 
 CRUDE_YAML = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 METADATASET_YAML = """\

@@ -56,7 +56,7 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
         log_exception,
         reraise_exception,
     )
-    from .flavors import (
+    from .energon.flavors import (
         BaseCoreDatasetFactory,
         BaseWebdatasetFactory,
         CaptioningWebdataset,
@@ -96,7 +96,7 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
         MapStyleDataset,
         get_map_dataset,
     )
-    from .metadataset import (
+    from .energon.metadataset import (
         DatasetLoader,
         DatasetLoaderInterface,
         Metadataset,
@@ -128,7 +128,7 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
         generic_batch,
         register_sample_type,
     )
-    from .task_encoder import (
+    from .energon.task_encoder import (
         AugmentTaskEncoder,
         Cooker,
         DefaultTaskEncoder,
@@ -140,7 +140,7 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
     from .worker import (
         WorkerConfig,
     )
-    from .wrappers import (
+    from .energon.wrappers import (
         BatchDataset,
         BlendDataset,
         ConcatDataset,
@@ -192,26 +192,26 @@ _LAZY: dict[str, str] = {
     "StateError": ".errors",
     "log_exception": ".errors",
     "reraise_exception": ".errors",
-    "BaseCoreDatasetFactory": ".flavors",
-    "BaseWebdatasetFactory": ".flavors",
-    "CaptioningWebdataset": ".flavors",
-    "CrudeJsonlDatasetFactory": ".flavors",
-    "CrudeWebdataset": ".flavors",
-    "DefaultCrudeJsonlDatasetFactory": ".flavors",
-    "DefaultDecoderWebdatasetFactory": ".flavors",
-    "DefaultGenericWebdatasetFactory": ".flavors",
-    "ImageClassificationWebdataset": ".flavors",
-    "ImageWebdataset": ".flavors",
-    "InterleavedWebdataset": ".flavors",
-    "JoinedWebdatasetFactory": ".flavors",
-    "MultiChoiceVQAWebdataset": ".flavors",
-    "OCRWebdataset": ".flavors",
-    "SimilarityInterleavedWebdataset": ".flavors",
-    "StandardWebdatasetFactory": ".flavors",
-    "TextWebdataset": ".flavors",
-    "VidQAWebdataset": ".flavors",
-    "VQAOCRWebdataset": ".flavors",
-    "VQAWebdataset": ".flavors",
+    "BaseCoreDatasetFactory": ".energon.flavors",
+    "BaseWebdatasetFactory": ".energon.flavors",
+    "CaptioningWebdataset": ".energon.flavors",
+    "CrudeJsonlDatasetFactory": ".energon.flavors",
+    "CrudeWebdataset": ".energon.flavors",
+    "DefaultCrudeJsonlDatasetFactory": ".energon.flavors",
+    "DefaultDecoderWebdatasetFactory": ".energon.flavors",
+    "DefaultGenericWebdatasetFactory": ".energon.flavors",
+    "ImageClassificationWebdataset": ".energon.flavors",
+    "ImageWebdataset": ".energon.flavors",
+    "InterleavedWebdataset": ".energon.flavors",
+    "JoinedWebdatasetFactory": ".energon.flavors",
+    "MultiChoiceVQAWebdataset": ".energon.flavors",
+    "OCRWebdataset": ".energon.flavors",
+    "SimilarityInterleavedWebdataset": ".energon.flavors",
+    "StandardWebdatasetFactory": ".energon.flavors",
+    "TextWebdataset": ".energon.flavors",
+    "VidQAWebdataset": ".energon.flavors",
+    "VQAOCRWebdataset": ".energon.flavors",
+    "VQAWebdataset": ".energon.flavors",
     "Blender": ".format.metadataset",
     "SavableDataLoader": ".loader.dataloader",
     "blend_report": ".loader.dataloader",
@@ -222,13 +222,13 @@ _LAZY: dict[str, str] = {
     "get_val_datasets": ".loader.api",
     "MapStyleDataset": ".map_view",
     "get_map_dataset": ".map_view",
-    "DatasetLoader": ".metadataset",
-    "DatasetLoaderInterface": ".metadataset",
-    "Metadataset": ".metadataset",
-    "MetadatasetV2": ".metadataset",
-    "load_dataset": ".metadataset",
-    "prepare_metadataset": ".metadataset",
-    "traverse_metadataset": ".metadataset",
+    "DatasetLoader": ".energon.metadataset",
+    "DatasetLoaderInterface": ".energon.metadataset",
+    "Metadataset": ".energon.metadataset",
+    "MetadatasetV2": ".energon.metadataset",
+    "load_dataset": ".energon.metadataset",
+    "prepare_metadataset": ".energon.metadataset",
+    "traverse_metadataset": ".energon.metadataset",
     "Batch": ".samples",
     "CaptioningSample": ".samples",
     "CrudeSample": ".samples",
@@ -250,33 +250,33 @@ _LAZY: dict[str, str] = {
     "batch_stack": ".samples",
     "generic_batch": ".samples",
     "register_sample_type": ".samples",
-    "AugmentTaskEncoder": ".task_encoder",
-    "Cooker": ".task_encoder",
-    "DefaultTaskEncoder": ".task_encoder",
-    "TaskEncoder": ".task_encoder",
-    "basic_sample_keys": ".task_encoder",
-    "cooker": ".task_encoder",
-    "stateless": ".task_encoder",
+    "AugmentTaskEncoder": ".energon.task_encoder",
+    "Cooker": ".energon.task_encoder",
+    "DefaultTaskEncoder": ".energon.task_encoder",
+    "TaskEncoder": ".energon.task_encoder",
+    "basic_sample_keys": ".energon.task_encoder",
+    "cooker": ".energon.task_encoder",
+    "stateless": ".energon.task_encoder",
     "WorkerConfig": ".worker",
-    "BatchDataset": ".wrappers",
-    "BlendDataset": ".wrappers",
-    "ConcatDataset": ".wrappers",
-    "EpochizeDataset": ".wrappers",
-    "FilterDataset": ".wrappers",
-    "GcDataset": ".wrappers",
-    "GroupBatchDataset": ".wrappers",
-    "IterMapDataset": ".wrappers",
-    "LimitDataset": ".wrappers",
-    "LogSampleDataset": ".wrappers",
-    "MapDataset": ".wrappers",
-    "MixBatchDataset": ".wrappers",
-    "PackingDataset": ".wrappers",
-    "RepeatDataset": ".wrappers",
-    "SavableDataset": ".wrappers",
-    "ShuffleBufferDataset": ".wrappers",
-    "concat_pad": ".wrappers",
-    "generic_concat": ".wrappers",
-    "homogeneous_concat_mix": ".wrappers",
+    "BatchDataset": ".energon.wrappers",
+    "BlendDataset": ".energon.wrappers",
+    "ConcatDataset": ".energon.wrappers",
+    "EpochizeDataset": ".energon.wrappers",
+    "FilterDataset": ".energon.wrappers",
+    "GcDataset": ".energon.wrappers",
+    "GroupBatchDataset": ".energon.wrappers",
+    "IterMapDataset": ".energon.wrappers",
+    "LimitDataset": ".energon.wrappers",
+    "LogSampleDataset": ".energon.wrappers",
+    "MapDataset": ".energon.wrappers",
+    "MixBatchDataset": ".energon.wrappers",
+    "PackingDataset": ".energon.wrappers",
+    "RepeatDataset": ".energon.wrappers",
+    "SavableDataset": ".energon.wrappers",
+    "ShuffleBufferDataset": ".energon.wrappers",
+    "concat_pad": ".energon.wrappers",
+    "generic_concat": ".energon.wrappers",
+    "homogeneous_concat_mix": ".energon.wrappers",
 }
 
 __all__ = [
@@ -400,39 +400,39 @@ __all__ = [
 
 #: Submodules that an eager ``__init__`` used to load, so that ``megatron_energon_lite.loader``
 #: (say) worked after a bare ``import megatron_energon_lite``; they still do, loaded on first use.
+#: Energon's modules among them live in ``energon/`` now and keep their attribute name here.
 #: Any other submodule needs its own import, as usual (``as_energon`` above all: importing it
 #: switches ``megatron.energon``, which no attribute look-up may do).
-_SUBMODULES = frozenset(
-    {
-        "av",
-        "cache",
-        "decode",
-        "energon_mode",
-        "epathlib",
-        "errors",
-        "flavors",
-        "fork_hook",
-        "format",
-        "loader",
-        "media",
-        "metadataset",
-        "pipeline",
-        "rng",
-        "samples",
-        "source_info",
-        "storage",
-        "task_encoder",
-        "worker",
-        "wrappers",
-    }
-)
+_SUBMODULES = {
+    "av": ".energon.av",
+    "cache": ".cache",
+    "decode": ".decode",
+    "energon_mode": ".energon_mode",
+    "epathlib": ".energon.epathlib",
+    "errors": ".errors",
+    "flavors": ".energon.flavors",
+    "fork_hook": ".fork_hook",
+    "format": ".format",
+    "loader": ".loader",
+    "media": ".energon.media",
+    "metadataset": ".energon.metadataset",
+    "pipeline": ".pipeline",
+    "rng": ".rng",
+    "samples": ".samples",
+    "source_info": ".source_info",
+    "storage": ".storage",
+    "task_encoder": ".energon.task_encoder",
+    "worker": ".worker",
+    "wrappers": ".energon.wrappers",
+}
 
 
 def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
-        if name in _SUBMODULES:  # the import binds it on this package
-            return _importlib.import_module(f"{__name__}.{name}")
+        if name in _SUBMODULES:
+            submodule = globals()[name] = _importlib.import_module(_SUBMODULES[name], __name__)
+            return submodule
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value  # later look-ups skip this function

@@ -12,8 +12,8 @@ imported by.  Code written for Energon then runs on this package without being e
 How it works:
 
 1. A finder at the front of ``sys.meta_path`` answers only for names that are
-   ``megatron.energon`` or start with ``megatron.energon.``: it imports the matching
-   ``megatron_energon_lite`` module and hands that very object back.  Every other name,
+   ``megatron.energon`` or start with ``megatron.energon.``: it imports the module that
+   :data:`ALIASES` names for it and hands that very object back.  Every other name,
    ``megatron`` and ``megatron.core`` included, goes to the usual finders, so megatron-core keeps
    working when it is installed.
 2. Where no ``megatron`` package can be imported at all, a second finder at the end of
@@ -42,23 +42,17 @@ import sys
 import types
 
 from . import energon_mode
+from .energon import ALIASES, ENERGON, OURS, our_module
 
-__all__ = ["ENERGON", "OURS", "install", "installed", "uninstall"]
+__all__ = ["ALIASES", "ENERGON", "OURS", "install", "installed", "uninstall"]
 
 logger = logging.getLogger(__name__)
 
-#: The name Energon's modules live under, and the name they resolve to after the switch.
-ENERGON = "megatron.energon"
-OURS = "megatron_energon_lite"
 _PARENT = "megatron"
 
 
 def _is_energon_name(fullname: str) -> bool:
     return fullname == ENERGON or fullname.startswith(ENERGON + ".")
-
-
-def _our_name(fullname: str) -> str:
-    return OURS + fullname[len(ENERGON) :]
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -86,7 +80,13 @@ class _EnergonFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not _is_energon_name(fullname):
             return None
-        ours = _our_name(fullname)
+        ours = our_module(fullname)
+        if ours is None:
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r}: megatron_energon_lite does not implement this part of Energon "
+                f"(the megatron_energon_lite.as_energon switch provides {', '.join(sorted(ALIASES))})",
+                name=fullname,
+            )
         module = sys.modules.get(ours)
         if module is not None:
             is_package = hasattr(module, "__path__")
@@ -163,7 +163,8 @@ def install() -> None:
     # Entries of the real Energon are replaced by ours where ours is loaded already, and dropped
     # otherwise (the next import of that name goes through the finder).
     for name in present:
-        ours = sys.modules.get(_our_name(name))
+        ours_name = our_module(name)
+        ours = None if ours_name is None else sys.modules.get(ours_name)
         if ours is not None:
             sys.modules[name] = ours
         else:

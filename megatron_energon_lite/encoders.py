@@ -31,7 +31,7 @@ import torch
 
 from .errors import ConfigError, format_message
 from .samples import Sample
-from .task_encoder import DefaultTaskEncoder, stateless
+from .energon.task_encoder import DefaultTaskEncoder, stateless
 
 __all__ = [
     "AspectRatioGroupingTaskEncoder",

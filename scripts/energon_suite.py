@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from megatron_energon_lite.energon import OURS, our_module
+
 logger = logging.getLogger("energon_suite")
 
 RESULTS = "results.json"
@@ -55,8 +57,9 @@ SIDES = ("energon", "ours", "switch")
 #: The pytest plugin our side loads with --switch: importing it is the switch.
 SWITCH_PLUGIN = "megatron_energon_lite.as_energon"
 
-# Every ``megatron.energon`` name except the value of a YAML ``__module__:`` line (file format data).
-_ENERGON_NAME = re.compile(r"(?<!__module__: )\bmegatron\.energon\b")
+# Every ``megatron.energon`` name (with its dotted tail) except the value of a YAML
+# ``__module__:`` line (file format data).
+_ENERGON_NAME = re.compile(r"(?<!__module__: )\bmegatron\.energon((?:\.\w+)*)")
 # `-rA` summary lines: "PASSED tests/test_x.py::Class::test_y", "FAILED tests/... - reason",
 # "ERROR tests/test_x.py - reason" (a collection error), "XPASS ...", "XFAIL ...".
 _OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S+)(?: - (.*))?$")
@@ -75,14 +78,21 @@ def extract_tests(repo: Path, tag: str, dest: Path) -> None:
         tar.extractall(dest, filter="data")
 
 
+def _our_name(match: re.Match) -> str:
+    name = match.group(0)
+    return our_module(name) or OURS + match.group(1)
+
+
 def make_renamed_copy(original: Path, dest: Path) -> int:
-    """Copies ``original`` to ``dest`` and renames ``megatron.energon`` in the ``*.py`` files; returns
-    the number of replacements."""
+    """Copies ``original`` to ``dest`` and renames ``megatron.energon`` in the ``*.py`` files as the
+    switch's table maps its modules (``megatron.energon.wrappers`` -> ``megatron_energon_lite.
+    energon.wrappers``; a module we do not provide keeps its tail under our root); returns the
+    number of replacements."""
     shutil.copytree(original, dest)
     count = 0
     for path in sorted(dest.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
-        renamed, n = _ENERGON_NAME.subn("megatron_energon_lite", text)
+        renamed, n = _ENERGON_NAME.subn(_our_name, text)
         if n:
             path.write_text(renamed, encoding="utf-8")
             count += n

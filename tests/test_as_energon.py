@@ -33,17 +33,20 @@ ALIASES = """
     import sys
     import megatron_energon_lite.as_energon
     import megatron.energon
-    import megatron.energon.samples
+    import megatron.energon.source_info
     import megatron.energon.epathlib.epath as aliased_epath
-    import megatron_energon_lite, megatron_energon_lite.samples, megatron_energon_lite.epathlib.epath
+    import megatron_energon_lite, megatron_energon_lite.source_info, megatron_energon_lite.energon.epathlib.epath
 
     assert megatron.energon is megatron_energon_lite
-    assert megatron.energon.samples is megatron_energon_lite.samples
-    assert aliased_epath is megatron_energon_lite.epathlib.epath
-    assert sys.modules["megatron.energon.epathlib"] is sys.modules["megatron_energon_lite.epathlib"]
+    assert megatron.energon.source_info is megatron_energon_lite.source_info
+    assert aliased_epath is megatron_energon_lite.energon.epathlib.epath
+    # Energon's API lives in our energon package: the alias table names it.
+    import megatron.energon.wrappers, megatron_energon_lite.energon.wrappers
+    assert megatron.energon.wrappers is megatron_energon_lite.energon.wrappers
+    assert sys.modules["megatron.energon.epathlib"] is sys.modules["megatron_energon_lite.energon.epathlib"]
     # The module keeps its own identity: its name and spec still agree.
-    assert megatron.energon.samples.__name__ == "megatron_energon_lite.samples"
-    assert megatron.energon.samples.__spec__.name == "megatron_energon_lite.samples"
+    assert megatron.energon.source_info.__name__ == "megatron_energon_lite.source_info"
+    assert megatron.energon.source_info.__spec__.name == "megatron_energon_lite.source_info"
     # The switch also turns on Energon's behaviour where the two differ on principle.
     from megatron.energon import energon_mode
     assert energon_mode is megatron_energon_lite.energon_mode and energon_mode.enabled()
@@ -57,7 +60,7 @@ FROM_IMPORT = """
     from megatron.energon.epathlib import EPath
     from megatron.energon.errors import reraise_exception
     import megatron_energon_lite as lite
-    from megatron_energon_lite.epathlib import EPath as OurEPath
+    from megatron_energon_lite.energon.epathlib import EPath as OurEPath
 
     assert Sample is lite.Sample and WorkerConfig is lite.WorkerConfig and EPath is OurEPath
     assert reraise_exception is lite.errors.reraise_exception
@@ -77,8 +80,14 @@ MISSING_MODULE = """
     except ModuleNotFoundError as exc:
         text = str(exc)
         assert "megatron.energon.no_such_module" in text, text
-        assert "megatron_energon_lite.no_such_module" in text, text
+        assert "does not implement this part of Energon" in text, text
         assert exc.name == "megatron.energon.no_such_module", exc.name
+    else:
+        raise SystemExit("no error")
+    try:  # a module of ours that Energon does not have is not Energon's
+        import megatron.energon.samples
+    except ModuleNotFoundError as exc:
+        assert "megatron.energon.samples" in str(exc), str(exc)
     else:
         raise SystemExit("no error")
     try:
@@ -95,7 +104,7 @@ FORKED_CHILD = """
 
     def child(queue):
         import megatron.energon
-        import megatron.energon.samples
+        import megatron.energon.source_info
         import megatron_energon_lite
         from megatron_energon_lite import energon_mode
         queue.put((megatron.energon is megatron_energon_lite, energon_mode.enabled()))
@@ -127,8 +136,8 @@ REAL_ENERGON_FIRST = """
     from megatron.energon.epathlib import EPath
     assert megatron.energon is megatron_energon_lite
     assert sys.modules["megatron.energon"] is megatron_energon_lite
-    assert megatron.energon.epathlib is megatron_energon_lite.epathlib
-    assert EPath is megatron_energon_lite.epathlib.EPath
+    assert megatron.energon.epathlib is megatron_energon_lite.energon.epathlib
+    assert EPath is megatron_energon_lite.energon.epathlib.EPath
     import megatron_energon_lite.as_energon as again  # a second import does nothing more
     print("done")
 """
@@ -138,14 +147,15 @@ UNINSTALL_WITH_ENERGON = """
     import megatron.energon as real
     import megatron_energon_lite.as_energon as switch
     import megatron.energon
-    import megatron.energon.samples
+    import megatron.energon.source_info
     from megatron_energon_lite import energon_mode
     assert megatron.energon.__name__ == "megatron_energon_lite"
 
     switch.uninstall()
     assert not energon_mode.enabled()
     assert not any(type(f).__module__ == "megatron_energon_lite.as_energon" for f in sys.meta_path)
-    assert "megatron.energon.samples" not in sys.modules
+    # Our alias is gone: the name is the real Energon's module again, or nothing.
+    assert getattr(sys.modules.get("megatron.energon.source_info"), "__name__", "megatron.energon.source_info") == "megatron.energon.source_info"
     import megatron.energon
     assert megatron.energon is real  # the real Energon that was there before comes back
     assert sys.modules["megatron.energon"] is real
@@ -158,10 +168,10 @@ UNINSTALL_WITH_ENERGON = """
 UNINSTALL_WITHOUT_ENERGON = """
     import sys
     import megatron_energon_lite.as_energon as switch
-    import megatron.energon.samples
+    import megatron.energon.source_info
     switch.uninstall()
     assert [n for n in sys.modules if n.startswith("megatron.energon")] == []
-    assert "megatron_energon_lite.samples" in sys.modules  # our own modules stay loaded
+    assert "megatron_energon_lite.source_info" in sys.modules  # our own modules stay loaded
 """
 
 PLACEHOLDER_PARENT = """

@@ -22,8 +22,8 @@ from golden_pipeline import make_data
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.errors import NotSupportedError
 from megatron_energon_lite.pipeline.node import Node
-from megatron_energon_lite.task_encoder import DefaultTaskEncoder
-from megatron_energon_lite.wrappers import MapDataset, SavableDataset
+from megatron_energon_lite.energon.task_encoder import DefaultTaskEncoder
+from megatron_energon_lite.energon.wrappers import MapDataset, SavableDataset
 
 WEIGHTS = {"A": Fraction(2, 3), "B": Fraction(1, 3)}
 

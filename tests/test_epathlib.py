@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energon_lite.epathlib import DEFAULT_PROFILE_NAME, EPath
-from megatron_energon_lite.epathlib import epath as epath_module
-from megatron_energon_lite.epathlib.epath import _match
+from megatron_energon_lite.energon.epathlib import DEFAULT_PROFILE_NAME, EPath
+from megatron_energon_lite.energon.epathlib import epath as epath_module
+from megatron_energon_lite.energon.epathlib.epath import _match
 from megatron_energon_lite.errors import ConfigError
 
 

@@ -28,7 +28,7 @@ from megatron_energon_lite.samples import (
     TextSample,
     generic_batch,
 )
-from megatron_energon_lite.task_encoder import (
+from megatron_energon_lite.energon.task_encoder import (
     Cooker,
     DefaultTaskEncoder,
     TaskEncoder,

@@ -29,7 +29,7 @@ from megatron_energon_lite.format.dataset_config import (
     load_dataset_config,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.task_encoder import DefaultTaskEncoder
+from megatron_energon_lite.energon.task_encoder import DefaultTaskEncoder
 
 SAMPLES = 6
 

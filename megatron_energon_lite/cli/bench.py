@@ -42,7 +42,7 @@ COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 1
 def load_task_encoder(spec: str | None) -> Any:
     """``module:Class`` (or ``path/to/file.py:Class``; a dotted attribute path works too) ->
     an instance of that task encoder (a ready instance is taken as is); None: the default one."""
-    from ..task_encoder import DefaultTaskEncoder, TaskEncoder
+    from ..energon.task_encoder import DefaultTaskEncoder, TaskEncoder
 
     if spec is None:
         return DefaultTaskEncoder()

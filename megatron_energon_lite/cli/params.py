@@ -22,7 +22,7 @@ class ValueProblem(click.ClickException):
 
 class Command(click.Command):
     """A command that reports our errors as one message and exit status 1 (``Error: ...``), also
-    when it runs on its own, outside ``energon-lite`` (``megatron_energon_lite.tools.*.command``)."""
+    when it runs on its own, outside ``energon-lite`` (``megatron_energon_lite.energon.tools.*.command``)."""
 
     def invoke(self, ctx: click.Context):
         try:

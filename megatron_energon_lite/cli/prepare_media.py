@@ -2,7 +2,7 @@
 
 Same options as ``energon prepare-media``.  A plain folder (what ``aux:`` sources read) gets
 ``.nv-meta/index.sqlite`` with one row per media file, see
-:mod:`~megatron_energon_lite.media.filesystem_prepare`; a re-run reads only new and changed files.
+:mod:`~megatron_energon_lite.energon.media.filesystem_prepare`; a re-run reads only new and changed files.
 A prepared tar dataset gets media metadata for the parts of its samples instead, as in Energon
 (the same as ``energon-lite prepare --tar-index-only`` with the filter).
 
@@ -22,7 +22,7 @@ import click
 from ..format.media_metadata import MediaFilter
 from ..format.metadata import is_prepared
 from ..format.prepare import prepare_dataset
-from ..media.filesystem_prepare import prepare_media_folder
+from ..energon.media.filesystem_prepare import prepare_media_folder
 from ..storage import as_path
 from .params import Command
 

@@ -124,7 +124,7 @@ class FieldAccess:
 class DatasetFactory:
     """A dataset factory class that a ``dataset.yaml`` may name with ``__module__``/``__class__``.
 
-    Energon's ``BaseCoreDatasetFactory`` (:mod:`megatron_energon_lite.flavors`, built on this
+    Energon's ``BaseCoreDatasetFactory`` (:mod:`megatron_energon_lite.energon.flavors`, built on this
     module) derives from it, so every Energon factory class and a user's subclass of one is a
     ``DatasetFactory``; any other class a data file names is refused.
     """

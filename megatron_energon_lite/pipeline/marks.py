@@ -236,7 +236,7 @@ def _rng_seed(state: HookState, stage: str) -> tuple:
                     expected="a read inside encode_sample, cook_crude_sample, ... while the loader or the map view runs",
                     found="a read outside any hook, or in a hook called without an index (the map view's collate)",
                     fix="draw the randomness in encode_sample; in tests, wrap the call in "
-                    "megatron_energon_lite.task_encoder.hook_context(sample_index=..., worker_seed=...)",
+                    "megatron_energon_lite.energon.task_encoder.hook_context(sample_index=..., worker_seed=...)",
                 )
             )
         key = (state.worker_seed, state.sample_index)

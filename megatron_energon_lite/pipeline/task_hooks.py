@@ -54,7 +54,7 @@ def _current(name: str) -> int:
                 f"TaskEncoder.current_{name} is only known inside a hook called by the loader",
                 expected="a read inside encode_sample, batch, encode_batch, ... while the loader runs",
                 found="a read outside any hook (or in the map view's collate, which has no index)",
-                fix="read it inside the hook; in tests, wrap the call in megatron_energon_lite.task_encoder.hook_context("
+                fix="read it inside the hook; in tests, wrap the call in megatron_energon_lite.energon.task_encoder.hook_context("
                 f"{name}=...)",
             )
         )

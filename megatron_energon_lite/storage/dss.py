@@ -4,7 +4,7 @@ Not an fsspec protocol but a folder in the local dataset cache: ``NAME/VERSION/p
 cache folder, local or remote as that folder is.  Energon names the folder with the module global
 ``megatron.energon.epathlib.epath.NVDATASET_CACHE_DIR`` (seeded from the environment variable of
 that name at import, reassigned by users and by Energon's tests), so the folder is looked up at
-call time through :func:`dataset_cache_dir`: :mod:`megatron_energon_lite.epathlib` points the
+call time through :func:`dataset_cache_dir`: :mod:`megatron_energon_lite.energon.epathlib` points the
 lookup at its global when it is imported; without it the environment variable is read.
 
 This module only parses names; :func:`megatron_energon_lite.storage.paths.dss_path` joins one
@@ -99,7 +99,7 @@ _cache_dir_lookup: Callable[[], Any] = _from_environment
 def set_dataset_cache_lookup(lookup: Callable[[], Any]) -> None:
     """Where :func:`dataset_cache_dir` reads the cache folder from: a function returning anything
     :func:`~megatron_energon_lite.storage.as_path` takes, or None when there is no cache.
-    :mod:`megatron_energon_lite.epathlib` sets it at import to read its ``NVDATASET_CACHE_DIR``."""
+    :mod:`megatron_energon_lite.energon.epathlib` sets it at import to read its ``NVDATASET_CACHE_DIR``."""
     global _cache_dir_lookup
     _cache_dir_lookup = lookup
 

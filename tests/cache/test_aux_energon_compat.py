@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import megatron_energon_lite.epathlib.epath as epath_mod
+import megatron_energon_lite.energon.epathlib.epath as epath_mod
 from megatron_energon_lite import (
     Cooker,
     DefaultTaskEncoder,
@@ -25,7 +25,7 @@ from megatron_energon_lite import (
     get_train_dataset,
     stateless,
 )
-from megatron_energon_lite.epathlib import EPath
+from megatron_energon_lite.energon.epathlib import EPath
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.storage import as_path
@@ -143,9 +143,9 @@ def test_rename_shim_keeps_dataset_yaml_text(tmp_path: Path) -> None:
     count = suite.make_renamed_copy(original, tmp_path / "renamed")
     renamed = (tmp_path / "renamed" / "tests" / "test_x.py").read_text()
     assert count == 3
-    assert "import megatron_energon_lite\n" in renamed and "from megatron_energon_lite.epathlib import EPath" in renamed
+    assert "import megatron_energon_lite\n" in renamed and "from megatron_energon_lite.energon.epathlib import EPath" in renamed
     assert '"__module__: megatron.energon"' in renamed  # Energon's file format, which we read as it is
-    assert '"megatron_energon_lite.task_encoder.base.DefaultTaskEncoder.batch"' in renamed
+    assert '"megatron_energon_lite.energon.task_encoder.base.DefaultTaskEncoder.batch"' in renamed
 
 
 def test_suite_runs_original_tests_through_the_switch(tmp_path: Path) -> None:

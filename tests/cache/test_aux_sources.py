@@ -33,10 +33,10 @@ from megatron_energon_lite.cache import (
     SystemFileStore,
     WebdatasetFileStore,
 )
-from megatron_energon_lite.epathlib import EPath
+from megatron_energon_lite.energon.epathlib import EPath
 from megatron_energon_lite.errors import AuxFileNotFoundError, ConfigError, DatasetError
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.metadataset import traverse_metadataset
+from megatron_energon_lite.energon.metadataset import traverse_metadataset
 from megatron_energon_lite.source_info import SourceInfo
 
 CRUDE = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"

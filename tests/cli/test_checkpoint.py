@@ -15,7 +15,7 @@ from megatron_energon_lite import WorkerConfig, get_savable_loader, get_val_data
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.format.dataset_config import render_dataset_yaml
 from megatron_energon_lite.format.prepare import prepare_dataset
-from megatron_energon_lite.tools.checkpoint import command_redist
+from megatron_energon_lite.energon.tools.checkpoint import command_redist
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")]
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import text_samples
 from energon_lite_dev.synthetic import write_tar
 
-from megatron_energon_lite.epathlib import EPath
+from megatron_energon_lite.energon.epathlib import EPath
 from megatron_energon_lite.errors import ConfigError, DatasetError
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.sqlite_index import (

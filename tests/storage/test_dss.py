@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-import megatron_energon_lite.epathlib.epath as epath_module
+import megatron_energon_lite.energon.epathlib.epath as epath_module
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.storage import as_path
 from megatron_energon_lite.storage import dss

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energon_lite.epathlib import EPath
+from megatron_energon_lite.energon.epathlib import EPath
 from megatron_energon_lite.storage import configure_storage
 
 

@@ -22,8 +22,8 @@ from megatron_energon_lite.cache import SystemFileStore
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.errors import ConfigError, DatasetError, StorageError
 from megatron_energon_lite.format.media_metadata import MediaFilter
-from megatron_energon_lite.media import filesystem_prepare
-from megatron_energon_lite.media.filesystem_prepare import (
+from megatron_energon_lite.energon.media import filesystem_prepare
+from megatron_energon_lite.energon.media.filesystem_prepare import (
     prepare_filesystem_dataset,
     prepare_media_folder,
 )
