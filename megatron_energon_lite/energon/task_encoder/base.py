@@ -32,6 +32,9 @@ __all__ = [
     "stateless_spec",
 ]
 
+#: Energon's pipeline-building methods of a task encoder.
+BUILD_METHODS = ("build_train_datasets", "build_val_datasets", "build_batch", "build_encode_sample", "build_cook_crude_sample")
+
 T_sample = TypeVar("T_sample", bound=Sample)
 T_encoded_sample = TypeVar("T_encoded_sample")
 T_raw_batch = TypeVar("T_raw_batch")
@@ -49,8 +52,10 @@ class TaskEncoder(Hooks[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     """
 
     def compose_pipeline(self, spec: PipelineSpec) -> Any:
-        """The pipeline the ``build_*`` methods compose, when this class overrides one of them."""
-        if not compose.overrides_build(self):
+        """The pipeline the ``build_*`` methods compose, when this class overrides one of them
+        (else None: the loader's default, which the default methods compose as well)."""
+        cls = type(self)
+        if all(getattr(cls, name) is getattr(TaskEncoder, name) for name in BUILD_METHODS):
             return None
         return compose.build_datasets(self, spec)
 

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from ..task_encoder.base import TaskEncoder
 
 __all__ = [
-    "BUILD_METHODS",
     "DatasetBlendMode",
     "LoadedDataset",
     "build_batch",
@@ -43,12 +42,7 @@ __all__ = [
     "build_datasets",
     "build_val_datasets",
     "load_dataset",
-    "overrides_build",
 ]
-
-#: Energon's pipeline-building methods of a task encoder.
-BUILD_METHODS = ("build_train_datasets", "build_val_datasets", "build_batch", "build_encode_sample", "build_cook_crude_sample")
-
 
 class DatasetBlendMode(enum.Enum):
     """How ``build_train_datasets`` combines several datasets (Energon's names)."""
@@ -66,25 +60,6 @@ class LoadedDataset:
     weight: float | None = None
     repetitions: float | None = None
     aux: dict[str, Any] | None = None
-
-
-def overrides_build(task_encoder: Any) -> bool:
-    """Whether the task encoder's class defines one of Energon's ``build_*`` methods itself
-    (``TaskEncoder`` and ``DefaultTaskEncoder`` define none beyond the defaults)."""
-    cls = type(task_encoder)
-    defaults = {name: _default_method(cls, name) for name in BUILD_METHODS}
-    return any(getattr(cls, name) is not defaults[name] for name in BUILD_METHODS)
-
-
-def _default_method(cls: type, name: str) -> Any:
-    """The ``build_*`` method of the first class in ``cls``'s bases that is Energon's own (this package's)."""
-    for base in cls.__mro__:
-        if base.__module__ == _TASK_ENCODER_MODULE and name in vars(base):
-            return vars(base)[name]
-    return None
-
-
-_TASK_ENCODER_MODULE = __name__.rpartition(".")[0].rpartition(".")[0] + ".task_encoder.base"
 
 
 def loaded_datasets(spec: PipelineSpec) -> list[LoadedDataset]:
