@@ -24,6 +24,7 @@ ALIASES: dict[str, str] = {
     ENERGON: OURS,
     ENERGON + ".av": OURS + ".energon.av",
     ENERGON + ".cache": OURS + ".cache",
+    ENERGON + ".cli": OURS + ".cli",
     ENERGON + ".dataset_config": OURS + ".energon.dataset_config",
     ENERGON + ".edataclass": OURS + ".edataclass",
     ENERGON + ".epathlib": OURS + ".energon.epathlib",
