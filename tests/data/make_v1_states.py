@@ -1,5 +1,5 @@
 """Writes v1_states.json: loader states as megatron-energon-lite 0.1 (state version 1) saved them,
-with the batches 0.1 read before and after each save.  tests/test_rank_state.py restores them.
+with the batches 0.1 read before and after each save.  tests/loader/test_rank_state.py restores them.
 
 Made once, from a checkout of the last commit with version-1 states (6009d0c):
 

@@ -24,7 +24,7 @@ from megatron_energon_lite import (
     get_val_dataset,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 _spec = importlib.util.spec_from_file_location("make_v1_states", DATA / "make_v1_states.py")
 v1 = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(v1)
