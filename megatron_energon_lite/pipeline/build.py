@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cached_property, partial
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ConfigError, format_message
 from ..format.metadataset import (

@@ -1,11 +1,11 @@
-"""The base of every dataset object: a recipe for each dataloader worker's pipeline.
+"""Energon's ``SavableDataset`` and ``BaseWrapperDataset``, on the core's recipes.
 
-``get_train_dataset`` / ``get_val_dataset`` and Energon's dataset wrappers (``MapDataset``,
-``BatchDataset``, ``BlendDataset``, ...) all return a :class:`SavableDataset`: an object built
-once in the main process that knows its length and configuration and builds, in each worker, the
-chain of pipeline stages (:mod:`megatron_energon_lite.pipeline`) that does the work. Wrapping a
-dataset wraps its recipe, so a task encoder's ``build_train_datasets`` may compose wrappers
-exactly as in Energon and still save and restore exactly: the stages keep their own small states.
+``SavableDataset`` is the core's :class:`~megatron_energon_lite.pipeline.recipe.Recipe` (what the
+loader needs of a dataset) with Energon's methods; every core recipe counts as one, so what
+``get_train_dataset`` returns is a ``SavableDataset`` too. Energon's wrappers (``MapDataset``,
+``BatchDataset``, ``BlendDataset``, ...) are the core's stage recipes with Energon's signatures:
+a task encoder's ``build_train_datasets`` may compose them exactly as in Energon and gets the
+stages the default pipeline is made of, which save and restore exactly.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 from ...errors import ConfigError, format_message
-from ...pipeline.marks import stateless_spec
-from ...pipeline.recipe import Recipe, function_config, share
+from ...pipeline.recipe import Recipe
 from ...worker import WorkerConfig
 
-__all__ = ["BaseWrapperDataset", "SavableDataset", "function_config", "share", "tolerance_of"]  # share, function_config: re-exported for the wrappers
+__all__ = ["BaseWrapperDataset", "SavableDataset"]
 
 T = TypeVar("T")
 
@@ -86,9 +85,3 @@ class BaseWrapperDataset(SavableDataset[T]):
         self.datasets = tuple(datasets)
         self.dataset = datasets[0] if datasets else None
         self.worker_config = worker_config
-
-
-def tolerance_of(fn: Any, default: int) -> int:
-    """``@stateless(failure_tolerance=...)`` of ``fn``, else ``default``."""
-    spec = stateless_spec(fn)
-    return default if spec is None or spec.failure_tolerance is None else spec.failure_tolerance

@@ -7,7 +7,7 @@ from typing import Any
 from ...errors import ConfigError, format_message
 from ...pipeline.recipe import Pass
 from ...worker import WorkerConfig
-from .base import BaseWrapperDataset, SavableDataset, share
+from .base import BaseWrapperDataset, SavableDataset
 
 __all__ = ["EpochizeDataset"]
 

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from ...pipeline.recipe import Filter
 from ...worker import WorkerConfig
-from .base import BaseWrapperDataset, SavableDataset, function_config
+from .base import BaseWrapperDataset, SavableDataset
 
 __all__ = ["FilterDataset"]
 

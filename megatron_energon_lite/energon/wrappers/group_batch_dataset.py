@@ -6,7 +6,7 @@ from typing import Any, Callable, Hashable
 
 from ...pipeline.recipe import GroupBatch
 from ...worker import WorkerConfig
-from .base import BaseWrapperDataset, SavableDataset, function_config
+from .base import BaseWrapperDataset, SavableDataset
 from .batch_dataset import check_batch_size
 
 __all__ = ["GroupBatchDataset"]

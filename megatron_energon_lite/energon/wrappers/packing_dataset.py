@@ -7,7 +7,7 @@ from typing import Any, Callable
 from ...errors import ConfigError, format_message
 from ...pipeline.recipe import Pack
 from ...worker import WorkerConfig
-from .base import BaseWrapperDataset, SavableDataset, function_config
+from .base import BaseWrapperDataset, SavableDataset
 
 __all__ = ["PackingDataset"]
 
