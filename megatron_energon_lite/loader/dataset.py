@@ -63,7 +63,7 @@ class PipelineDataset(Recipe):
             _warn_unmovable(self.recipe)
 
     def build_worker(self, local_worker_id: int) -> Node:
-        return build_worker_pipeline(self.spec, local_worker_id, self.recipe)
+        return build_worker_pipeline(self.spec, self.recipe, local_worker_id)
 
     def worker_length(self, local_worker_id: int) -> int:
         if self.passes_continue and not self.composed:  # virtual epochs and val limits give each worker its share

@@ -1,8 +1,10 @@
 """The ONLY place that assembles stages into a pipeline.
 
 A :class:`PipelineSpec` holds every setting (plain values plus the user's task encoder); from it,
-:func:`build_worker_pipeline` builds the stages of one dataloader worker.  Order, innermost first
-(as in Energon, research/energon.md 5.4):
+:func:`default_recipe` composes the stage recipes (``recipe.py``) and :func:`build_worker_pipeline`
+builds one dataloader worker's stages. Energon's ``build_*`` methods call the same steps
+(:func:`datasets_recipe`, :func:`encode_sample_recipe`, :func:`batch_recipe`). Order, innermost
+first (as in Energon, research/energon.md 5.4):
 
 train: per dataset: source (this worker's slices, shuffled per epoch) -> [cook] -> repeat
        (forever; ``repetitions`` times in an epochized blend) -> [blend, if several]
@@ -36,12 +38,12 @@ from ..worker import WorkerConfig
 from .aux_sources import aux_stores
 from .cooking import select_cooker
 from .guard import SampleGuard
-from .hooks import hook_spec, stage_hook
+from .hooks import HookSpec, hook_spec, stage_hook
 from .load import JoinLoader, SampleLoader
 from .map import MapNode
 from .node import Node
 from .recipe import Batch, Blend, Concat, GroupBatch, Map, Pack, Pass, Recipe, Repeat, Shuffle, input_recipes
-from .sharding import Slices, epoch_slice_order, rotation_offset_for, worker_slices
+from .sharding import Slices, check_shuffle_over_epochs, epoch_slice_order, rotation_offset_for, worker_slices
 from .source import SliceSource
 from .task_hooks import Hooks, fingerprint_name
 
@@ -155,19 +157,9 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError(format_message("invalid virtual_epoch_length", expected="0 (off) or a positive number of batches", found=repr(spec.virtual_epoch_length)))
     # Energon's values: k >= 1 (epochs shuffled together), -1 (slices drawn with replacement,
     # without end) or None (no shuffling); see sharding.epoch_slice_order.
-    from .sharding import check_shuffle_over_epochs
-
     check_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, where="get_train_dataset(shuffle_over_epochs_multiplier=...)")
-    hooks = hook_spec(spec.task_encoder)
-    if spec.packing_buffer_size is not None and not hooks.packing:
-        raise ConfigError(
-            format_message(
-                "packing_buffer_size needs a task encoder that packs",
-                where=type(spec.task_encoder).__name__,
-                expected="select_samples_to_pack and pack_selected_samples overridden",
-                fix="override both hooks, or leave packing_buffer_size None",
-            )
-        )
+    # Up front also for a task encoder whose build_* never reach batch_recipe.
+    check_packing(hook_spec(spec.task_encoder), spec.packing_buffer_size)
     if spec.blend_mode not in BLEND_MODES:
         raise ConfigError(format_message("invalid blend_mode", expected=" or ".join(BLEND_MODES), found=repr(spec.blend_mode)))
     if spec.blend_mode == "cost" and spec.training and spec.plan.kind != "single":
@@ -189,6 +181,19 @@ def validate(spec: PipelineSpec) -> None:
                 where=spec.path,
                 expected="repeat=True with blend, or blend_epochized for a pass that ends",
                 fix="use blend_epochized with repetitions, or drop repeat=False",
+            )
+        )
+
+
+def check_packing(hooks: HookSpec, packing_buffer_size: int | None) -> None:
+    """A packing buffer needs a task encoder that packs."""
+    if packing_buffer_size is not None and not hooks.packing:
+        raise ConfigError(
+            format_message(
+                "packing_buffer_size needs a task encoder that packs",
+                where=hooks.task_encoder,
+                expected="select_samples_to_pack and pack_selected_samples overridden",
+                fix="override both hooks, or leave packing_buffer_size None",
             )
         )
 
@@ -424,15 +429,7 @@ def batch_recipe(hooks: Hooks, dataset: Recipe, worker_config: WorkerConfig, *, 
     spec = hook_spec(hooks)
     postencode = hooks.postencode_sample if spec.postencoder else None
     if packing_buffer_size is not None:
-        if not spec.packing:
-            raise ConfigError(
-                format_message(
-                    "packing_buffer_size needs a task encoder that packs",
-                    where=spec.task_encoder,
-                    expected="select_samples_to_pack and pack_selected_samples overridden",
-                    fix="override both hooks, or leave packing_buffer_size None",
-                )
-            )
+        check_packing(spec, packing_buffer_size)
         # Members are post-encoded once they are chosen for a pack (Energon's order).
         dataset = Pack(
             dataset,
@@ -478,12 +475,13 @@ def default_recipe(spec: PipelineSpec) -> Recipe:
     return passes_recipe(spec, recipe)
 
 
-def build_worker_pipeline(spec: PipelineSpec, local_worker_id: int, recipe: Recipe | None = None) -> Node:
+def build_worker_pipeline(spec: PipelineSpec, recipe: Recipe, local_worker_id: int) -> Node:
     """The stages of worker ``local_worker_id`` of this rank (0 when there are no workers) that
-    ``recipe`` (default: :func:`default_recipe`) composes over ``spec``'s datasets."""
+    ``recipe`` (:func:`default_recipe`, or a task encoder's composition) makes of ``spec``'s
+    datasets, with the spec's storage settings applied in this process."""
     for protocol, (options, settings) in spec.storage.items():  # a spawned worker starts empty
         configure_storage(protocol, storage_options=options, settings=settings)
-    return (default_recipe(spec) if recipe is None else recipe).build_worker(local_worker_id)
+    return recipe.build_worker(local_worker_id)
 
 
 def leaf_loader(spec: PipelineSpec, k: int) -> SampleLoader | JoinLoader:

@@ -12,7 +12,7 @@ from ...format.metadataset import Blender, load_blend_plan, single_dataset_plan
 from ...loader.api import plan_spec
 from ...storage import as_path
 from ...worker import WorkerConfig
-from ..wrappers.compose import DatasetBlendMode, loaded_datasets
+from ..wrappers.compose import PLAN_BLEND_MODES, DatasetBlendMode, loaded_datasets
 from .loader_interface import (
     DatasetLoaderInterface,
     LoadedDatasetList,
@@ -21,7 +21,7 @@ from .loader_interface import (
 
 __all__ = ["DatasetLoader", "Metadataset", "MetadatasetV2"]
 
-_BLEND_MODES = {"single": DatasetBlendMode.NONE, "concat": DatasetBlendMode.NONE, "blend": DatasetBlendMode.DATASET_WEIGHT, "blend_epochized": DatasetBlendMode.SAMPLE_REPETITIONS}
+_BLEND_MODES = {**PLAN_BLEND_MODES, "concat": DatasetBlendMode.NONE}
 # Settings of the loader spec rather than dataset keyword arguments.
 _SPEC_SETTINGS = ("max_samples_per_sequence", "parallel_shard_iters")
 

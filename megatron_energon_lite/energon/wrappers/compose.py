@@ -35,14 +35,16 @@ if TYPE_CHECKING:
 __all__ = [
     "DatasetBlendMode",
     "LoadedDataset",
+    "PLAN_BLEND_MODES",
     "build_batch",
     "build_cook_crude_sample",
     "build_encode_sample",
-    "build_train_datasets",
     "build_datasets",
+    "build_train_datasets",
     "build_val_datasets",
     "load_dataset",
 ]
+
 
 class DatasetBlendMode(enum.Enum):
     """How ``build_train_datasets`` combines several datasets (Energon's names)."""
@@ -50,6 +52,10 @@ class DatasetBlendMode(enum.Enum):
     NONE = "none"
     DATASET_WEIGHT = "dataset_weight"
     SAMPLE_REPETITIONS = "sample_repetitions"
+
+
+#: The blend mode ``build_train_datasets`` gets for each kind of plan.
+PLAN_BLEND_MODES = {"single": DatasetBlendMode.NONE, "blend": DatasetBlendMode.DATASET_WEIGHT, "blend_epochized": DatasetBlendMode.SAMPLE_REPETITIONS}
 
 
 @dataclasses.dataclass
@@ -78,7 +84,7 @@ def build_datasets(te: TaskEncoder, spec: PipelineSpec) -> Recipe:
     wc = spec.worker_config
     datasets = loaded_datasets(spec)
     if spec.training:
-        mode = {"single": DatasetBlendMode.NONE, "blend": DatasetBlendMode.DATASET_WEIGHT, "blend_epochized": DatasetBlendMode.SAMPLE_REPETITIONS}[spec.plan.kind]
+        mode = PLAN_BLEND_MODES[spec.plan.kind]
         dataset = te.build_train_datasets(
             datasets=datasets, worker_config=wc, batch_size=spec.batch_size, batch_drop_last=spec.batch_drop_last,
             packing_buffer_size=spec.packing_buffer_size, virtual_epoch_length=spec.virtual_epoch_length,
@@ -158,9 +164,6 @@ def _blend_mode(value: Any) -> DatasetBlendMode:
     return value if isinstance(value, DatasetBlendMode) else DatasetBlendMode(value)
 
 
-_PLAN_BLEND_MODES = {"single": DatasetBlendMode.NONE, "blend": DatasetBlendMode.DATASET_WEIGHT, "blend_epochized": DatasetBlendMode.SAMPLE_REPETITIONS}
-
-
 def build_train_datasets(
     te: TaskEncoder,
     *,
@@ -182,7 +185,7 @@ def build_train_datasets(
     mode = _blend_mode(blend_mode)
     loaded = [load_dataset(te, d, worker_config) for d in datasets]
     spec = _plan_sources(datasets)
-    if spec is not None and spec.training and _PLAN_BLEND_MODES[spec.plan.kind] is mode and spec.repeat == repeat and spec.worker_config is worker_config:
+    if spec is not None and spec.training and PLAN_BLEND_MODES[spec.plan.kind] is mode and spec.repeat == repeat and spec.worker_config is worker_config:
         dataset = build.datasets_recipe(spec, loaded)
     else:
         dataset = _blended(loaded, datasets, mode, repeat, worker_config)
