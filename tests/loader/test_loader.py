@@ -247,7 +247,7 @@ def test_energon_loader_arguments_are_accepted_unknown_ones_refused(dataset: Pat
 
 
 def test_get_val_datasets_has_one_entry_per_dataset(dataset: Path) -> None:
-    from megatron_energon_lite import get_val_datasets
+    from megatron_energon_lite.loader import get_val_datasets  # the core's: a plain description
 
     entries = get_val_datasets(dataset, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=4)
     assert len(entries) == 1
