@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from energon_lite_dev.synthetic import generate_text_dataset
 
-from megatron_energon_lite.as_energon import ENV_VAR
 from megatron_energon_lite.format.prepare import prepare_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 HOOK = "megatron_energon_lite_as_energon.pth"
+ENV_VAR = "ENERGON_LITE_AS_ENERGON"  # documented; importing as_energon here would switch this process
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 
 
@@ -163,3 +163,10 @@ def test_wheels_and_editable_installs_put_the_hook_into_site_packages(tmp_path: 
     for wheel in json.loads(done.stdout.strip().splitlines()[-1]):
         with zipfile.ZipFile(source / "out" / wheel) as archive:
             assert archive.read(HOOK) == (REPO / HOOK).read_bytes(), wheel
+
+
+def test_the_documented_variable_is_the_one_the_switch_sets() -> None:
+    code = "import os, megatron_energon_lite.as_energon as s; print(s.ENV_VAR, os.environ[s.ENV_VAR])"
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=True)
+    assert done.stdout.split() == [ENV_VAR, "1"]
