@@ -3,8 +3,8 @@
 # test/dev support package in dev/ (energon_lite_dev: synthetic datasets, a local S3 server) that
 # the tests, examples and benchmarks import. Re-runs the install only when pyproject.toml,
 # setup.py, the as_energon startup hook (megatron_energon_lite_as_energon.pth, which the install
-# puts into site-packages) or dev/pyproject.toml changed. torch is installed first so that no dependency pulls a CUDA build;
-# set TORCH_SPEC to pick another torch (GPU users).
+# puts into site-packages) or dev/pyproject.toml changed. torch is installed first so that no
+# dependency pulls a CUDA build; set TORCH_SPEC to pick another torch (GPU users).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=${PYTHON:-python3}
