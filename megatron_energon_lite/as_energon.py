@@ -247,6 +247,13 @@ def install() -> None:
     _switch.fallback = _ParentFallbackFinder()
     sys.meta_path.insert(0, _switch.finder)
     sys.meta_path.append(_switch.fallback)
+    logger.info(
+        "megatron.energon now resolves to megatron_energon_lite %s (as Energon %s), in this process and in "
+        "the processes it starts (%s=1); megatron_energon_lite.as_energon.uninstall() undoes it",
+        __version__,
+        AS_ENERGON_VERSION,
+        ENV_VAR,
+    )
 
 
 def uninstall() -> None:

@@ -252,7 +252,25 @@ VERSION_PROBE = """
     print("ok")
 """
 
+SAYS_SO_ONCE = """
+import logging
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record)
+logging.getLogger("megatron_energon_lite").addHandler(Keep())
+logging.getLogger("megatron_energon_lite").setLevel(logging.INFO)
+import megatron_energon_lite.as_energon as switch
+switch.install()  # again: nothing more to say
+import megatron.energon
+said = [r for r in records if r.levelno == logging.INFO and "megatron.energon now resolves to megatron_energon_lite" in r.getMessage()]
+assert len(said) == 1, [r.getMessage() for r in records]
+assert "uninstall()" in said[0].getMessage() and switch.ENV_VAR in said[0].getMessage()
+print("ok")
+"""
+
 CASES = {
+    "says_so_once": SAYS_SO_ONCE,
     "version_probe": VERSION_PROBE,
     "aliases": ALIASES,
     "from_import": FROM_IMPORT,
@@ -333,6 +351,10 @@ def test_a_placeholder_megatron_parent_when_none_is_installed(runs) -> None:
 
 def test_megatron_core_style_siblings_still_import(runs) -> None:
     finish(runs, "megatron_core")
+
+
+def test_the_switch_says_once_at_info_that_it_took_effect(runs) -> None:
+    assert finish(runs, "says_so_once").strip() == "ok"
 
 
 def test_the_version_probe_answers_with_energons_version_marked_as_ours(runs) -> None:
