@@ -1,6 +1,9 @@
 """Run by scripts/smoke_wheel.sh inside a fresh venv holding only torch and the installed wheel:
 what a user's first minutes do (import, the CLI, prepare and load a dataset, save and restore, the
-one-line switch from Energon). Generates its data with tarfile and Pillow only."""
+one-line switch from Energon), then README's and docs/quickstart.md's code blocks (through
+tests/docs/run_doc_blocks.py). Generates its data with tarfile and Pillow only.
+
+Usage: python smoke_wheel.py WORK_FOLDER CHECKOUT"""
 
 import io
 import json
@@ -34,8 +37,17 @@ def write_shards(root: Path, shards: int = 3, per_shard: int = 8) -> None:
                     tar.addfile(info, io.BytesIO(data))
 
 
+def run_page_blocks(checkout: Path, page: str, folder: Path) -> None:
+    """The page's code blocks, in a folder holding my_data/ (unprepared shards), with this venv's
+    energon-lite first on PATH."""
+    write_shards(folder / "my_data", shards=10, per_shard=4)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([sys.executable, str(checkout / "tests/docs/run_doc_blocks.py"), str(checkout / page), page], cwd=folder, env=env, check=True)
+
+
 def main() -> None:
-    data = Path(sys.argv[1])
+    work, checkout = Path(sys.argv[1]), Path(sys.argv[2])
+    data = work / "data"
     cli = str(Path(sys.executable).with_name("energon-lite"))
     import megatron_energon_lite as lite
 
@@ -69,7 +81,9 @@ def main() -> None:
 
     switch = "import megatron_energon_lite.as_energon; import megatron.energon as e; assert e.get_train_dataset.__module__.startswith('megatron_energon_lite'), e.get_train_dataset.__module__"
     subprocess.run([sys.executable, "-c", switch], check=True)
-    print(f"smoke: megatron-energon-lite {lite.__version__}: import, CLI, prepare, lint, load, save/restore and the switch work")
+    for page in ("README.md", "docs/quickstart.md"):
+        run_page_blocks(checkout, page, work / page.replace("/", "_"))
+    print(f"smoke: megatron-energon-lite {lite.__version__}: import, CLI, prepare, lint, load, save/restore, the switch and the quick starts work")
 
 
 if __name__ == "__main__":

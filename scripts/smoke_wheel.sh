@@ -22,5 +22,5 @@ tar -tzf "$sdist" | grep "megatron_energon_lite/py.typed" >/dev/null || { echo "
 "$work/venv/bin/python" -m pip install -q "$wheel[av,s3]"
 # Run outside the checkout, so that only the installed package can be imported.
 cd "$work"
-"$work/venv/bin/python" "$repo/scripts/smoke_wheel.py" "$work/data"
+"$work/venv/bin/python" "$repo/scripts/smoke_wheel.py" "$work" "$repo"
 echo "smoke: $(basename "$wheel") installed into a fresh venv and works"
