@@ -10,6 +10,8 @@ Rules a page's author follows:
   written to that file before the blocks after it run; other blocks (yaml, output, trees) are text.
 - A block that cannot run on the generated data carries ``<!-- doc-test: skip (why) -->`` on the
   line before it.
+- ``<!-- doc-test: setup`` ... ``-->`` holds Python that runs (unseen by readers) in the page's
+  namespace before the blocks after it, e.g. to make the ``sample`` a fragment talks about.
 - The folder holds ``my_data/`` (10 shards x 4 unprepared jpg/txt/json/cls samples), ``coco/``
   (the same, prepared as CaptioningSample, split 8,1,1) and ``more_captions/`` (another such
   dataset)."""
@@ -30,7 +32,7 @@ RUNNABLE = ("python", "sh")
 class Block:
     page: str
     line: int  # 1-based line of the opening fence
-    language: str
+    language: str  # "setup" for a hidden setup comment
     text: str
     skip: str | None  # the reason, for a skipped block
 
@@ -43,6 +45,11 @@ def blocks(path: Path, name: str) -> list[Block]:
     lines = path.read_text().split("\n")
     found, index = [], 0
     while index < len(lines):
+        if lines[index].strip() == "<!-- doc-test: setup":
+            end = lines.index("-->", index)
+            found.append(Block(name, index + 1, "setup", "\n".join(lines[index + 1 : end]), None))
+            index = end + 1
+            continue
         fence = re.match(r"^```(\w*)\s*$", lines[index])
         if not fence:
             index += 1
@@ -68,6 +75,9 @@ def run_page(path: Path, name: str) -> int:
             target = re.match(r"^# (\S+\.ya?ml)\b", block.text)
             if target:
                 Path(target.group(1)).write_text(block.text + "\n")
+            continue
+        if block.language == "setup":
+            exec(compile(block.text, block.where, "exec"), namespace)
             continue
         if block.language not in RUNNABLE:
             continue
