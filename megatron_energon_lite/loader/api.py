@@ -272,12 +272,15 @@ def get_train_dataset(
     shard). Other keyword arguments: Energon's ``dataset_config``, ``split_config``,
     ``parallel_shard_iters``, ``subflavors``, ``subset``, ``sample_type`` and its deprecated
     ``auto_decode``, ``image_decode``, ``av_decode``, ``video_decode_audio`` and ``handler``
-    (see :func:`_apply_deprecated_decoder_kwargs`); ours: ``trust_dataset_code`` (run the
+    (a ``FutureWarning``; they set the task encoder's decoder, as in Energon); ours: ``trust_dataset_code`` (run the
     dataset's ``sample_loader.py``), ``group_buffer_size`` and ``storage_options``.
 
     ``mock`` (ours; default: the YAML's ``mock:``, else off): ``True`` yields each worker's first
     real batch again and again, the same object, without reading or decoding after it (the
-    training loop's ceiling); ``"copy"``: a fresh copy of it each time.  See ``mock.py``.
+    training loop's ceiling); ``"copy"``: a fresh copy of it each time.
+
+    ``task_encoder``: None (the default) means the default hooks, which behave as Energon's
+    ``DefaultTaskEncoder()``.
     """
     spec = plan_spec(
         path,
