@@ -417,8 +417,9 @@ def get_savable_loader(dataset: Recipe, *, prefetch_factor: int | None = None, s
 def get_val_datasets(path, *, split_part: str = "val", **kwargs) -> list[tuple[Recipe, dict[str, Any]]]:
     """Energon's ``get_val_datasets``: one validation dataset per leaf dataset, not concatenated.
 
-    Each entry is ``(dataset, description)``; Energon gives its factory object as the second
-    element, we give a plain dict (``path``, ``split_part``, ``subflavors``, ...).
+    Each entry is ``(dataset, description)``, a plain dict (``path``, ``split_part``,
+    ``subflavors``, ...); the package's public ``get_val_datasets`` (the Energon layer's) gives
+    the dataset's factory instead, as Energon does.
     """
     _, plan = _plan(path, split_part, training=False)
     entries = []

@@ -272,5 +272,10 @@ class MockDataset(Recipe[Any]):
         return {**self.dataset.config(), "mock": self.mode}
 
     @property
+    def spec(self) -> Any:
+        """The spec of the dataset it mocks (``get_val_datasets`` makes its factory of it)."""
+        return self.dataset.spec
+
+    @property
     def passes_continue(self) -> bool:
         return self.dataset.passes_continue

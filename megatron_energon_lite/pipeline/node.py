@@ -245,15 +245,16 @@ class PassThroughNode(OneSourceNode[T]):
 
 
 class KeyedDict(dict):
-    """A dict item that carries its restore key as an attribute, not as a key.
+    """A dict item that carries its restore key as an attribute, not as a key, inside the loader.
 
     A hook may return a plain dict without a ``__restore_key__`` key (a batch for
     ``model(**batch)``).  Energon leaves such a dict without a restore key; adding the key would
     change what the user gets, and losing it would break the stages that save the keys of what
     they hold (packing, grouping) and ``restore_sample``.  :func:`set_restore_key` therefore
-    returns a shallow copy of such a dict as a ``KeyedDict``: it is a ``dict`` with the same items
-    (``model(**batch)`` and ``batch[...]`` work as before) whose key is ``batch.__restore_key__``,
-    like a sample's.
+    returns a shallow copy of such a dict as a ``KeyedDict`` whose key is
+    ``batch.__restore_key__``, like a sample's.  It does not leave the loader: the loader hands
+    out the plain ``dict`` again (:func:`unkeyed`; a subclass would be another type for
+    ``type(batch) is dict`` and a leaf for ``torch.utils._pytree``) and keeps the key itself.
     """
 
     __slots__ = ("__restore_key__",)
@@ -270,6 +271,12 @@ def _keyed_dict(items: dict, key: tuple) -> KeyedDict:
     out = KeyedDict(items)
     out.__restore_key__ = key
     return out
+
+
+def unkeyed(item: Any) -> Any:
+    """``item`` as the hook made it: a :class:`KeyedDict` as a plain ``dict`` (without its key),
+    anything else unchanged."""
+    return dict(item) if type(item) is KeyedDict else item
 
 
 def get_restore_key(item: Any) -> tuple:

@@ -29,7 +29,7 @@ from .group import GroupBatchNode
 from .guard import SampleGuard
 from .hooks import batch_member_context, stage_hook
 from .map import MapNode
-from .node import Node
+from .node import Node, unkeyed
 from .pack import PackNode
 from .passes import PassNode
 from .repeat import RepeatNode
@@ -111,7 +111,8 @@ class Recipe(torch.utils.data.IterableDataset, Generic[T]):
         return sum(self.worker_length(w) for w in range(self.worker_config.workers_per_rank))
 
     def __iter__(self) -> Iterator[T]:
-        return iter(self.build_worker(self.worker_config.current_worker_id(type(self).__name__)))
+        # Items as the hooks made them (a plain dict without the restore key it carries inside).
+        return map(unkeyed, self.build_worker(self.worker_config.current_worker_id(type(self).__name__)))
 
     # --- for stage recipes --------------------------------------------------------------------
     def _stage_fn(self, fn: Callable[..., Any], local_worker_id: int, *, batch: bool = False) -> Callable[[Any, int], Any]:
