@@ -1,5 +1,6 @@
-"""Decompression bombs: images whose header claims too many pixels and ``.gz`` parts that expand
-past a byte limit are refused with ``DecompressionBombError`` before they take memory.
+"""Decompression bombs: images whose header claims too many pixels, and ``.gz``, ``.npy``, ``.npz``
+and ``.pth`` parts that would decode past a byte limit, are refused with ``DecompressionBombError``
+before they take memory.
 
 Every bomb is generated here, never stored. The ones that would take gigabytes on an unbounded
 decoder run in a child process whose address space is capped (``RLIMIT_AS``: what the child has
@@ -11,6 +12,7 @@ get a tighter cap (768 MiB): an unbounded JPEG decoder allocates its 1.2 GB outp
 from __future__ import annotations
 
 import gzip
+import zipfile
 import io
 import json
 import os
@@ -87,8 +89,10 @@ def _gzip_of_zeros(total: int, member: int = 64 << 20) -> bytes:
 # --- the memory-capped child -----------------------------------------------------------------
 
 _CHILD = r"""
-import json, resource, sys
+import importlib, json, resource, sys
 import numpy, PIL.Image, PIL.JpegImagePlugin, PIL.PngImagePlugin  # mapped before the cap
+for module in sys.argv[5:]:  # what the decoder needs, e.g. torch
+    importlib.import_module(module)
 try:
     import simplejpeg
 except ImportError:
@@ -120,14 +124,14 @@ HEADROOM = 3 << 29  # 1.5 GiB of address space above what the child has mapped a
 IMAGE_HEADROOM = 3 << 28  # 768 MiB: less than the 1.2 GB a 20000x20000 RGB buffer takes
 
 
-def _decode_in_capped_child(tmp_path: Path, part: str, data: bytes, headroom: int = HEADROOM, **kwargs: object) -> str:
+def _decode_in_capped_child(tmp_path: Path, part: str, data: bytes, headroom: int = HEADROOM, preload: tuple[str, ...] = (), **kwargs: object) -> str:
     """Decodes ``data`` as ``part`` in a child under RLIMIT_AS; returns the refusal's message."""
     path = tmp_path / "bomb.bin"
     path.write_bytes(data)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env["OMP_NUM_THREADS"] = "1"
     result = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), part, json.dumps(kwargs), str(headroom)],
+        [sys.executable, "-c", _CHILD, str(path), part, json.dumps(kwargs), str(headroom), *preload],
         capture_output=True,
         text=True,
         env=env,
@@ -340,3 +344,150 @@ def test_a_bomb_in_a_dataset_skips_its_sample_and_the_loader_goes_on(tmp_path: P
     keys = [sample.__key__ for sample in get_loader(ds)]
     assert keys == [f"s{i:03d}" for i in range(8) if i != 3]
     assert any("DecompressionBombError" in record.getMessage() and "s003" in record.getMessage() for record in caplog.records)
+
+
+# --- containers: .npy, .npz, .pth ------------------------------------------------------------
+
+
+def _npy_header(shape: tuple[int, ...], descr: str = "<f8") -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"shape": shape, "fortran_order": False, "descr": descr})
+    return buf.getvalue()
+
+
+def _deflated_zeros(prefix: bytes, size: int) -> bytes:
+    """Raw deflate data of ``prefix`` and ``size`` zero bytes (about 1000:1), built from one
+    compressed 16 MiB block repeated: after a full flush the same input compresses the same."""
+    block = 16 << 20
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = compressor.compress(prefix) + compressor.flush(zlib.Z_FULL_FLUSH)
+    whole = compressor.compress(bytes(block)) + compressor.flush(zlib.Z_FULL_FLUSH)
+    return head + whole * (size // block) + compressor.compress(bytes(size % block)) + compressor.flush()
+
+
+def _zip(members: list[tuple[str, bytes, int, int]], crcs: dict[str, int] | None = None) -> bytes:
+    """A zip archive of ``(name, payload, method, declared size)`` members, written by hand so that
+    a payload can be precompressed and a declared size can lie. A deflated member's CRC is 0
+    unless ``crcs`` gives it: a bound must refuse such a member before its end, where zipfile
+    checks the CRC."""
+    out, central = bytearray(), bytearray()
+    for name, payload, method, declared in members:
+        raw = name.encode()
+        crc = zlib.crc32(payload) if method == 0 else (crcs or {}).get(name, 0)
+        central += struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, method, 0, 0x21, crc, len(payload), declared, len(raw), 0, 0, 0, 0, 0, len(out)) + raw
+        out += struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, method, 0, 0x21, crc, len(payload), declared, len(raw), 0) + raw + payload
+    count = len(members)
+    return bytes(out + central + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, count, count, len(central), len(out), 0))
+
+
+NPZ_BOMB = 1_140_000_000  # bytes of zeros in one member: past the default limit of 1 GiB, as in the issue
+
+
+def test_npy_header_declaring_8_tib_is_refused_before_allocating_under_a_memory_cap(tmp_path: Path) -> None:
+    bomb = _npy_header((1 << 40,))
+    message = _decode_in_capped_child(tmp_path, "npy", bomb)
+    assert "'bomb/0'" in message and "'npy'" in message and "/data/hostile" in message
+    assert f"limit of {1 << 30:,} bytes" in message and f"shape ({1 << 40},) of float64 = {8 << 40:,} bytes" in message
+    assert "SampleDecoder(max_decompressed_bytes=" in message
+
+
+def test_npz_member_of_1_gib_of_zeros_is_refused_under_a_memory_cap(tmp_path: Path) -> None:
+    count = NPZ_BOMB // 8
+    payload = _deflated_zeros(_npy_header((count,)), count * 8)
+    bomb = _zip([("x.npy", payload, zipfile.ZIP_DEFLATED, len(_npy_header((count,))) + count * 8)])
+    assert len(bomb) < 1_200_000
+    message = _decode_in_capped_child(tmp_path, "npz", bomb)
+    assert "'bomb/0'" in message and "'npz'" in message and f"limit of {1 << 30:,} bytes" in message
+    assert "npz archive's 1 members by their declared sizes" in message
+
+
+@pytest.mark.parametrize("kind", ["array", "bytes"])
+def test_npz_members_are_bounded_by_a_lowered_limit(kind: str) -> None:
+    """The issue's second case: 32 MiB allowed, a 260 KB part holding 256 MiB."""
+    size = 256 << 20
+    prefix = _npy_header((size // 8,)) if kind == "array" else b""
+    bomb = _zip([("a.npy" if kind == "array" else "a.bin", _deflated_zeros(prefix, size), zipfile.ZIP_DEFLATED, len(prefix) + size)])
+    assert len(bomb) < 300_000
+    with pytest.raises(DecompressionBombError) as info:
+        SampleDecoder(max_decompressed_bytes=32 << 20).decode_part("npz", bomb, key="k", dataset="/ds", shard="s.tar")
+    message = str(info.value)
+    assert "sample 'k', part 'npz' of dataset /ds, shard s.tar" in message and f"limit of {32 << 20:,} bytes" in message
+    assert f"{len(prefix) + size:,} bytes" in message
+
+
+def test_npz_member_that_understates_its_size_is_refused_by_its_array_header() -> None:
+    """The zip says 1 KB (with the CRC of those 1 KB); the array header inside says 256 MiB:
+    refused before allocating."""
+    size = 256 << 20
+    header = _npy_header((size // 8,))
+    first_kb = (header + bytes(1024))[:1024]
+    bomb = _zip([("a.npy", _deflated_zeros(header, size), zipfile.ZIP_DEFLATED, 1024)], crcs={"a.npy": zlib.crc32(first_kb)})
+    with pytest.raises(DecompressionBombError) as info:
+        SampleDecoder(max_decompressed_bytes=32 << 20).decode_part("npz", bomb, key="k")
+    assert f"member 'a.npy' of the npz archive declares shape ({size // 8},) of float64 = {size:,} bytes" in str(info.value)
+    # Within the limit, the same lie is a truncated member, found before allocating too.
+    with pytest.raises(DecodeError, match="only .* bytes follow the header"):
+        SampleDecoder().decode_part("npz", bomb, key="k")
+
+
+def test_npz_with_other_compression_methods_is_refused() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_BZIP2) as archive:
+        archive.writestr("a.bin", b"x" * 100)
+    with pytest.raises(DecodeError, match="compression method 12; only stored and deflated"):
+        SampleDecoder().decode_part("npz", buf.getvalue(), key="k")
+
+
+def test_npy_and_npz_limits_are_exact() -> None:
+    array = np.arange(1000, dtype=np.int64)
+    npy = io.BytesIO()
+    np.save(npy, array)
+    assert np.array_equal(SampleDecoder(max_decompressed_bytes=8000).decode_part("npy", npy.getvalue()), array)
+    with pytest.raises(DecompressionBombError, match="8,000 bytes"):
+        SampleDecoder(max_decompressed_bytes=7999).decode_part("npy", npy.getvalue())
+    npz = io.BytesIO()
+    np.savez_compressed(npz, a=array, b=array)
+    members = sum(info.file_size for info in zipfile.ZipFile(io.BytesIO(npz.getvalue())).infolist())
+    decoded = SampleDecoder(max_decompressed_bytes=members).decode_part("npz", npz.getvalue())
+    assert decoded.keys() == {"a", "b"} and np.array_equal(decoded["b"], array)
+    with pytest.raises(DecompressionBombError):
+        SampleDecoder(max_decompressed_bytes=members - 1).decode_part("npz", npz.getvalue())
+
+
+def _pth_claiming(numel: int, storage: bytes, method: int) -> bytes:
+    """What ``torch.save`` writes for a uint8 tensor of ``numel`` elements, its storage record
+    replaced by ``storage`` (deflated or stored): built from a small tensor whose element count
+    in the pickle is patched, so that nothing big is ever allocated here."""
+    marker = 0xABCDE  # a tensor of this many elements pickles its count as this 4-byte int
+    buf = io.BytesIO()
+    torch = pytest.importorskip("torch")
+    torch.save(torch.zeros(marker, dtype=torch.uint8), buf)
+    source = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    members = []
+    for info in source.infolist():
+        data = source.read(info)
+        if info.filename.endswith("data.pkl"):
+            assert data.count(struct.pack("<i", marker)) >= 1
+            data = data.replace(struct.pack("<i", marker), struct.pack("<i", numel))
+        if info.filename.endswith("/data/0"):
+            members.append((info.filename, storage, method, numel))
+        else:
+            members.append((info.filename, data, zipfile.ZIP_STORED, len(data)))
+    return _zip(members)
+
+
+def test_pth_storage_of_1_gib_of_zeros_is_refused_under_a_memory_cap(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    bomb = _pth_claiming(NPZ_BOMB, _deflated_zeros(b"", NPZ_BOMB), zipfile.ZIP_DEFLATED)
+    assert len(bomb) < 1_200_000
+    message = _decode_in_capped_child(tmp_path, "pth", bomb, preload=("torch",))
+    assert "'bomb/0'" in message and "'pth'" in message and f"limit of {1 << 30:,} bytes" in message
+    assert "the torch zip archive's" in message and "members by their declared sizes" in message
+
+
+def test_pth_within_the_limit_still_loads_and_a_lowered_limit_refuses_it() -> None:
+    torch = pytest.importorskip("torch")
+    small = _pth_claiming(1000, _deflated_zeros(b"", 1000), zipfile.ZIP_DEFLATED)
+    assert torch.equal(SampleDecoder().decode_part("pth", small), torch.zeros(1000, dtype=torch.uint8))
+    with pytest.raises(DecompressionBombError, match="SampleDecoder\\(max_decompressed_bytes="):
+        SampleDecoder(max_decompressed_bytes=999).decode_part("pth", small, key="k")
