@@ -9,7 +9,7 @@
     │   └── StorageError     object storage failed for good: names the URL, byte range, attempts
     ├── StateError           a checkpoint that cannot be restored into this loader
     ├── DecodeError          a part that cannot be decoded: names the sample key and the part
-    │   └── DecompressionBombError  a part that would decode past a size limit (pixels, bytes)
+    │   └── DecompressionBombError  a part that would decode past a limit (pixels, bytes, JPEG scans)
     ├── MissingDependencyError  an optional extra is not installed: names the extra
     ├── NotSupportedError    an Energon name that exists here but is not implemented
     └── FatalSampleError     too many consecutive bad samples: the run stops
@@ -111,8 +111,9 @@ class DecodeError(EnergonLiteError):
 
 
 class DecompressionBombError(DecodeError):
-    """A part would decode to more pixels or bytes than the configured limit, so it was refused
-    before decoding (a decompression bomb, or an honest but huge image). Like any
+    """A part would decode to more pixels or bytes, or take more decode work (JPEG scans), than
+    the configured limit, so it was refused before decoding (a decompression bomb, or an honest
+    but huge image). Like any
     :class:`DecodeError` it concerns one sample, which the loader's error policy may skip; the
     message names the limit and the ``SampleDecoder`` argument that raises it."""
 

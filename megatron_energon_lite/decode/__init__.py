@@ -24,7 +24,8 @@ skipped or not by the loader's error policy, like any broken part): images with 
 on every decoding path, and parts that would decode past ``max_decompressed_bytes`` (default 1 GiB):
 ``.gz`` streams, ``.npy`` arrays (by their header's shape), ``.npz`` archives (declared and
 inflated member sizes) and torch's zip container of ``.pth`` parts (declared member sizes), each
-checked before the memory is taken.
+checked before the memory is taken; and JPEGs with more than ``max_jpeg_scans`` scans (default
+100), counted before decoding, since each scan is a pass over the whole image.
 
 More decoders (video and audio) plug in with :func:`register_decoder`. Optional libraries are
 imported on first use, and nothing writes temporary files.
@@ -49,6 +50,7 @@ from ..format.tar_reader import split_name
 from . import av, basic, image
 from .basic import DEFAULT_MAX_DECOMPRESSED_BYTES, TRUST_PICKLE_ENV, UntrustedDataError
 from .image import (
+    DEFAULT_MAX_JPEG_SCANS,
     IMAGE_DECODE_MODES,
     IMAGE_EXTENSIONS,
     PILLOW_PIXEL_LIMIT,
@@ -243,6 +245,11 @@ class SampleDecoder:
             together) and a ``.pth`` zip container (its members' declared sizes). Each layer
             of a part (``x.npy.gz``) is held to it on its own. Default 1 GiB
             (:data:`~.basic.DEFAULT_MAX_DECOMPRESSED_BYTES`); None removes the limit.
+        max_jpeg_scans: a JPEG with more scans (SOS markers, counted before decoding; each is a
+            pass over the whole image) is refused with
+            :class:`~megatron_energon_lite.errors.DecompressionBombError`. Default 100
+            (:data:`~.image.DEFAULT_MAX_JPEG_SCANS`; a progressive JPEG has about 10); None
+            removes the limit.
     """
 
     def __init__(
@@ -258,6 +265,7 @@ class SampleDecoder:
         untrusted_pickle: str = "error",
         max_image_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
         max_decompressed_bytes: int | None = DEFAULT_MAX_DECOMPRESSED_BYTES,
+        max_jpeg_scans: int | None = DEFAULT_MAX_JPEG_SCANS,
     ) -> None:
         check_image_decode(image_decode)
         if av_decode not in AV_DECODE_MODES:
@@ -300,6 +308,14 @@ class SampleDecoder:
                     "default, 1 GiB); None for no limit",
                 )
             )
+        if max_jpeg_scans is not None and not _positive_int(max_jpeg_scans):
+            raise ConfigError(
+                format_message(
+                    "max_jpeg_scans must be a positive int or None",
+                    found=repr(max_jpeg_scans),
+                    fix=f"pass the most scans a JPEG may have, e.g. {DEFAULT_MAX_JPEG_SCANS} (the default); None for no limit",
+                )
+            )
         if untrusted_pickle not in ("error", "bytes"):
             raise ConfigError(format_message("untrusted_pickle must be 'error' or 'bytes'", found=repr(untrusted_pickle)))
         if guess_content:
@@ -321,6 +337,7 @@ class SampleDecoder:
         self.image_max_size = image_max_size
         self.max_image_pixels = max_image_pixels
         self.max_decompressed_bytes = max_decompressed_bytes
+        self.max_jpeg_scans = max_jpeg_scans
         if isinstance(av_byte_budget, bool) or not isinstance(av_byte_budget, int) or av_byte_budget < 1:
             raise ConfigError(format_message("av_byte_budget must be a positive number of bytes", found=repr(av_byte_budget)))
         self.av_byte_budget = av_byte_budget
@@ -345,6 +362,7 @@ class SampleDecoder:
                 if self.max_decompressed_bytes != DEFAULT_MAX_DECOMPRESSED_BYTES
                 else {}
             ),
+            **({"max_jpeg_scans": self.max_jpeg_scans} if self.max_jpeg_scans != DEFAULT_MAX_JPEG_SCANS else {}),
         }
 
     def __repr__(self) -> str:

@@ -491,3 +491,91 @@ def test_pth_within_the_limit_still_loads_and_a_lowered_limit_refuses_it() -> No
     assert torch.equal(SampleDecoder().decode_part("pth", small), torch.zeros(1000, dtype=torch.uint8))
     with pytest.raises(DecompressionBombError, match="SampleDecoder\\(max_decompressed_bytes="):
         SampleDecoder(max_decompressed_bytes=999).decode_part("pth", small, key="k")
+
+
+# --- decode work: JPEG scans -----------------------------------------------------------------
+
+
+def _segments(data: bytes) -> list[tuple[int, bytes]]:
+    """``(marker, bytes)`` of each segment of a JPEG after SOI, a scan with its entropy data."""
+    out, pos = [], 2
+    while data[pos + 1] != 0xD9:
+        end = pos + 2 + struct.unpack(">H", data[pos + 2 : pos + 4])[0]
+        if data[pos + 1] == 0xDA:  # entropy-coded data runs to the next marker
+            while data[end] != 0xFF or data[end + 1] == 0 or 0xD0 <= data[end + 1] <= 0xD7:
+                end += 1
+        out.append((data[pos + 1], data[pos:end]))
+        pos = end
+    return out
+
+
+def _jpeg_with_scans(extra: int, size: int = 512) -> bytes:
+    """A progressive grey JPEG with ``extra`` copies of its last scan (an AC refinement with one
+    end-of-band run: 12 to 16 bytes) before EOI: each copy is a pass over the whole image for libjpeg,
+    which only warns that the progression is inconsistent."""
+    buf = io.BytesIO()
+    Image.fromarray(np.full((size, size), 128, np.uint8)).save(buf, format="JPEG", progressive=True, quality=90)
+    data = buf.getvalue()
+    last_scan = [segment for marker, segment in _segments(data) if marker == 0xDA][-1]
+    assert len(last_scan) <= 16
+    return data[:-2] + last_scan * extra + data[-2:]
+
+
+def test_count_jpeg_scans_walks_the_markers() -> None:
+    plain = _jpeg_with_scans(0)
+    standard = sum(marker == 0xDA for marker, _ in _segments(plain))
+    assert standard == 6  # libjpeg's progressive script for grey
+    assert image.count_jpeg_scans(plain) == standard
+    assert image.count_jpeg_scans(_jpeg_with_scans(1500)) == standard + 1500
+    assert image.count_jpeg_scans(_jpeg()) == 1  # baseline, every component in its one scan
+    noise = _encode(np.random.default_rng(0).integers(0, 256, (256, 256, 3), dtype=np.uint8), "JPEG", quality=95, progressive=True)
+    assert image.count_jpeg_scans(noise) == 10  # libjpeg's colour script; 0xFF00 stuffing in the data
+    assert image.count_jpeg_scans(_jpeg()[:300]) <= 1 and image.count_jpeg_scans(b"\xff\xd8") == 0
+
+
+@pytest.mark.parametrize("image_decode", ["rgb8", "torchrgb", "l8", "pil"])  # fast path and Pillow
+def test_jpeg_with_1200_empty_scans_is_refused_before_decoding(image_decode: str) -> None:
+    bomb = _jpeg_with_scans(1200, size=2048)  # 2048x2048: about 20 s of decoding (twice) before the limit
+    assert len(bomb) < 40_000
+    with pytest.raises(DecompressionBombError) as info:
+        SampleDecoder(image_decode=image_decode).decode_part("jpg", bomb, key="s/9", dataset="/ds", shard="a.tar")
+    message = str(info.value)
+    assert "sample 's/9', part 'jpg' of dataset /ds, shard a.tar" in message
+    assert "JPEG image with 1,206 scans, more than 100" in message and "SampleDecoder(max_jpeg_scans=" in message
+
+
+def test_jpeg_scan_limit_is_exact_and_configurable() -> None:
+    data = _jpeg_with_scans(4, size=64)  # 6 + 4 scans
+    assert SampleDecoder(image_decode="l8", max_jpeg_scans=10).decode_part("jpg", data).shape == (64, 64)
+    with pytest.raises(DecompressionBombError, match="10 scans, more than 9"):
+        SampleDecoder(image_decode="l8", max_jpeg_scans=9).decode_part("jpg", data)
+    assert SampleDecoder(image_decode="l8", max_jpeg_scans=None).decode_part("jpg", _jpeg_with_scans(200, size=16)).shape == (16, 16)
+    with pytest.raises(ConfigError, match="max_jpeg_scans"):
+        SampleDecoder(max_jpeg_scans=0)
+    assert SampleDecoder(max_jpeg_scans=7).config()["max_jpeg_scans"] == 7 and "max_jpeg_scans" not in SampleDecoder().config()
+
+
+def test_a_jpeg_scan_bomb_in_a_dataset_is_skipped_and_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "scans"
+    write_tar(root / "a.tar", [(f"s{i:03d}", {"jpg": _jpeg_with_scans(1000 if i == 2 else 0, size=32)}) for i in range(5)])
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1)
+    (root / ".nv-meta/dataset.yaml").write_text(yaml.safe_dump({"sample_type": {"__module__": "megatron.energon", "__class__": "ImageSample"}, "field_map": {"image": "jpg"}}))
+    worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    ds = get_train_dataset(root, worker_config=worker_config, batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None, repeat=False)
+    loader = get_loader(ds)
+    assert [sample.__key__ for sample in loader] == ["s000", "s001", "s003", "s004"]
+    [listed] = loader.skip_report()["listed"]
+    assert listed["key"] == "s002" and listed["shard"] == "a.tar" and listed["reason"].startswith("DecompressionBombError")
+    assert "1,006 scans, more than 100" in listed["reason"]
+
+
+def test_a_truncated_jpeg_is_not_decoded_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("simplejpeg")
+    truncated = _jpeg(64, 64)[:-40]
+
+    def no_pillow(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Pillow must not decode what the fast path found truncated")
+
+    monkeypatch.setattr(Image, "open", no_pillow)
+    with pytest.raises(DecodeError, match="truncated"):
+        SampleDecoder(image_decode="rgb8").decode_part("jpg", truncated, key="t")
