@@ -178,6 +178,9 @@ class SkipRecord(NamedTuple):
     reason: str
     #: The log line.
     message: str
+    #: ``(dataset, shard, samples)`` for every place the skipped samples came from (each sample
+    #: counted where its first source is; None where it names none); they add up to ``samples``.
+    places: tuple[tuple[str | None, str | None, int], ...] = ()
 
 
 #: Skips of the default handler waiting to be sent to the loader's main process (None: not
@@ -218,21 +221,64 @@ def take_skip_reports() -> tuple[tuple[SkipRecord, ...], int]:
     return taken, overflow
 
 
+def _first_source(sources: Any) -> Any:
+    """The first source info (an object with a ``shard_name``) in ``sources``, nested or flat."""
+    if hasattr(sources, "shard_name"):
+        return sources
+    if isinstance(sources, (list, tuple)):
+        for entry in sources:
+            found = _first_source(entry)
+            if found is not None:
+                return found
+    return None
+
+
+def _sources_of(sample: Any) -> Any:
+    return sample.get("__sources__") if isinstance(sample, dict) else getattr(sample, "__sources__", None)
+
+
+def _skipped_samples(sample: Any, sources: Any) -> tuple[list[Any], list[Any]]:
+    """The keys of the samples a failure drops and the first source of each (None if unknown).
+
+    ``sample`` is one sample, a list of samples (a batch's members, a packing buffer) or a batch
+    made of them (its ``__key__`` a list, one key per sample; its ``__sources__`` one entry per
+    sample, or the samples' sources in a row, one each)."""
+    if isinstance(sample, (list, tuple)) and not hasattr(sample, "_fields"):
+        return [_sample_key(member) for member in sample], [_first_source(_sources_of(member)) for member in sample]
+    key = _sample_key(sample)
+    if not isinstance(key, (list, tuple)):
+        return [key], [_first_source(sources)]
+    keys = list(key)
+    own = _sources_of(sample)
+    own = sources if own is None else own
+    if isinstance(own, (list, tuple)) and len(own) == len(keys):
+        return keys, [_first_source(entry) for entry in own]
+    return keys, [_first_source(own)] * len(keys)  # not one entry per sample: all where the first is
+
+
+def _places(firsts: list[Any]) -> tuple[tuple[str | None, str | None, int], ...]:
+    counts: dict[tuple[str | None, str | None], int] = {}
+    for source in firsts:
+        place = (getattr(source, "dataset_path", None), getattr(source, "shard_name", None))
+        counts[place] = counts.get(place, 0) + 1
+    return tuple((dataset, shard, count) for (dataset, shard), count in counts.items())
+
+
 def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:
     """The default error handler: logs the failure with the sample's key (the sample is skipped);
-    inside a loader's worker stream, the main process logs it."""
+    inside a loader's worker stream, the main process logs it. A failure that drops several
+    samples (a batch, a packing buffer) counts each, where it came from."""
     global _skip_overflow
-    if isinstance(sample, (list, tuple)):  # a batch, or a packing buffer: name its members
-        keys = [_sample_key(member) for member in sample]
+    keys, firsts = _skipped_samples(sample, sources)
+    if len(keys) == 1 and not isinstance(sample, (list, tuple)):
+        what = f"sample {keys[0]}"
+    else:  # a batch, or a packing buffer: name its members
         shown = ", ".join(map(str, keys[:8])) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
         what = f"{len(keys)} samples [{shown}]"
-    else:
-        keys = [_sample_key(sample)]
-        what = f"sample {keys[0]}"
     stage = _failing_stage
     reason = f"{type(exc).__name__}: {exc}"
     message = f"skipping {what}{f' at {stage}' if stage else ''} (sources {sources}): {reason}"
-    first = next(iter(sources), None) if isinstance(sources, (list, tuple)) else None
+    first = next((source for source in firsts if source is not None), None)
     record = SkipRecord(
         key=keys[0] if keys else None,
         samples=len(keys),
@@ -241,6 +287,7 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -
         stage=stage,
         reason=reason,
         message=message,
+        places=_places(firsts),
     )
     if _skip_reports is None:
         logger.warning("%s", message)

@@ -3,6 +3,7 @@ main process, also from a worker); a problem with one sample skips that sample, 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -11,7 +12,9 @@ import pytest
 from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import (
+    Batch,
     DatasetError,
+    DefaultTaskEncoder,
     WorkerConfig,
     get_loader,
     get_val_dataset,
@@ -93,3 +96,44 @@ def test_skips_after_a_workers_last_item_still_reach_the_main_process(captions: 
         keys = [s.__key__ for s in loader]
     assert len(keys) == 11 and loader.skipped_samples == 1
     assert member.name.rsplit(".", 1)[0] in caplog.text
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class CaptionBatch(Batch):
+    caption: list
+
+
+class FailingBatchEncoder(DefaultTaskEncoder):
+    """``encode_batch`` fails on the batch holding sample 0000_000004 (it spans both shards)."""
+
+    def __init__(self, batch_class: bool) -> None:
+        super().__init__()
+        self.batch_class = batch_class
+
+    def batch(self, samples):
+        if self.batch_class:  # its __sources__ are the samples' sources in a row
+            return CaptionBatch.from_samples(samples, caption=[s.caption for s in samples])
+        return super().batch(samples)  # one __sources__ entry per sample
+
+    def encode_batch(self, batch):
+        if "0000_000004" in batch.__key__:
+            raise ValueError("bad batch")
+        return batch
+
+
+@pytest.mark.parametrize("batch_class", [False, True])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_failed_encode_batch_counts_every_sample_where_it_came_from(captions: Path, workers: int, batch_class: bool) -> None:
+    config = WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    dataset = get_val_dataset(captions, split_part="train", worker_config=config, batch_size=4, task_encoder=FailingBatchEncoder(batch_class))
+    loader = get_loader(dataset)
+    delivered = [key for batch in loader for key in batch.__key__]
+    assert len(delivered) == 8 and "0000_000004" not in delivered
+    assert loader.skipped_samples == 1  # skips (one failure), as documented; the report counts samples
+    report = loader.skip_report()
+    assert report["skipped"] == 1 and report["samples"] == 4
+    shards = sorted(str(p.relative_to(captions)) for p in captions.rglob("*.tar"))
+    assert report["by_dataset"] == {str(captions): {"samples": 4, "shards": {shards[0]: 2, shards[1]: 2}}}
+    [listed] = report["listed"]
+    assert listed["key"] == "0000_000004" and listed["samples"] == 4 and listed["stage"] == "encode_batch"
+    assert listed["dataset"] == str(captions) and listed["shard"] == shards[0]
