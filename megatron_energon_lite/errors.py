@@ -10,6 +10,7 @@
     ├── StateError           a checkpoint that cannot be restored into this loader
     ├── DecodeError          a part that cannot be decoded: names the sample key and the part
     │   └── DecompressionBombError  a part that would decode past a limit (pixels, bytes, JPEG scans)
+    ├── BatchMismatchError   a batch's samples whose data do not batch together (a field's types differ)
     ├── MissingDependencyError  an optional extra is not installed: names the extra
     ├── NotSupportedError    an Energon name that exists here but is not implemented
     └── FatalSampleError     too many consecutive bad samples: the run stops
@@ -30,6 +31,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "AuxFileNotFoundError",
+    "BatchMismatchError",
     "CachePoolClosedError",
     "ConfigError",
     "DatasetError",
@@ -116,6 +118,14 @@ class DecompressionBombError(DecodeError):
     but huge image). Like any
     :class:`DecodeError` it concerns one sample, which the loader's error policy may skip; the
     message names the limit and the ``SampleDecoder`` argument that raises it."""
+
+
+class BatchMismatchError(EnergonLiteError, ValueError):
+    """The samples of one batch do not batch together because their data differ: a field's
+    values differ in type, keys or number of dimensions (a JSON part that is a list in one sample
+    and an object in the others). A problem of that batch, which the loader's error policy skips
+    (counting its samples) like a sample that does not decode. Samples of different declared
+    types (dataclasses, namedtuples) are a :class:`ConfigError` instead: the code made them."""
 
 
 class AuxFileNotFoundError(EnergonLiteError, FileNotFoundError, KeyError):

@@ -4,17 +4,19 @@ main process, also from a worker); a problem with one sample skips that sample, 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import generate_captioning_dataset
+from energon_lite_dev.synthetic import generate_captioning_dataset, write_tar
 
 from megatron_energon_lite import (
     Batch,
     DatasetError,
     DefaultTaskEncoder,
+    FatalSampleError,
     WorkerConfig,
     get_loader,
     get_val_dataset,
@@ -137,3 +139,40 @@ def test_a_failed_encode_batch_counts_every_sample_where_it_came_from(captions: 
     [listed] = report["listed"]
     assert listed["key"] == "0000_000004" and listed["samples"] == 4 and listed["stage"] == "encode_batch"
     assert listed["dataset"] == str(captions) and listed["shard"] == shards[0]
+
+
+def _json_dataset(root: Path, odd: set[int], count: int = 12) -> Path:
+    """Samples whose JSON part is an object, except those in ``odd``: a list."""
+    write_tar(root / "a.tar", [(f"s{i:03d}", {"json": json.dumps([i] if i in odd else {"n": i}).encode(), "txt": b"x"}) for i in range(count)])
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=JSON_YAML)
+    return root
+
+
+JSON_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: json\n  caption: txt\n"
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_json_part_of_another_type_skips_its_batch(tmp_path: Path, workers: int) -> None:
+    root = _json_dataset(tmp_path / "json", odd={5})
+    config = WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    loader = get_loader(get_val_dataset(root, split_part="train", worker_config=config, batch_size=4))
+    batches = [batch.__key__ for batch in loader]
+    assert batches == [[f"s{i:03d}" for i in range(4)], [f"s{i:03d}" for i in range(8, 12)]]
+    report = loader.skip_report()
+    assert report["samples"] == 4 and report["by_dataset"] == {str(root): {"samples": 4, "shards": {"a.tar": 4}}}
+    [listed] = report["listed"]
+    assert listed["stage"] == "batch" and listed["key"] == "s004"
+    assert listed["reason"].startswith("BatchMismatchError: cannot batch field 'n'") and "types dict, list" in listed["reason"]
+
+
+def test_batches_that_keep_failing_stop_the_run(tmp_path: Path) -> None:
+    root = _json_dataset(tmp_path / "json", odd={1, 5, 9, 13, 17}, count=20)
+
+    class Tolerant(DefaultTaskEncoder):
+        __default_failure_tolerance__ = 3
+
+    config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    loader = get_loader(get_val_dataset(root, split_part="train", worker_config=config, batch_size=4, task_encoder=Tolerant()))
+    with pytest.raises(FatalSampleError, match="3 samples in a row") as info:
+        list(loader)
+    assert "BatchMismatchError" in str(info.value)
