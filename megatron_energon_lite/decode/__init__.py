@@ -299,23 +299,12 @@ class SampleDecoder:
                     "limit; 'pillow' (the default) for PIL.Image.MAX_IMAGE_PIXELS",
                 )
             )
-        if max_decompressed_bytes is not None and not _positive_int(max_decompressed_bytes):
-            raise ConfigError(
-                format_message(
-                    "max_decompressed_bytes must be a positive int or None",
-                    found=repr(max_decompressed_bytes),
-                    fix=f"pass the most bytes a part may decode to, e.g. {DEFAULT_MAX_DECOMPRESSED_BYTES} (the "
-                    "default, 1 GiB); None for no limit",
-                )
-            )
-        if max_jpeg_scans is not None and not _positive_int(max_jpeg_scans):
-            raise ConfigError(
-                format_message(
-                    "max_jpeg_scans must be a positive int or None",
-                    found=repr(max_jpeg_scans),
-                    fix=f"pass the most scans a JPEG may have, e.g. {DEFAULT_MAX_JPEG_SCANS} (the default); None for no limit",
-                )
-            )
+        for name, limit, fix in (
+            ("max_decompressed_bytes", max_decompressed_bytes, f"the most bytes a part may decode to, e.g. {DEFAULT_MAX_DECOMPRESSED_BYTES} (the default, 1 GiB)"),
+            ("max_jpeg_scans", max_jpeg_scans, f"the most scans a JPEG may have, e.g. {DEFAULT_MAX_JPEG_SCANS} (the default)"),
+        ):
+            if limit is not None and not _positive_int(limit):
+                raise ConfigError(format_message(f"{name} must be a positive int or None", found=repr(limit), fix=f"pass {fix}; None for no limit"))
         if untrusted_pickle not in ("error", "bytes"):
             raise ConfigError(format_message("untrusted_pickle must be 'error' or 'bytes'", found=repr(untrusted_pickle)))
         if guess_content:

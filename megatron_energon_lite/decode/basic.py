@@ -82,6 +82,9 @@ DEFAULT_MAX_DECOMPRESSED_BYTES = 1 << 30
 _GUNZIP_STEP = 16 << 20
 # Input handed to zlib per call (zlib copies the part it has not used yet on every call).
 _GUNZIP_INPUT = 1 << 20
+# Bytes read from a zip member per call: small enough to stay in cache on the way to the array
+# (16 MiB steps made reading a 32 MB .npz 20% slower than numpy.load).
+_ZIP_READ = 1 << 18
 
 
 def bomb_error(what: str, *, expected: str, found: str, fix: str, where: str | None = None) -> DecompressionBombError:
@@ -138,7 +141,7 @@ class _CappedReader(io.RawIOBase):
         return True
 
     def _pull(self, size: int) -> bytes:
-        data = self._source.read(min(size, _GUNZIP_STEP))
+        data = self._source.read(min(size, _ZIP_READ))
         self._budget.take(len(data), self._what)
         return data
 
@@ -159,6 +162,15 @@ class _CappedReader(io.RawIOBase):
         view[: len(data)] = data
         self._position += len(data)
         return len(data)
+
+    def readall(self) -> bytes:
+        chunks = [self._pending]
+        self._pending = b""
+        while chunk := self._pull(_ZIP_READ):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        self._position += len(data)
+        return data
 
     def tell(self) -> int:
         return self._position
