@@ -279,7 +279,7 @@ def _npy_header(stream: Any) -> tuple[tuple[int, ...], bool, Any]:
         raise ValueError(f"unsupported .npy format version {version}")
     # 3.0 is 2.0 with a UTF-8 header (numpy has no public reader for it).
     (length,) = struct.unpack("<I", stream.read(4))
-    if length > 100_000:
+    if length > 10_000:  # numpy's own bound on a header
         raise ValueError(f".npy header of {length:,} bytes is too large to read safely")
     header = stream.read(length)
     fields = ast.literal_eval(header.decode("utf-8")) if len(header) == length else None
