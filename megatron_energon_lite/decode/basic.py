@@ -110,7 +110,7 @@ def _over_byte_limit(what: str, max_bytes: int, found: str) -> DecompressionBomb
     )
 
 
-class ByteBudget:
+class _ByteBudget:
     """The bytes one part may still decode to (``max_bytes``; None: no limit)."""
 
     __slots__ = ("max_bytes", "used")
@@ -131,7 +131,7 @@ class _CappedReader(io.RawIOBase):
     produced, whatever the container declared. ``tell`` is the bytes handed out so far;
     ``peek`` looks ahead without consuming."""
 
-    def __init__(self, source: Any, budget: ByteBudget, what: str) -> None:
+    def __init__(self, source: Any, budget: _ByteBudget, what: str) -> None:
         super().__init__()
         self._source, self._budget, self._what = source, budget, what
         self._pending = b""  # peeked, not yet handed out
@@ -263,7 +263,7 @@ def decode_npy(data: bytes, decoder: SampleDecoder) -> Any:
     """A numpy array from ``.npy`` bytes; object arrays only when :func:`pickle_allowed`. The
     header's declared size is checked (limit, bytes present) before the array is allocated."""
     stream = io.BytesIO(data)
-    return read_npy(stream, decoder.max_decompressed_bytes, allow_pickle=pickle_allowed(decoder), available=len(data), what="the .npy array")
+    return _read_npy(stream, decoder.max_decompressed_bytes, allow_pickle=pickle_allowed(decoder), available=len(data), what="the .npy array")
 
 
 def _npy_header(stream: Any) -> tuple[tuple[int, ...], bool, Any]:
@@ -291,7 +291,7 @@ def _npy_header(stream: Any) -> tuple[tuple[int, ...], bool, Any]:
     return shape, fortran, np.lib.format.descr_to_dtype(fields["descr"])
 
 
-def read_npy(stream: Any, max_bytes: int | None, *, allow_pickle: bool, available: int | None = None, what: str = "the .npy array") -> Any:
+def _read_npy(stream: Any, max_bytes: int | None, *, allow_pickle: bool, available: int | None = None, what: str = "the .npy array") -> Any:
     """The array of the ``.npy`` data at the stream's position.
 
     The header's shape times the item size must be at most ``max_bytes`` (None: no limit), else
@@ -327,10 +327,10 @@ def read_npy(stream: Any, max_bytes: int | None, *, allow_pickle: bool, availabl
 
 
 #: Zip compression methods read in bounded steps (what numpy and torch write).
-_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+_ZIP_METHODS = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
 
 
-def _zip_members(data: bytes, budget: ByteBudget, what: str) -> tuple[zipfile.ZipFile, list[zipfile.ZipInfo]]:
+def _zip_members(data: bytes, budget: _ByteBudget, what: str) -> tuple[zipfile.ZipFile, list[zipfile.ZipInfo]]:
     """The archive and its members, once their declared sizes fit ``budget`` and each member's
     compression is one read in bounded steps (bzip2/lzma members are inflated in one call by
     :mod:`zipfile`, which no limit could stop)."""
@@ -353,7 +353,7 @@ def decode_npz(data: bytes, decoder: SampleDecoder) -> dict[str, Any]:
 
     if not data.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         raise ValueError("expected an npz (zip) archive, found data without a zip signature")
-    declared, inflated = ByteBudget(decoder.max_decompressed_bytes), ByteBudget(decoder.max_decompressed_bytes)
+    declared, inflated = _ByteBudget(decoder.max_decompressed_bytes), _ByteBudget(decoder.max_decompressed_bytes)
     archive, members = _zip_members(data, declared, "the npz archive")
     result: dict[str, Any] = {}
     with archive:
@@ -364,8 +364,8 @@ def decode_npz(data: bytes, decoder: SampleDecoder) -> dict[str, Any]:
                 name = info.filename.removesuffix(".npy")
                 if stream.peek(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX:
                     # The declared sizes fit the limit: an array within its member's fits too.
-                    result[name] = read_npy(stream, inflated.max_bytes, allow_pickle=pickle_allowed(decoder), available=info.file_size, what=what)
-                    while stream.read(_GUNZIP_STEP):  # to the member's end, where zipfile checks its CRC
+                    result[name] = _read_npy(stream, inflated.max_bytes, allow_pickle=pickle_allowed(decoder), available=info.file_size, what=what)
+                    while stream.read(_ZIP_READ):  # to the member's end, where zipfile checks its CRC
                         pass
                 else:
                     result[name] = stream.read()
@@ -379,8 +379,8 @@ def decode_pth(data: bytes, decoder: SampleDecoder) -> Any:
     import torch
 
     if data.startswith(b"PK\x03\x04"):  # torch's own test for its zip format
-        archive, _ = _zip_members(data, ByteBudget(decoder.max_decompressed_bytes), "the torch zip archive")
-        archive.close()
+        with _zip_members(data, _ByteBudget(decoder.max_decompressed_bytes), "the torch zip archive")[0]:
+            pass
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not pickle_allowed(decoder))
 
 
