@@ -247,8 +247,9 @@ def _sources_of(sample: Any) -> Any:
     return sample.get("__sources__") if isinstance(sample, dict) else getattr(sample, "__sources__", None)
 
 
-def _skipped_samples(sample: Any, sources: Any) -> tuple[list[Any], list[Any]]:
-    """The keys of the samples a failure drops and the first source of each (None if unknown).
+def _skipped_samples(sample: Any, sources: Any) -> tuple[list[Any], list[Any]] | None:
+    """The keys of the samples a failure drops and the first source of each (None if unknown);
+    None when ``sample`` is one sample.
 
     ``sample`` is one sample, a list of samples (a batch's members, a packing buffer) or a batch
     made of them (its ``__key__`` a list, one key per sample; its ``__sources__`` one entry per
@@ -257,7 +258,7 @@ def _skipped_samples(sample: Any, sources: Any) -> tuple[list[Any], list[Any]]:
         return [_sample_key(member) for member in sample], [_first_source(_sources_of(member)) for member in sample]
     key = _sample_key(sample)
     if not isinstance(key, (list, tuple)):
-        return [key], [_first_source(sources)]
+        return None
     keys = list(key)
     own = _sources_of(sample)
     own = sources if own is None else own
@@ -279,10 +280,12 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -
     inside a loader's worker stream, the main process logs it. A failure that drops several
     samples (a batch, a packing buffer) counts each, where it came from."""
     global _skip_overflow
-    keys, firsts = _skipped_samples(sample, sources)
-    if len(keys) == 1 and not isinstance(sample, (list, tuple)):
+    several = _skipped_samples(sample, sources)
+    if several is None:
+        keys, firsts = [_sample_key(sample)], [_first_source(sources)]
         what = f"sample {keys[0]}"
     else:  # a batch, or a packing buffer: name its members
+        keys, firsts = several
         shown = ", ".join(map(str, keys[:8])) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
         what = f"{len(keys)} samples [{shown}]"
     stage = _failing_stage
