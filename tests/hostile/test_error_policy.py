@@ -165,7 +165,7 @@ def test_a_json_part_of_another_type_skips_its_batch(tmp_path: Path, workers: in
     assert listed["reason"].startswith("BatchMismatchError: cannot batch field 'n'") and "types dict, list" in listed["reason"]
 
 
-def test_batches_that_keep_failing_stop_the_run(tmp_path: Path) -> None:
+def test_batches_that_keep_failing_stop_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = _json_dataset(tmp_path / "json", odd={1, 5, 9, 13, 17}, count=20)
 
     class Tolerant(DefaultTaskEncoder):
@@ -173,6 +173,10 @@ def test_batches_that_keep_failing_stop_the_run(tmp_path: Path) -> None:
 
     config = WorkerConfig(rank=0, world_size=1, num_workers=0)
     loader = get_loader(get_val_dataset(root, split_part="train", worker_config=config, batch_size=4, task_encoder=Tolerant()))
-    with pytest.raises(FatalSampleError, match="3 samples in a row") as info:
+    with caplog.at_level(logging.WARNING), pytest.raises(FatalSampleError, match="3 samples in a row") as info:
         list(loader)
     assert "BatchMismatchError" in str(info.value)
+    # The skips before the stop are logged, not left for the next loader of this process.
+    assert sum("skipping 4 samples" in record.getMessage() for record in caplog.records) == 3
+    clean = get_loader(get_val_dataset(_json_dataset(tmp_path / "clean", odd=set()), split_part="train", worker_config=config, batch_size=4))
+    assert len(list(clean)) == 3 and clean.skip_report()["skipped"] == 0
