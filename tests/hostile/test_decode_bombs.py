@@ -572,10 +572,17 @@ def test_a_jpeg_scan_bomb_in_a_dataset_is_skipped_and_named(tmp_path: Path, capl
 def test_a_truncated_jpeg_is_not_decoded_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("simplejpeg")
     truncated = _jpeg(64, 64)[:-40]
+    opened: list[object] = []
+    pillow_open = Image.open
 
-    def no_pillow(*args: object, **kwargs: object) -> None:
-        raise AssertionError("Pillow must not decode what the fast path found truncated")
+    def recording_open(*args: object, **kwargs: object) -> Image.Image:
+        opened.append(args)
+        return pillow_open(*args, **kwargs)
 
-    monkeypatch.setattr(Image, "open", no_pillow)
-    with pytest.raises(DecodeError, match="truncated"):
+    monkeypatch.setattr(Image, "open", recording_open)
+    with pytest.raises(DecodeError, match="Premature end of JPEG file"):
         SampleDecoder(image_decode="rgb8").decode_part("jpg", truncated, key="t")
+    assert opened == []  # refused by the fast path, not decoded a second time by Pillow
+    with pytest.raises(DecodeError, match="truncated"):  # what Pillow says of it
+        SampleDecoder(image_decode="pil").decode_part("jpg", truncated, key="t")
+    assert len(opened) == 1
