@@ -339,7 +339,7 @@ def _zip_members(data: bytes, budget: _ByteBudget, what: str) -> tuple[zipfile.Z
     for info in members:
         if info.compress_type not in _ZIP_METHODS:
             raise ValueError(f"member {info.filename!r} of {what} uses zip compression method {info.compress_type}; only stored and deflated members are read")
-    budget.take(sum(info.file_size for info in members), f"{what}'s {len(members)} members by their declared sizes")
+    budget.take(sum(info.file_size for info in members), f"{what} (the declared sizes of its {len(members)} member{'s' if len(members) != 1 else ''})")
     return archive, members
 
 
