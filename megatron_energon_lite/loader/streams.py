@@ -30,6 +30,7 @@ from ..worker_slabs import activate_slabs
 from .handover.bundles import Bundle, BundleLimits, bundled
 from .handover.slabs import SlabRing, dump_for_main, load_from_worker
 from .rank_state import RankState
+from .skip_report import logger as skip_logger
 from .stall import StageTimes
 from .worker_start import StartWatch
 
@@ -142,6 +143,14 @@ class WorkerStreams(torch.utils.data.IterableDataset):
                 yield entry  # in a worker, a timed item's hand-over is timed too
                 timing = None if clock is None else clock.for_next_item()
                 _enter_pipeline(timing)
+        except Exception:
+            if not in_worker:  # the run stops: its skips since the last item are logged, not left for the next loader
+                records, more = take_skip_reports()
+                for record in records:
+                    skip_logger.warning("%s", record.message)
+                if more:
+                    skip_logger.warning("skipped %d more samples (details not kept)", more)
+            raise
         finally:
             if clock is not None:
                 clock.publish()
