@@ -21,7 +21,7 @@ from ..format.metadataset import (
     with_subset,
 )
 from ..pipeline.build import PipelineSpec
-from ..pipeline.recipe import Recipe, Watchdog
+from ..pipeline.recipe import ENDLESS, Recipe, Watchdog, pass_end
 from ..pipeline.task_hooks import DefaultHooks, Hooks
 from ..storage import configure_storage, configured_storage, is_remote
 from ..worker import WorkerConfig
@@ -232,7 +232,7 @@ def _dataset(spec: PipelineSpec, mock: Any = None) -> Recipe:
     dataset = _real_dataset(spec)
     if mode is None:
         return dataset
-    endless = spec.training and spec.repeat and not dataset.passes_continue
+    endless = pass_end(dataset) == ENDLESS
     return MockDataset(dataset, mode=mode, endless=endless, name=f"{spec.path} (split {spec.split_part})")
 
 

@@ -8,7 +8,8 @@ from typing import Any, Callable
 from ..errors import NotSupportedError, StateError, format_message
 from .guard import DROPPED, SampleGuard
 from .node import (
-    FORWARDS_EPOCHS,
+    ForwardsElastic,
+    ForwardsEpochs,
     Node,
     OneSourceNode,
     Remainder,
@@ -18,14 +19,14 @@ from .node import (
     key_to_json,
     set_restore_key,
 )
-from .state_check import check_count, check_list, invalid, nested
+from .state_check import check_count, check_list, check_stage, invalid, nested
 
 __all__ = ["MapNode"]
 
 _END: Any = object()
 
 
-class MapNode(OneSourceNode[Any]):
+class MapNode(OneSourceNode[Any], ForwardsEpochs, ForwardsElastic):
     """Applies ``fn(item, index)`` to each item of ``source``; ``index`` counts this stage's inputs.
 
     ``fn`` returns the output, raises ``SkipSample`` to drop the item, or returns a generator that
@@ -53,7 +54,6 @@ class MapNode(OneSourceNode[Any]):
     """
 
     tag = "Map"
-    epochs = FORWARDS_EPOCHS  # the index keeps counting across epochs, as in Energon
 
     def __init__(
         self,
@@ -128,7 +128,7 @@ class MapNode(OneSourceNode[Any]):
             self._index = 0
             self.guard.reset()
             return
-        self.check_state(state, "index", "emitted", "input_key", "failures", "source")
+        check_stage(state, self.tag, "index", "emitted", "input_key", "failures", "source")
         index = check_count(state["index"], "index", stage=self.tag)
         failures = check_count(state["failures"], "failures", stage=self.tag)
         input_key, emitted = state["input_key"], state["emitted"]

@@ -15,6 +15,7 @@ from typing import Any
 from ..rng import UniformStream
 from .load import waiting_samples
 from .node import (
+    ForwardsElastic,
     Node,
     PassThroughNode,
     Remainder,
@@ -23,7 +24,7 @@ from .node import (
     get_restore_key,
     key_to_json,
 )
-from .state_check import check_count, check_list, invalid, nested
+from .state_check import check_count, check_list, check_stage, invalid, nested
 
 
 class _Pending:
@@ -35,7 +36,7 @@ class _Pending:
         self.key = key
 
 
-class ShuffleBufferNode(PassThroughNode):
+class ShuffleBufferNode(PassThroughNode, ForwardsElastic):
     tag = "Shuffle"
 
     def __init__(self, source: Node, size: int, *, seed: int) -> None:
@@ -52,7 +53,7 @@ class ShuffleBufferNode(PassThroughNode):
             self._keys: list[list] = []
             self._draws = 0
         else:
-            self.check_state(state, "buffer", "draws", "source")
+            check_stage(state, self.tag, "buffer", "draws", "source")
             buffer = check_list(state["buffer"], "buffer", stage=self.tag)
             if len(buffer) > self.size:
                 raise invalid(("buffer",), f"at most {self.size} restore keys (the shuffle buffer size)", buffer, stage=self.tag)
