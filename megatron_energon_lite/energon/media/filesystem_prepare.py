@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sqlite3
 import tempfile
 from dataclasses import dataclass, field
@@ -76,9 +75,10 @@ from ...storage import (
     cached_copy,
     file_stat,
     is_no_room,
+    local_scratch,
     no_room_error,
+    remove_scratch,
     remove_stale_temporaries,
-    temporary_name,
 )
 from ...storage.remote import fetch_range, refresh_session
 
@@ -207,8 +207,8 @@ def prepare_media_folder(
     reused = {f.rel: state[f.rel][2] for f in listed if f.rel in state and tuple(state[f.rel][:2]) == f.stamp}
     removed = sorted(set(state) - {f.rel for f in listed})
 
-    scratch = _make_scratch(tmp_path) if remote else None
-    tmp = scratch / INDEX_SQLITE if scratch is not None else temporary_name(index)
+    scratch = _make_scratch(tmp_path) if remote else local_scratch(index)
+    tmp = scratch / INDEX_SQLITE
     try:
         writer, reused = _start_index(tmp, previous, index, reused)
         try:
@@ -240,10 +240,7 @@ def prepare_media_folder(
         else:
             os.replace(tmp, index)
     finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+        remove_scratch(scratch)
     if not remote:
         _copy_permissions(root, meta, index)
     _write_state(meta, index, media_filter, listed, outcomes)

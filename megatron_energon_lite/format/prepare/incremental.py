@@ -17,7 +17,6 @@ from ...storage import (
     atomic_write_text,
     list_files,
     remove_stale_temporaries,
-    temporary_basename,
 )
 from ..media_metadata import MediaFilter, read_media_filter
 from ..metadata import INDEX_SQLITE, META_DIR, meta_dir
@@ -28,16 +27,6 @@ PREPARE_STATE_VERSION = 2  # 2: stamps are [size, version string] (mtime or ETag
 
 # The package's name, the one prepare's log records had when it was a single module.
 logger = logging.getLogger(__package__)
-
-
-def _pending_index(root: str, name: str, owner: int) -> str:
-    """Where the worker writes a shard's new ``.tar.idx`` before the rename: the temporary name
-    :func:`~megatron_energon_lite.storage.temporary_name` gives, with the preparing process's id,
-    so that :func:`~megatron_energon_lite.storage.remove_stale_temporaries` recognises leftovers
-    of a killed run."""
-    final = os.path.join(root, index_name(name))
-    folder, base = os.path.split(final)
-    return os.path.join(folder, temporary_basename(base, owner))
 
 
 def _remove_leftovers(root: AnyPath, meta: AnyPath, names: list[str], dotted: set[str] | None) -> None:
