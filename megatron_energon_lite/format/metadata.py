@@ -212,6 +212,17 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
         or "://" in name
         or (".." in name and ".." in name.split("/"))
     )
+    problem = None if outside else unreadable_shard_name(name)
+    if problem is not None:
+        raise ConfigError(
+            format_message(
+                "shard name cannot be read from split.yaml",
+                where=where,
+                expected="a UTF-8 name without '{' or '}'",
+                found=f"{name!r}: {problem}",
+                fix="rename the shard file and run `energon-lite prepare` again",
+            )
+        )
     if outside and energon_mode.opted_in(SHARDS_OUTSIDE_ROOT_ENV, f"outside-root:{where}", f"reading shard {name!r} from outside the dataset folder ({where})"):
         return name
     if outside:
@@ -229,16 +240,30 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
     return name
 
 
+def unreadable_shard_name(name: str) -> str | None:
+    """Why the loader cannot read a shard of this name through ``split.yaml`` (None when it
+    can): the rule both ``prepare`` (for the tar files it finds) and the loader (for the names
+    in ``.info.json`` and ``split.yaml``) apply."""
+    if "{" in name or "}" in name:
+        return "split.yaml reads '{' and '}' as a brace pattern ({0..9}, {a,b})"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8 (split.yaml and .info.json are UTF-8 text)"
+    return None
+
+
 def plain_shard_names(names: Collection[Any]) -> bool:
     """True when every name is a non-empty string that :func:`check_shard_name` accepts as is
-    (no NUL, no leading ``/``, no ``://``, no ``..``): one scan of the joined names."""
+    (no NUL, no leading ``/``, no ``://``, no ``..``, no brace, valid UTF-8): one scan of the
+    joined names."""
     try:
         joined = "\n" + "\n".join(names) + "\n"
     except TypeError:
         return False
     if joined == "\n\n":
         return not names  # no names at all, or one empty one
-    return not any(bad in joined for bad in ("\n\n", "\0", "\n/", "://", ".."))
+    return not any(bad in joined for bad in ("\n\n", "\0", "\n/", "://", "..", "{", "}")) and unreadable_shard_name(joined) is None
 
 
 @dataclass

@@ -4,6 +4,7 @@ a concurrent run keeps its own, and shard names the loader would refuse stopped 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from PIL import Image
 from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite.energon.media.filesystem_prepare import prepare_media_folder
+from megatron_energon_lite.errors import ConfigError, DatasetError
 from megatron_energon_lite.format.media_metadata import MediaFilter
+from megatron_energon_lite.format.metadata import read_info
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.storage import atomic_write_bytes, create_temporary
 
@@ -111,13 +114,21 @@ def test_a_temporary_from_another_machine_stays_until_it_is_old(tmp_path: Path) 
     assert fresh.exists()
 
 
-@pytest.mark.parametrize("name", ["x{y.tar", "s{0..1}.tar", "a}b.tar"])
+@pytest.mark.parametrize("name", ["x{y.tar", "s{0..1}.tar", "a}b.tar", os.fsdecode(b"bad\xff.tar")])
 def test_prepare_refuses_a_shard_name_the_loader_refuses(tmp_path: Path, name: str) -> None:
-    from megatron_energon_lite.errors import DatasetError
-
     root = shards(tmp_path / "ds", count=1)
     write_tar(root / "shards" / name, [("k", {"txt": b"t"})])
     with pytest.raises(DatasetError) as info:
         prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1)
-    assert f"shards/{name}" in str(info.value)
+    assert repr(f"shards/{name}") in str(info.value)
     assert not (root / ".nv-meta/.info.json").exists()
+    # The loader applies the same rule to a name in .info.json (here written by hand).
+    (root / "shards" / name).unlink()
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1)
+    info_file = root / ".nv-meta/.info.json"
+    data = json.loads(info_file.read_text())
+    data["shard_counts"][f"shards/{name}"] = 1
+    info_file.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="shard name cannot be read from split.yaml") as info:
+        read_info(root)
+    assert repr(f"shards/{name}") in str(info.value)
