@@ -67,6 +67,7 @@ from ...format.media_metadata import (
 )
 from ...format.metadata import INDEX_SQLITE, META_DIR, is_prepared
 from ...format.process_pool import scan_in_order
+from ...format.safe_parse import parse_json
 from ...storage import (
     AnyPath,
     RemotePath,
@@ -643,8 +644,8 @@ def _load_state(meta: AnyPath, index_stamp: list[int | str] | None, media_filter
     """The previous run's ``{rel: [size, mtime_ns or version, outcome]}``, or {} when it cannot
     be trusted (``index_stamp``: the :func:`_stamp` of the index now)."""
     try:
-        state = json.loads((meta / STATE_FILE).read_text())
-    except (OSError, ValueError):
+        state = parse_json((meta / STATE_FILE).read_text(), str(meta / STATE_FILE))
+    except (OSError, ValueError):  # also ConfigError (nesting): then every file is scanned again
         return {}
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         return {}

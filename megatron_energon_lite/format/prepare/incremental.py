@@ -20,6 +20,7 @@ from ...storage import (
 )
 from ..media_metadata import MediaFilter, read_media_filter
 from ..metadata import INDEX_SQLITE, META_DIR, meta_dir
+from ..safe_parse import parse_json
 from ..tar_index import index_name
 
 PREPARE_STATE = ".lite-prepare.json"
@@ -45,10 +46,13 @@ def _remove_leftovers(root: AnyPath, meta: AnyPath, names: list[str], dotted: se
 def _load_prepare_state(root: AnyPath) -> dict:
     path = meta_dir(root) / PREPARE_STATE
     try:
-        state = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        state = parse_json(path.read_text(), str(path))
+    except FileNotFoundError:
         return {}
-    return state if state.get("version") == PREPARE_STATE_VERSION else {}
+    except (OSError, ValueError) as exc:  # also ConfigError (nesting), bad JSON, bad UTF-8
+        logger.warning("%s: ignoring the record of the previous prepare (every shard is indexed again): %s", path, exc)
+        return {}
+    return state if isinstance(state, dict) and state.get("version") == PREPARE_STATE_VERSION else {}
 
 
 def _kept_media_filter(meta: AnyPath) -> MediaFilter | None:
