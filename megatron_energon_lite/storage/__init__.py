@@ -13,6 +13,7 @@ from .local import (
     create_temporary_folder,
     remove_own_temporaries,
     remove_stale_temporaries,
+    reporting_no_room,
 )
 from .paths import (
     AnyPath,
@@ -50,6 +51,7 @@ __all__ = [
     "create_temporary_folder",
     "remove_own_temporaries",
     "remove_stale_temporaries",
+    "reporting_no_room",
     "RemoteFilePool",
     "RemotePath",
     "RemoteSettings",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -9,10 +10,11 @@ import re
 import secrets
 import shutil
 import socket
+import sqlite3
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from ..errors import DatasetError, StorageError, format_message
 
@@ -104,12 +106,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, durable: bool = 
     flushes the data to the device before the rename.  A full device is a :class:`StorageError`
     naming ``path``.
     """
-    try:
+    with reporting_no_room(path):
         replace_atomically(path, data, durable=durable)
-    except OSError as exc:
-        if is_no_room(exc):
-            raise no_room_error(path, exc) from None
-        raise
 
 
 def replace_atomically(path: str | os.PathLike, data: bytes | memoryview, *, durable: bool) -> None:
@@ -172,6 +170,18 @@ def is_no_room(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in _NO_ROOM
     return "disk is full" in str(exc)
+
+
+@contextlib.contextmanager
+def reporting_no_room(path: str | os.PathLike) -> Iterator[None]:
+    """A full device inside the block (an ``OSError``, or SQLite's "database or disk is full")
+    becomes the :class:`StorageError` naming ``path`` and the fix; other errors pass."""
+    try:
+        yield
+    except (OSError, sqlite3.Error) as exc:
+        if is_no_room(exc):
+            raise no_room_error(path, exc) from None
+        raise
 
 
 def no_room_error(path: str | os.PathLike, exc: BaseException) -> StorageError:

@@ -91,19 +91,6 @@ def test_pool_workers_exit_when_the_scanning_process_is_killed() -> None:
         assert [pid for pid in workers if not gone(pid)] == []
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """An 8 MiB filesystem (tmpfs); skipped where mounting is not allowed."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (needs root)")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_full_disk_during_an_atomic_write_names_the_file_and_keeps_the_old_one(small_disk: Path) -> None:
     target = small_disk / "shard.tar.idx"
     target.write_bytes(b"old")

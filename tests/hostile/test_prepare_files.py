@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from PIL import Image
 from energon_lite_dev.synthetic import write_tar
 
 from megatron_energon_lite.energon.media.filesystem_prepare import prepare_media_folder
+from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.errors import ConfigError, DatasetError
 from megatron_energon_lite.format.media_metadata import MediaFilter
 from megatron_energon_lite.format.metadata import read_info
@@ -132,3 +135,41 @@ def test_prepare_refuses_a_shard_name_the_loader_refuses(tmp_path: Path, name: s
     with pytest.raises(ConfigError, match="shard name cannot be read from split.yaml") as info:
         read_info(root)
     assert repr(f"shards/{name}") in str(info.value)
+
+
+_MEDIA_CHAIN = """
+import sys
+from megatron_energon_lite.energon.media.filesystem_prepare import prepare_media_folder
+from megatron_energon_lite.format.media_metadata import MediaFilter
+result = prepare_media_folder(sys.argv[1], MediaFilter.by_extension(), progress=False, num_workers=1)
+print("files", result.files)
+"""
+
+
+def test_prepare_media_walks_a_chain_of_symlinked_folders_once(tmp_path: Path) -> None:
+    """Folders d0..d22, each with two symlinks to the next: walked path by path, one image in d22
+    was 2^23 entries; by real path it is one."""
+    root = tmp_path / "media"
+    depth = 22
+    for level in range(depth + 1):
+        (root / f"d{level:02d}").mkdir(parents=True)
+    for level in range(depth):
+        for link in ("a", "b"):
+            (root / f"d{level:02d}" / link).symlink_to(f"../d{level + 1:02d}", target_is_directory=True)
+    Image.new("RGB", (4, 4)).save(root / f"d{depth:02d}" / "x.png")
+    result = subprocess.run([sys.executable, "-c", _MEDIA_CHAIN, str(root)], capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ["files", "1"], result.stderr[-2000:]
+
+
+def test_prepare_media_on_a_full_disk_names_the_index_and_the_fix(small_disk: Path) -> None:
+    root = small_disk / "media"
+    root.mkdir()
+    for i in range(400):
+        Image.new("RGB", (2, 2)).save(root / f"{i:04d}.png")
+    (small_disk / "filler").write_bytes(b"\0" * max(0, shutil.disk_usage(small_disk).free - 8 * 1024))
+    result = CliRunner().invoke(cli, ["prepare-media", str(root), "--media-metadata-by-extension", "--no-progress", "--num-workers", "1"])
+    assert result.exit_code == 1, result.output
+    assert "no room left on the device" in result.output and str(root / ".nv-meta" / "index.sqlite") in result.output
+    assert "free space" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # a message, not a traceback
+    assert [p.name for p in root.rglob("*") if ".tmp-" in p.name] == []

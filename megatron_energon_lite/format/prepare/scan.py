@@ -10,7 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from ...errors import EmptyDatasetError, format_message
-from ...storage import AnyPath, create_temporary, is_no_room, local_file, no_room_error
+from ...storage import AnyPath, create_temporary, local_file, reporting_no_room
 from ..media_metadata import MediaFilter, MediaScan, scan_media
 from ..tar_index import INDEX_DTYPE, index_name
 from ..tar_reader import SampleEntry, TarMember, group_samples, iter_members
@@ -127,7 +127,7 @@ def _write_pending_index(final: str, owner: int, data: bytes) -> tuple[str, list
     """Writes the new ``.tar.idx`` for ``final`` to a fresh temporary file (made durable later,
     all at once: :func:`~.write._sync_files`) and returns its path and stamp; a full disk
     raises the storage error that names the file."""
-    try:
+    with reporting_no_room(final):
         fd, path = create_temporary(final, owner=owner)
         try:
             view = memoryview(data)
@@ -136,10 +136,6 @@ def _write_pending_index(final: str, owner: int, data: bytes) -> tuple[str, list
             written = os.fstat(fd)
         finally:
             os.close(fd)
-    except OSError as exc:
-        if is_no_room(exc):
-            raise no_room_error(final, exc) from None
-        raise
     return os.fspath(path), [written.st_size, str(written.st_mtime_ns)]
 
 

@@ -19,12 +19,11 @@ from ...storage import (
     AnyPath,
     RemotePath,
     atomic_write_text,
-    is_no_room,
     local_scratch,
     local_view,
-    no_room_error,
     remove_scratch,
     remove_own_temporaries,
+    reporting_no_room,
     replace_with,
 )
 from ..media_metadata import MediaFilter, MediaIndexWriter, MediaScan
@@ -168,7 +167,7 @@ def _build_and_install(
         tmp_index = scratch / INDEX_SQLITE
         previous_index = local_view(meta / INDEX_SQLITE) if unchanged or media_filter is not None else None
         build = dict(num_workers=num_workers, progress=progress, media_filter=media_filter, owner=owner, pending=pending)
-        try:
+        with reporting_no_room(meta / INDEX_SQLITE):
             try:
                 in_place = _update_in_place(names, unchanged, state)
                 built = _build_index(tmp_index, previous_index, root, names, unchanged, in_place=in_place, **build)
@@ -176,10 +175,6 @@ def _build_and_install(
                 logger.warning("%s", exc)
                 unchanged = {}
                 built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
-        except (OSError, sqlite3.OperationalError) as exc:
-            if is_no_room(exc):
-                raise no_room_error(meta / INDEX_SQLITE, exc) from None
-            raise
         _install_tar_indexes(root, base, built, pending)
         replace_with(meta / INDEX_SQLITE, tmp_index)
         done = True
