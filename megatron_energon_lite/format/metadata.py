@@ -397,7 +397,11 @@ def resolve_split_config_path(root: str | os.PathLike, name: str | None = None) 
 
 def read_split_config(root: str | os.PathLike, name: str | None = None) -> SplitConfig:
     path = resolve_split_config_path(root, name)
-    text = read_text(path)
+    return parse_split_config(path, read_text(path))
+
+
+def parse_split_config(path: Path, text: str) -> SplitConfig:
+    """The split file ``path`` whose text is ``text``."""
     parsed = _plain_split_yaml(text) if path.suffix != ".json" else None
     raw = check_mapping(
         parse_structured(path, text) if parsed is None else parsed,

@@ -35,6 +35,7 @@ from .metadata import (
     checked_split,
     info_path,
     meta_dir,
+    parse_split_config,
     plain_shard_names,
     read_info,
     read_split_config,
@@ -50,24 +51,24 @@ SPLIT_CACHE = ".lite-split-cache.json"
 CACHE_VERSION = 1
 
 
-def _stamp(path: Path) -> list[int] | None:
-    """``[size, crc32]`` of a file's bytes; None when it cannot be read."""
+def _read(path: Path) -> bytes | None:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError:
         return None
-    return [len(data), zlib.crc32(data)]
 
 
-def _sources(root: Path, split_config: str | None) -> tuple[dict[str, Any], Path] | None:
+def _sources(root: Path, split_config: str | None) -> tuple[dict[str, Any], Path, bytes] | None:
     """What a cache for ``split_config`` must have been made from: the info and split files'
-    names and stamps (None when one cannot be read)."""
+    names and stamps (``[size, crc32]``), the split file's path and bytes (None when one cannot
+    be read)."""
     info = info_path(root)
     split = resolve_split_config_path(root, split_config)
-    info_stamp, split_stamp = _stamp(info), _stamp(split)
-    if info_stamp is None or split_stamp is None:
+    info_data, split_data = _read(info), _read(split)
+    if info_data is None or split_data is None:
         return None
-    return {"info": [info.name, *info_stamp], "split": [split.name, *split_stamp]}, split
+    stamps = {"info": [info.name, len(info_data), zlib.crc32(info_data)], "split": [split.name, len(split_data), zlib.crc32(split_data)]}
+    return stamps, split, split_data
 
 
 def write_split_cache(root: AnyPath) -> bool:
@@ -120,10 +121,10 @@ def cached_split(root: AnyPath, split_part: str, split_config: str | None, *, al
     found = _fresh_cache(root, split_config)
     if found is None:
         return None
-    data, split_path = found
-    try:
-        config = read_split_config(root, split_config)
-    except (ConfigError, DatasetError):
+    data, split_path, split_data = found
+    try:  # the bytes the stamp was taken of: the file is read once
+        config = parse_split_config(split_path, split_data.decode("utf-8"))
+    except (ConfigError, DatasetError, UnicodeDecodeError):
         return None  # resolving the files reports it
     try:
         entry = data["splits"].get(split_part)
@@ -151,7 +152,7 @@ def split_cache_problems(root: AnyPath, split_config: str | None = None) -> list
     found = _fresh_cache(root, split_config)
     if found is None:
         return []
-    data, _ = found
+    data = found[0]
     try:
         info, config = read_info(root), read_split_config(root, split_config)
         splits = data["splits"]
@@ -180,9 +181,9 @@ def split_cache_problems(root: AnyPath, split_config: str | None = None) -> list
     return problems
 
 
-def _fresh_cache(root: AnyPath, split_config: str | None) -> tuple[dict, Path] | None:
-    """The parsed cache and the split file's path when there is a cache made from the info and
-    split files as they are now (stale, unreadable or another version: None, logged at debug)."""
+def _fresh_cache(root: AnyPath, split_config: str | None) -> tuple[dict, Path, bytes] | None:
+    """The parsed cache, the split file's path and bytes when there is a cache made from the info
+    and split files as they are now (stale, unreadable or another version: None, logged at debug)."""
     if isinstance(root, RemotePath):
         return None
     root = Path(root)
@@ -199,11 +200,11 @@ def _fresh_cache(root: AnyPath, split_config: str | None) -> tuple[dict, Path] |
         return None
     if sources is None or not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
         return None
-    stamps, split_path = sources
+    stamps, split_path, split_data = sources
     if data.get("info") != stamps["info"] or data.get("split") != stamps["split"]:
         logger.debug("%s: %s is stale (the info or split file changed since prepare)", root, SPLIT_CACHE)
         return None
-    return data, split_path
+    return data, split_path, split_data
 
 
 def _disagreement(config: SplitConfig, cached: ResolvedSplit, unknown: list[str]) -> str | None:
