@@ -297,6 +297,13 @@ def _run_targets(workdir: Path) -> None:
 
         guarded(reprepare, (str(root),))
 
+    def flipped(data, raw: bytes) -> bytes:
+        """``raw`` with one to four bytes xor-ed."""
+        out = bytearray(raw)
+        for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(out) - 1), st.integers(1, 255)), min_size=1, max_size=4), label="flips"):
+            out[position] ^= xor
+        return bytes(out)
+
     # --- 4. the split cache: whatever it says, the loader serves what split.yaml says -------------
     cache_path = root / ".nv-meta" / SPLIT_CACHE
     restore()
@@ -325,12 +332,9 @@ def _run_targets(workdir: Path) -> None:
             train["counts"] = data.draw(st.lists(st.integers(-1, 7), min_size=len(train["counts"]), max_size=len(train["counts"])), label="counts")
         text = json.dumps(cache)
         if kind == "deep":
-            text = text.replace('"excluded_keys": {}', '"excluded_keys": ' + "[" * data.draw(st.integers(150, 20_000), label="depth") + "]" * 20_000, 1)
-        raw = bytearray(text.encode())
-        if kind == "bytes":
-            for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(1, 255)), min_size=1, max_size=4), label="flips"):
-                raw[position] ^= xor
-        cache_path.write_bytes(bytes(raw))
+            depth = data.draw(st.integers(150, 20_000), label="depth")
+            text = text.replace('"excluded_keys": {}', '"excluded_keys": ' + "[" * depth + "]" * depth, 1)
+        cache_path.write_bytes(flipped(data, text.encode()) if kind == "bytes" else text.encode())
 
         def read() -> None:
             served = cached_split(root, "train", None)
@@ -382,11 +386,7 @@ def _run_targets(workdir: Path) -> None:
         elif kind == "deep":
             depth = data.draw(st.integers(150, 5000), label="depth")
             text = header + f"splits:\n  train:\n    path: {root}\n    subflavors: " + "{a: " * depth + "1" + "}" * depth + "\n"
-        raw = bytearray(text.encode())
-        if kind == "bytes":
-            for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(1, 255)), min_size=1, max_size=4), label="flips"):
-                raw[position] ^= xor
-        yaml_path.write_bytes(bytes(raw))
+        yaml_path.write_bytes(flipped(data, text.encode()) if kind == "bytes" else text.encode())
 
         def read() -> None:
             plan = load_blend_plan(yaml_path, "train", training=True)
