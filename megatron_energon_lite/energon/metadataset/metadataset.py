@@ -13,6 +13,7 @@ from ...loader.api import plan_spec
 from ...storage import as_path
 from ...worker import WorkerConfig
 from ..wrappers.compose import PLAN_BLEND_MODES, DatasetBlendMode, loaded_datasets
+from .splits import splits_view
 from .loader_interface import (
     DatasetLoaderInterface,
     LoadedDatasetList,
@@ -82,6 +83,12 @@ class DatasetLoader(_PlanLoader):
 
 class MetadatasetV2(_PlanLoader):
     """A metadataset YAML (``__class__: MetadatasetV2``)."""
+
+    @property
+    def splits(self) -> dict[str, Any]:
+        """Energon's parsed ``splits``: the YAML's splits as objects, read again on each access
+        (see :mod:`megatron_energon_lite.energon.metadataset.splits`)."""
+        return splits_view(self.source)
 
     def _plan(self, split_part: str, *, check_datasets: bool = True) -> Any:
         return load_blend_plan(self.source if isinstance(self.source, (Mapping, Blender)) else str(self.source), split_part, training=True, check_datasets=check_datasets)

@@ -95,3 +95,22 @@ def test_prepare_metadataset_builds_join_indices(root: Path) -> None:
     )
     files = prepare_metadataset(path)
     assert len(files) == 1 and Path(str(files[0])).is_file()
+
+
+def test_splits_are_the_yaml_with_resolved_paths(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MetadatasetV2.splits, which Energon fills with its parsed config and clients read: the
+    YAML's entries as objects, paths absolute EPaths (URLs as written), aux sources typed."""
+    from megatron_energon_lite.energon.metadataset.metadataset_v2 import AuxDatasetReference, AuxFilesystemReference
+
+    (tmp_path / "meta.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - weight: 2\n        path: {root / 'a'}\n        aux:\n          media: filesystem://media\n          other: ../other\n"
+        "      - path: dss://charts@v0\n        subflavors: {src: dss}\n"
+    )
+    mds = load_dataset(tmp_path / "meta.yaml")
+    train = mds.splits["train"]
+    first, second = train.blend
+    assert (first.weight, first.path, second.weight, second.subflavors) == (2, EPath(root / "a"), None, {"src": "dss"})
+    assert first.aux == {"media": AuxFilesystemReference(EPath(tmp_path / "media")), "other": AuxDatasetReference(EPath(tmp_path.parent / "other"))}
+    assert isinstance(second.path, EPath) and second.path.url == "dss://charts@v0"
+    assert list(load_dataset(root / "blend.yaml").splits) == ["train"]
