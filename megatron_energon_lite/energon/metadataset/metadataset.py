@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..epathlib import EPath
+from ...errors import NotSupportedError, format_message
 from ...format.join import prepare_metadataset_joins
 from ...format.metadataset import Blender, load_blend_plan, single_dataset_plan
 from ...loader.api import plan_spec
@@ -88,6 +89,8 @@ class MetadatasetV2(_PlanLoader):
     def splits(self) -> dict[str, Any]:
         """Energon's parsed ``splits``: the YAML's splits as objects, read again on each access
         (see :mod:`megatron_energon_lite.energon.metadataset.splits`)."""
+        if isinstance(self.source, Blender):
+            raise NotSupportedError(format_message("a Blender has no YAML splits to show", found=f"MetadatasetV2 of a Blender with {len(self.source.entries)} entries", fix="read the Blender's entries instead"))
         return splits_view(self.source)
 
     def _plan(self, split_part: str, *, check_datasets: bool = True) -> Any:

@@ -19,6 +19,8 @@ from megatron_energon_lite import (
     traverse_metadataset,
 )
 from megatron_energon_lite.energon.epathlib import EPath
+from megatron_energon_lite.errors import NotSupportedError
+from megatron_energon_lite.format.metadataset import Blender
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.energon.metadataset import DatasetLoader, MetadatasetV2
 from megatron_energon_lite.energon.metadataset.loader_interface import DatasetBlendMode
@@ -114,3 +116,5 @@ def test_splits_are_the_yaml_with_resolved_paths(root: Path, tmp_path: Path, mon
     assert first.aux == {"media": AuxFilesystemReference(EPath(tmp_path / "media")), "other": AuxDatasetReference(EPath(tmp_path.parent / "other"))}
     assert isinstance(second.path, EPath) and second.path.url == "dss://charts@v0"
     assert list(load_dataset(root / "blend.yaml").splits) == ["train"]
+    with pytest.raises(NotSupportedError, match="Blender"):
+        MetadatasetV2(Blender([(root / "a", 1.0)])).splits
