@@ -37,6 +37,7 @@ __all__ = [
     "DatasetError",
     "DecodeError",
     "DecompressionBombError",
+    "DssPathError",
     "EmptyDatasetError",
     "EnergonLiteError",
     "FatalSampleError",
@@ -81,6 +82,11 @@ class EnergonLiteError(Exception):
 
 class ConfigError(EnergonLiteError, ValueError):
     """A configuration (YAML, JSON, CLI flag or Python argument) is invalid."""
+
+
+class DssPathError(ConfigError, AssertionError):
+    """A ``dss://`` dataset path without its ``@VERSION``.  Also an ``AssertionError``: Energon
+    asserts there, and code written for Energon catches that."""
 
 
 class SampleIndexError(ConfigError, IndexError):

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Union
 
@@ -612,13 +613,25 @@ def generate_jsonl(path: str | os.PathLike[str], *, num_records: int, seed: int 
     return write_jsonl(path, records())
 
 
-def make_video(frames: int = 16, fps: int = 8, size: tuple[int, int] = (64, 48), codec: str = "libx264", audio_rate: int | None = None, gop: int = 4) -> bytes:
+def make_video(
+    frames: int = 16,
+    fps: int = 8,
+    size: tuple[int, int] = (64, 48),
+    codec: str = "libx264",
+    audio_rate: int | None = None,
+    gop: int = 4,
+    container_format: str = "mp4",
+    dropped: Iterable[int] = (),
+) -> bytes:
     """An H.264 mp4 (lossless) whose frame i is a flat gray of value ``(8 * i) % 256``, so tests can
-    tell frames apart; with ``audio_rate`` also a mono AAC 440 Hz tone.  Needs PyAV (the ``av`` extra)."""
+    tell frames apart; with ``audio_rate`` also a mono AAC 440 Hz tone.  ``container_format`` names
+    another container (``"avi"``); the frames numbered in ``dropped`` are left out, leaving gaps in
+    the timestamps as a capture that dropped frames does.  Needs PyAV (the ``av`` extra)."""
     import av
 
+    dropped = set(dropped)
     buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
+    with av.open(buffer, mode="w", format=container_format) as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height = size
         stream.pix_fmt = "yuv420p"
@@ -631,8 +644,12 @@ def make_video(frames: int = 16, fps: int = 8, size: tuple[int, int] = (64, 48),
             audio = container.add_stream("aac", rate=audio_rate)
             audio.layout = "mono"
         for i in range(frames):
+            if i in dropped:
+                continue
             image = np.full((size[1], size[0], 3), (8 * i) % 256, dtype=np.uint8)
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            if dropped:  # frame i keeps its own time; by default the encoder numbers frames itself
+                frame.pts, frame.time_base = i, Fraction(1, fps)
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():

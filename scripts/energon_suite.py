@@ -19,6 +19,13 @@
    (``logs/energon/<file>.log``, ``logs/ours/<file>.log``), the results (``results.json``) and the
    table (``report.md``).
 
+``torchvision``: Energon's ``test_av_decoder.py`` imports ``torchvision.transforms`` at the top, so
+where torchvision does not import (a CPU torch without a matching torchvision) the whole file
+would fail to collect.  ``--torchvision-stub auto`` (the default) then writes a stub ``torchvision``
+package into the scratch folder and puts it on ``PYTHONPATH`` for every run: any use of one of its
+attributes raises ``unittest.SkipTest``, so only the tests that use torchvision are skipped
+(``test_transforms.py`` whole, ``test_av_decoder``'s resize test).  ``always`` / ``never`` force it.
+
 ``--only FILE`` (repeatable) runs some files; ``--ours-only`` skips the Energon runs and reuses
 their results from ``results.json`` in ``--out``.
 
@@ -66,6 +73,31 @@ _OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S+)(?: - (.*))?$")
 _SKIPPED = re.compile(r"^SKIPPED \[(\d+)\]")
 # pytest's last line: "3 passed, 1 failed, 2 warnings in 4.56s" (with or without "=" bars).
 _SUMMARY = re.compile(r"^(?:\d+ [a-z]+(?:, )?)+ in [\d.]+s|^no tests ran in [\d.]+s")
+
+
+TORCHVISION_STUB = '''"""Written by energon_suite.py: torchvision does not import here; using it skips the test."""
+import unittest
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise unittest.SkipTest(f"torchvision is stubbed by energon_suite.py ({__name__}.{name} was used)")
+'''
+
+
+def torchvision_imports(python: str) -> bool:
+    """Whether ``python`` can import ``torchvision.transforms``."""
+    return subprocess.run([python, "-c", "import torchvision.transforms"], capture_output=True).returncode == 0
+
+
+def write_torchvision_stub(dest: Path) -> Path:
+    """Writes the stub ``torchvision`` package (with ``transforms``) under ``dest``; returns ``dest``,
+    the folder to put on ``PYTHONPATH``."""
+    for package in (dest / "torchvision", dest / "torchvision" / "transforms"):
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text(TORCHVISION_STUB)
+    return dest
 
 
 def extract_tests(repo: Path, tag: str, dest: Path) -> None:
@@ -125,10 +157,17 @@ def parse_log(text: str) -> dict:
 
 
 def run_file(
-    python: str, root: Path, test_file: str, timeout: int, file_timeout: int, log: Path, plugins: tuple[str, ...] = ()
+    python: str,
+    root: Path,
+    test_file: str,
+    timeout: int,
+    file_timeout: int,
+    log: Path,
+    plugins: tuple[str, ...] = (),
+    pythonpath: tuple[Path, ...] = (),
 ) -> dict:
-    """Runs pytest on one file with ``root`` as the working folder (loading ``plugins`` first);
-    returns the parsed outcome."""
+    """Runs pytest on one file with ``root`` as the working folder (loading ``plugins`` first, with
+    ``pythonpath`` after ``root`` on ``PYTHONPATH``); returns the parsed outcome."""
     config = root / "suite_pytest.ini"
     if not config.exists():
         config.write_text("[pytest]\n")
@@ -138,7 +177,7 @@ def run_file(
         "-c", str(config), "--rootdir", str(root),
         *(arg for plugin in plugins for arg in ("-p", plugin)),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), *map(str, pythonpath), os.environ.get("PYTHONPATH")]))}
     started = time.monotonic()
     try:
         proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=file_timeout)
@@ -199,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--switch", action="store_true", help=f"run our side as the original tests with the as_energon switch (pytest -p {SWITCH_PLUGIN})"
     )
+    parser.add_argument(
+        "--torchvision-stub",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="put a stub torchvision on PYTHONPATH (auto: when torchvision does not import; default)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
@@ -214,11 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     scratch = args.scratch.resolve() if args.scratch else Path(tempfile.mkdtemp(prefix="energon_suite_"))
     try:
         original, renamed = scratch / "energon", scratch / "ours"
-        for folder in (original, renamed):
+        for folder in (original, renamed, scratch / "stubs"):
             shutil.rmtree(folder, ignore_errors=True)
         extract_tests(args.energon_repo, args.tag, original)
         replaced = make_renamed_copy(original, renamed)
         logger.info("extracted Energon %s tests to %s; %d renames in the shim copy", args.tag, scratch, replaced)
+        stub = args.torchvision_stub == "always" or (args.torchvision_stub == "auto" and not torchvision_imports(args.python))
+        pythonpath = (write_torchvision_stub(scratch / "stubs"),) if stub else ()
+        if stub:
+            logger.info("torchvision stubbed (%s): tests that use it are skipped", pythonpath[0])
 
         files = sorted(p.name for p in (original / "tests").glob("test_*.py"))
         if args.only:
@@ -238,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             for side, root, plugins in runs:
                 logger.info("%s: %s ...", side, name)
                 log = out / "logs" / side / f"{name}.log"
-                result = run_file(args.python, root, f"tests/{name}", args.timeout, args.file_timeout, log, plugins)
+                result = run_file(args.python, root, f"tests/{name}", args.timeout, args.file_timeout, log, plugins, pythonpath)
                 results[side][name] = result
                 logger.info("%s: %s: %s (%.0f s)", side, name, result["summary"] or f"exit {result['returncode']}", result["seconds"])
                 (out / RESULTS).write_text(json.dumps(results, indent=1, sort_keys=True))
@@ -247,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
 
     ours = f"the as_energon switch ({SWITCH_PLUGIN})" if args.switch else "rename-only shim"
-    report = f"Energon {args.tag} test suite: original tests on the installed Energon vs. {ours} on megatron_energon_lite\n\n"
+    report = f"Energon {args.tag} test suite: original tests on the installed Energon vs. {ours} on megatron_energon_lite"
+    report += " (torchvision stubbed: tests that use it are skipped)\n\n" if stub else "\n\n"
     report += table(results, files, our_side)
     (out / REPORT).write_text(report + "\n")
     print(report)

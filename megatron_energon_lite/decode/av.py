@@ -20,6 +20,12 @@ Ranges, units and results follow Energon's ``AVDecoder`` (checked against it on 
 * a range that holds no frame or sample (it starts at or after the end) gives no clip: the list
   of clips is shorter than the list of ranges.  A range that ends after the end is cut there.
 
+Seeking trusts FFmpeg in MP4/MOV and Matroska/WebM, whose indexes hold presentation times.  Other
+containers (AVI, ...) are probed first (:class:`AVProbeIndex`: one pass over the packets, no
+decoding, once per decoder): clips start from the index's keyframe, stepping back a keyframe
+where FFmpeg's seek (by decode times) lands after it, and frame numbers count the frames shown
+(exact with dropped frames or a variable frame rate).
+
 Inside dataloader workers FFmpeg decodes with one thread, so forked workers cannot deadlock on
 FFmpeg's thread pool.
 
@@ -46,6 +52,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Optional, Sequence
 import numpy as np
 
 from ..errors import DecodeError, MissingDependencyError, format_message
+from ..format.media_metadata import last_end, stream_seconds
 from ..format.media_types import (
     AVMetadata,  # the one typed metadata class (Energon's media.AVMetadata)
 )
@@ -59,6 +66,8 @@ __all__ = [
     "AVData",
     "AVDecoder",
     "AVMetadata",
+    "AVProbeIndex",
+    "AVProbeIndexEntry",
     "backend",
     "get_clips_uniform",
     "get_single_frames_uniform",
@@ -143,6 +152,95 @@ class AVData:
     video_timestamps: Optional[list[tuple[float, float]]]
     audio_clips: Optional[list[torch.Tensor]]
     audio_timestamps: Optional[list[tuple[float, float]]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AVProbeIndexEntry:
+    """One packet of a probed video stream: its presentation timestamp (in the stream's time base)
+    and whether a keyframe starts there."""
+
+    timestamp: int
+    is_keyframe: bool
+
+
+class AVProbeIndex:
+    """Every packet with a timestamp of one video stream, in the container's order, found by
+    demuxing (reading packets, not decoding them): where the keyframes are, and which frame is the
+    n-th on screen.  Energon's ``megatron.energon.av.av_reader.AVProbeIndex``: the same constructor,
+    ``len``, indexing, iteration and :meth:`search_timestamp`.
+
+    The decoder seeks through it in containers that FFmpeg seeks by decode timestamps or by a
+    missing index (AVI, FLV, MPEG-TS, ...; not MP4/MOV or Matroska/WebM, which carry an exact
+    index), and counts frames with it.  It is built from the start of the stream whatever the
+    container's position, and leaves the container at the start.
+    """
+
+    def __init__(self, container, stream_idx: int = 0) -> None:
+        stream = container.streams.video[stream_idx]
+        stamps: list[int] = []
+        keyframes: list[bool] = []
+        last = None
+        container.seek(0)
+        for packet in container.demux(stream):
+            if packet.pts is None:  # the demuxer's final empty packet, or a packet without a time
+                continue
+            stamps.append(packet.pts)
+            keyframes.append(packet.is_keyframe)
+            last = packet
+        container.seek(0)
+        self._stamps = np.array(stamps, dtype=np.int64)
+        self._keyframes = np.array(keyframes, dtype=bool)
+        #: Where the last packet with a timestamp ends (stream ticks), or None if it has no duration.
+        self.end: int | None = last_end([last]) if last is not None else None
+        # (entry numbers, their timestamps) sorted by timestamp (stable: equal timestamps keep the
+        # container's order), for all frames (the presentation order) and for keyframes only.
+        order = np.argsort(self._stamps, kind="stable")
+        key_order = order[self._keyframes[order]]
+        self._frames_by_time = (order, self._stamps[order])
+        self._keyframes_by_time = (key_order, self._stamps[key_order])
+
+    def __len__(self) -> int:
+        return len(self._stamps)
+
+    def __getitem__(self, idx: int) -> AVProbeIndexEntry:
+        return AVProbeIndexEntry(int(self._stamps[idx]), bool(self._keyframes[idx]))
+
+    def __iter__(self):
+        return (AVProbeIndexEntry(int(stamp), bool(key)) for stamp, key in zip(self._stamps, self._keyframes))
+
+    @property
+    def presentation_timestamps(self) -> np.ndarray:
+        """The timestamps in presentation order: element n is when the n-th frame is shown."""
+        return self._frames_by_time[1]
+
+    def search_timestamp(self, timestamp: int, *, backward: bool = True, any_frame: bool = False) -> int:
+        """The entry number of the keyframe (with ``any_frame``, of any frame) at or before
+        ``timestamp`` (with ``backward=False``: at or after it), in the stream's time base.
+
+        As Energon's: when nothing is at or before the timestamp, entry 0 (decode from the start);
+        when nothing is at or after it, -1.  Of several entries with the same timestamp, the first.
+        """
+        pool, stamps = self._frames_by_time if any_frame else self._keyframes_by_time
+        if not len(pool):
+            return -1
+        if backward:
+            pos = int(np.searchsorted(stamps, timestamp, side="right")) - 1
+            if pos < 0:
+                return 0
+        else:
+            pos = int(np.searchsorted(stamps, timestamp, side="left"))
+            if pos == len(pool):
+                return -1
+        return int(pool[np.searchsorted(stamps, stamps[pos], side="left")])
+
+
+#: Demuxers that seek by an exact index of presentation timestamps: the decoder trusts FFmpeg's
+#: seek there and probes other containers (as Energon picks its seeking mode).
+_INDEXED_FORMATS = frozenset({"mov", "mp4", "matroska", "webm"})
+
+
+def _seeks_exactly(container) -> bool:
+    return not _INDEXED_FORMATS.isdisjoint(container.format.name.split(","))
 
 
 _local = threading.local()
@@ -246,6 +344,7 @@ class AVDecoder:
         self.name = name  # "sample key, part" for messages
         self.byte_budget = byte_budget
         self.extension = extension  # the part's extension, a hint for opening
+        self._probe: AVProbeIndex | None = None  # built on first need; the bytes never change
 
     @property
     def stream(self) -> io.BytesIO:
@@ -257,6 +356,7 @@ class AVDecoder:
 
     def __setstate__(self, state: dict) -> None:
         self.suppress_warnings = False
+        self._probe = None
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
@@ -297,6 +397,12 @@ class AVDecoder:
             raise self._error(f"the media has no {kind} stream", fix=f"ask for {'audio' if kind == 'video' else 'video'} only, or check the file")
         return streams[0]
 
+    def _probe_index(self, container) -> AVProbeIndex:
+        """The first video stream's :class:`AVProbeIndex`, demuxed once per decoder."""
+        if self._probe is None:
+            self._probe = AVProbeIndex(container, 0)
+        return self._probe
+
     def _check_budget(self, used: int) -> None:
         if used > self.byte_budget:
             raise self._error(
@@ -327,7 +433,8 @@ class AVDecoder:
 
         Header values come first; what the header lacks is computed only when asked:
         ``get_video_duration`` / ``get_audio_duration`` read the packets (no decoding),
-        ``get_video_frame_count`` counts packets when the header has no frame count,
+        ``get_video_frame_count`` counts the packets with a timestamp (Energon's rule: an AVI
+        header also counts dropped frames),
         ``get_video_frame_size`` decodes the first frame when the header has no size, and
         ``get_audio_num_samples`` counts the samples (libsndfile's count for WAV/FLAC, else by
         decoding).  ``get_video=False`` / ``get_audio=False`` leave that stream's fields None.
@@ -346,17 +453,17 @@ class AVDecoder:
         return meta
 
     def _video_metadata(self, container, meta: AVMetadata, duration: bool, frame_count: bool, frame_size: bool) -> None:
+        # Energon's rules: the frame count is the number of packets with a timestamp (never the
+        # header's count, which an AVI with a dropped frame overstates); the duration is the
+        # header's, else where the last packet ends (packets are read, not decoded).
         stream = container.streams.video[0]
-        meta.video_duration = self._duration(stream)
-        if meta.video_duration is None and duration:
-            # No duration in the header: count the packets (no decoding), which gives the frame
-            # count too (Energon fills both then).
-            count, end = self._count_packets(container, stream)
-            meta.video_num_frames = count
-            if end is not None:
-                meta.video_duration = float((end - (stream.start_time or 0)) * stream.time_base)
+        ticks = stream.duration
+        if ticks is None and duration:
+            index = self._probe_index(container)
+            meta.video_num_frames, ticks = len(index), index.end  # Energon fills both then
+        meta.video_duration = stream_seconds(ticks, stream)
         if frame_count and meta.video_num_frames is None:
-            meta.video_num_frames = stream.frames or self._count_packets(container, stream)[0]
+            meta.video_num_frames = len(self._probe_index(container))
         rate = stream.average_rate
         if rate:
             meta.video_fps = float(rate)
@@ -370,45 +477,29 @@ class AVDecoder:
                     meta.video_width, meta.video_height = frame.width, frame.height
                     break
 
-    @staticmethod
-    def _count_packets(container, stream) -> tuple[int, int | None]:
-        """Packets with a timestamp and the end of the last one (stream time base)."""
-        count, end = 0, None
-        container.seek(0)
-        for packet in container.demux(stream):
-            if packet.pts is not None:
-                count += 1
-                if packet.duration is not None:
-                    end = packet.pts + packet.duration if end is None else max(end, packet.pts + packet.duration)
-        return count, end
-
     def _audio_metadata(self, container, meta: AVMetadata, duration: bool, num_samples: bool) -> None:
         stream = container.streams.audio[0]
         meta.audio_sample_rate = stream.codec_context.sample_rate or None
         meta.audio_channels = stream.codec_context.channels or None
-        meta.audio_duration = self._duration(stream)
+        meta.audio_duration = stream_seconds(stream.duration, stream)
         if num_samples:
             counted = self._sndfile_frames()
             if counted is None:
-                counted, end = 0, None
+                counted, last = 0, []
                 container.seek(0)
                 for frame in container.decode(stream):
                     counted += frame.samples
-                    if frame.pts is not None and frame.duration is not None:
-                        end = frame.pts + frame.duration
+                    if frame.pts is not None:
+                        last[:] = [frame]
+                end = last_end(last)
                 if end is not None:  # Energon takes the duration from the last frame then
-                    meta.audio_duration = float((end - (stream.start_time or 0)) * stream.time_base)
+                    meta.audio_duration = stream_seconds(end, stream)
             meta.audio_num_samples = counted
             if meta.audio_duration is None and meta.audio_sample_rate:
                 meta.audio_duration = counted / meta.audio_sample_rate
         if meta.audio_duration is None and duration:
-            end = None
             container.seek(0)
-            for packet in container.demux(stream):
-                if packet.pts is not None and packet.duration is not None:
-                    end = packet.pts + packet.duration
-            if end is not None:
-                meta.audio_duration = float((end - (stream.start_time or 0)) * stream.time_base)
+            meta.audio_duration = stream_seconds(last_end(container.demux(stream)), stream)
 
     def _sndfile_frames(self) -> int | None:
         if _soundfile() is None or not _sndfile_container(self.data):
@@ -419,13 +510,6 @@ class AVDecoder:
         except Exception:  # noqa: BLE001 - libsndfile cannot read it: count by decoding
             return None
 
-    @staticmethod
-    def _duration(stream) -> float | None:
-        """The stream's duration from its header, as Energon computes it (minus its start time)."""
-        if stream.duration is None or stream.time_base is None:
-            return None
-        return float((stream.duration - (stream.start_time or 0)) * stream.time_base)
-
     def get_video_fps(self) -> float:
         return self.get_metadata(get_video_duration=False, get_video_frame_count=False, get_video_frame_size=False, get_audio=False).video_fps or 0.0
 
@@ -433,9 +517,11 @@ class AVDecoder:
         return self.get_metadata(get_video=False, get_audio_duration=False).audio_sample_rate or 0
 
     def get_video_duration(self, get_frame_count: bool = False) -> tuple[float | None, int | None]:
-        """``(duration in seconds, number of frames or None)``; the count only with ``get_frame_count``."""
+        """``(duration in seconds, number of frames or None)``: the count is computed with
+        ``get_frame_count``, and given without it when finding the duration counted the frames
+        anyway (as Energon)."""
         meta = self.get_metadata(get_video_frame_count=get_frame_count, get_video_frame_size=False, get_audio=False)
-        return meta.video_duration, meta.video_num_frames if get_frame_count else None
+        return meta.video_duration, meta.video_num_frames
 
     def get_audio_duration(self) -> float | None:
         return self.get_metadata(get_video=False).audio_duration
@@ -460,12 +546,23 @@ class AVDecoder:
             stream = self._stream(container, "video")
             fps = float(stream.average_rate or stream.base_rate or 0) or 1.0
             time_base = stream.time_base
+            index = None if _seeks_exactly(container) else self._probe_index(container)
             for start, end in video_clip_ranges:
-                if video_unit == "frames":
-                    start, end = int(start) / fps, (end if math.isinf(end) else int(end)) / fps
                 if end < start:
                     raise self._error(f"video clip range ends before it starts: ({start}, {end})", fix="pass (start, end) with end >= start")
-                frames, first, last = self._decode_range(container, stream, time_base, fps, start, end, video_out_frame_size)
+                exact = video_unit == "frames" and index is not None
+                if exact:
+                    # Frame n is the n-th frame on screen (as Energon counts them here), also when
+                    # the frame rate varies or frames were dropped; its timestamp is exact.
+                    shown = index.presentation_timestamps
+                    first_frame = max(0, int(start))
+                    last_frame = len(shown) - 1 if math.isinf(end) else min(int(end), len(shown) - 1)
+                    if first_frame > last_frame:
+                        continue  # no such frame: no clip
+                    start, end = int(shown[first_frame]) * time_base, int(shown[last_frame]) * time_base
+                elif video_unit == "frames":
+                    start, end = int(start) / fps, (end if math.isinf(end) else int(end)) / fps
+                frames, first, last = self._decode_range(container, stream, index, fps, start, end, video_out_frame_size, exact)
                 if not frames:
                     continue  # nothing is shown during the range: no clip (as Energon)
                 used += sum(f.nbytes for f in frames)
@@ -474,33 +571,59 @@ class AVDecoder:
                 stamps.append((first, last))
         return clips, stamps
 
-    def _decode_range(self, container, stream, time_base, fps: float, start: float, end: float, size) -> tuple[list[np.ndarray], float, float]:
-        """Seeks to the keyframe at or before ``start`` and decodes the frames shown during
-        ``[start, end]``: those that start at or before ``end`` and end after ``start``."""
+    def _decode_range(self, container, stream, index, fps: float, start, end, size, exact: bool) -> tuple[list[np.ndarray], float, float]:
+        """Decodes, from the keyframe at or before ``start``, the frames shown during ``[start,
+        end]``: those that start at or before ``end`` and end after ``start``; with ``exact`` the
+        frames that start within ``[start, end]`` (exact timestamps of frames from the index)."""
         frames: list[np.ndarray] = []
         first = last = 0.0
-        eps = 1e-6
+        eps = 0 if exact else 1e-6
+        time_base = stream.time_base
         try:
-            container.seek(max(0, int(start / time_base)), stream=stream, backward=True, any_frame=False)
             kwargs: dict[str, int] = {}
             if size is not None:
                 kwargs.update(width=int(size[0]), height=int(size[1]))
-            for frame in container.decode(stream):
-                t = float(frame.pts * time_base) if frame.pts is not None else float(frame.time or 0)
+            for frame in self._seek(container, stream, index, int(start / time_base)):
+                t = frame.pts * time_base if frame.pts is not None else float(frame.time or 0)
                 if t > end + eps:
                     break
                 duration = float(frame.duration * time_base) if getattr(frame, "duration", None) else 1.0 / fps
-                if t + duration > start + eps:
+                if (t >= start) if exact else (t + duration > start + eps):
                     if not frames:
-                        first = t
+                        first = float(t)
                     frames.append(_to_rgb(frame, **kwargs))
-                    last = t + duration
+                    last = float(t) + duration
                     self._check_budget(sum(f.nbytes for f in frames))
         except DecodeError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise self._error("cannot decode the video", exc) from exc
         return frames, first, last
+
+    @staticmethod
+    def _seek(container, stream, index: AVProbeIndex | None, target: int):
+        """The decoded frames from a keyframe at or before ``target`` (stream ticks) on.
+
+        Without a probe index FFmpeg's seek finds the keyframe (MP4, Matroska: exact indexes).  With
+        one, the decoder seeks to the index's keyframe; a demuxer that seeks by decode timestamps
+        (AVI) can land on the keyframe after it, so while the first frame decoded is later than the
+        keyframe aimed at, it aims at the keyframe before (finally at the start of the stream).
+        """
+        if index is None or not len(index):
+            container.seek(max(0, target), stream=stream, backward=True, any_frame=False)
+            return container.decode(stream)
+        aim = index[index.search_timestamp(target)].timestamp
+        while True:
+            container.seek(aim, stream=stream, backward=True, any_frame=False)
+            frames = container.decode(stream)
+            head = next(frames, None)
+            if head is None or head.pts is None or head.pts <= aim:
+                return itertools.chain([] if head is None else [head], frames)
+            earlier = index[index.search_timestamp(aim - 1)].timestamp
+            if earlier >= aim:  # no keyframe before it: decode from the start
+                container.seek(0)
+                return container.decode(stream)
+            aim = earlier
 
     def get_video(self) -> AVData:
         """All frames of the video stream (Energon: no audio)."""

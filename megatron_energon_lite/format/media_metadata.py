@@ -321,7 +321,9 @@ def av_metadata_of_file(file: IO[bytes]) -> dict[str, Any]:
     return {name: fields[name] for name in _AV_FIELDS if fields.get(name) is not None}
 
 
-def _to_seconds(ticks: int | None, stream) -> float | int | None:
+def stream_seconds(ticks: int | None, stream) -> float | int | None:
+    """A timestamp or duration in ``stream``'s ticks as seconds from the stream's start, computed as
+    Energon does (``(ticks - start_time) * float(time_base)``, so the floats are Energon's too)."""
     if ticks is None:
         return None
     if stream.start_time is not None:
@@ -329,7 +331,7 @@ def _to_seconds(ticks: int | None, stream) -> float | int | None:
     return ticks * float(stream.time_base) if stream.time_base is not None else ticks
 
 
-def _last_end(items: Iterable) -> int | None:
+def last_end(items: Iterable) -> int | None:
     """End timestamp (pts + duration) of the last packet or frame that has a pts."""
     last = None
     for item in items:
@@ -347,8 +349,8 @@ def _video_fields(container, stream) -> dict[str, Any]:
             if packet.pts is not None:
                 num_frames += 1
                 last = packet
-        ticks = _last_end([last] if last is not None else [])
-    duration = _to_seconds(ticks, stream)
+        ticks = last_end([last] if last is not None else [])
+    duration = stream_seconds(ticks, stream)
     if num_frames is None:
         num_frames = sum(1 for packet in container.demux(video=0) if packet.pts is not None)
     if stream.average_rate is not None:
@@ -378,14 +380,14 @@ def _audio_fields(container, stream) -> dict[str, Any]:
         num_samples += frame.samples
         if frame.pts is not None:
             frames_with_pts[:] = [frame]
-    ticks = _last_end(frames_with_pts)
+    ticks = last_end(frames_with_pts)
     if ticks is None:
         ticks = stream.duration
     if ticks is None:
         container.seek(0)
-        ticks = _last_end(container.demux(audio=0))
+        ticks = last_end(container.demux(audio=0))
     return {
-        "audio_duration": _to_seconds(ticks, stream),
+        "audio_duration": stream_seconds(ticks, stream),
         "audio_channels": stream.channels,
         "audio_sample_rate": stream.sample_rate,
         "audio_num_samples": num_samples,

@@ -49,6 +49,7 @@ __all__ = [
     "combine_shuffle_over_epochs",
     "is_metadataset_path",
     "load_blend_plan",
+    "resolved_splits",
     "single_dataset_plan",
     "with_subflavors",
     "with_subset",
@@ -336,6 +337,37 @@ def load_blend_plan(source: Any, split_part: str, *, training: bool, check_datas
     return plan
 
 
+def resolved_splits(source: Any) -> dict[str, Any]:
+    """The ``splits`` of a metadataset file (or dict) as written, with every ``path`` resolved
+    against the YAML file (URLs as written) and every ``aux:`` source as an :class:`AuxSource` (what Energon's
+    ``MetadatasetV2.splits`` holds, as plain data).  Nothing else is checked or opened."""
+    if isinstance(source, Mapping):
+        parser, raw = _Parser(Path.cwd(), "<metadataset dict>", (), check_datasets=False, keep_urls=True), source
+    else:
+        path = as_path(source).resolve()
+        parser, raw = _Parser(path.parent, str(path), (path,), check_datasets=False, keep_urls=True), load_structured(path)
+    top = check_mapping(raw, file=parser.file, key_path="", allowed=None, required=("splits",))
+
+    def resolve(node: Any, key_path: str) -> Any:
+        if isinstance(node, list):
+            return [resolve(item, f"{key_path}[{i}]") for i, item in enumerate(node)]
+        if not isinstance(node, Mapping):
+            return node
+        out = {}
+        for key, value in node.items():
+            where = f"{key_path}.{key}"
+            if key == "path" and isinstance(value, str):
+                out[key] = str(parser._resolve(value, where))
+            elif key == "aux" and value is not None:
+                out[key] = parser._aux(value, where)
+            else:
+                out[key] = resolve(value, where)
+        return out
+
+    splits = check_mapping(top["splits"], file=parser.file, key_path="splits", allowed=None)
+    return {str(name): resolve(node, f"splits.{name}") for name, node in splits.items()}
+
+
 class Blender:
     """A blend built in Python: ``Blender([(path, 0.6), (path, 0.3), (path, 0.1)])``.
 
@@ -413,12 +445,14 @@ def _range_bound(value: Any, where: str) -> tuple[str, float | int | None]:
 class _Parser:
     """Reads one metadataset file (or dict); ``chain`` holds the files being read, for cycles."""
 
-    def __init__(self, base: AnyPath, file: str, chain: tuple[AnyPath, ...], *, check_datasets: bool = True) -> None:
+    def __init__(self, base: AnyPath, file: str, chain: tuple[AnyPath, ...], *, check_datasets: bool = True, keep_urls: bool = False) -> None:
         self.base = base
         self.file = file
         self.chain = chain
         #: False: datasets are not opened (``traverse_metadataset`` lists missing ones too).
         self.check_datasets = check_datasets
+        #: True: URLs stay as written (``dss://NAME@VERSION`` is not replaced by its cache folder).
+        self.keep_urls = keep_urls
 
     def where(self, key_path: str) -> str:
         return f"{self.file}: {key_path}"
@@ -654,6 +688,8 @@ class _Parser:
         (also when the YAML file itself is remote)."""
         if not isinstance(value, str) or not value:
             raise ConfigError(format_message("invalid path", where=self.where(key_path), expected="a path relative to the YAML file, or absolute", found=repr(value)))
+        if self.keep_urls and "://" in value:
+            return value
         path = as_path(value)
         if isinstance(path, RemotePath) or path.is_absolute():
             return path.resolve()

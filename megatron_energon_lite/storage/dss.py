@@ -17,7 +17,7 @@ import os
 from pathlib import PurePosixPath
 from typing import Any, Callable
 
-from ..errors import ConfigError, format_message
+from ..errors import ConfigError, DssPathError, format_message
 
 DSS_PREFIX = "dss://"
 CACHE_VARIABLE = "NVDATASET_CACHE_DIR"
@@ -39,10 +39,10 @@ def resolve_dots(path: PurePosixPath, original: object) -> PurePosixPath:
 
 
 def dss_name_version(first: str, original: object) -> tuple[str, str]:
-    """``"NAME@VERSION"`` -> ``("NAME", "VERSION")``; a :class:`ConfigError` without a version."""
+    """``"NAME@VERSION"`` -> ``("NAME", "VERSION")``; a :class:`DssPathError` without a version."""
     name, sep, version = first.rpartition("@")
     if not sep or not name or not version:
-        raise ConfigError(
+        raise DssPathError(
             format_message(
                 "DSS paths must include a dataset version separated by '@'",
                 expected="dss://NAME@VERSION/path",

@@ -161,3 +161,22 @@ def test_suite_runs_original_tests_through_the_switch(tmp_path: Path) -> None:
     )
     result = suite.run_file(sys.executable, tmp_path, "tests/test_probe.py", 120, 300, tmp_path / "log.txt", (suite.SWITCH_PLUGIN,))
     assert result["passed"] == ["tests/test_probe.py::test_energon_is_us"], (tmp_path / "log.txt").read_text()[-3000:]
+
+
+def test_suite_stub_lets_a_torchvision_test_file_collect(tmp_path: Path) -> None:
+    """With the stub on PYTHONPATH a file importing torchvision.transforms at the top collects; the
+    test that uses torchvision is skipped, the others run."""
+    suite = _suite_module()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_tv.py").write_text(
+        "import torchvision.transforms as transforms\n\n"
+        "def test_uses_torchvision():\n"
+        "    transforms.Resize((2, 2))\n\n"
+        "def test_does_not():\n"
+        "    assert not hasattr(transforms, '__wrapped__')\n"
+    )
+    stub = suite.write_torchvision_stub(tmp_path / "stubs")
+    result = suite.run_file(sys.executable, tmp_path, "tests/test_tv.py", 120, 300, tmp_path / "log.txt", (), (stub,))
+    log = (tmp_path / "log.txt").read_text()
+    assert result["passed"] == ["tests/test_tv.py::test_does_not"] and result["skipped"] == 1, log[-3000:]
+    assert "torchvision.transforms.Resize was used" in log

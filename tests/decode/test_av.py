@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import pickle
 import tracemalloc
 
@@ -17,6 +18,7 @@ from megatron_energon_lite import DecodeError, SampleDecoder
 from megatron_energon_lite.decode.av import (
     AVData,
     AVDecoder,
+    AVProbeIndex,
     get_clips_uniform,
     get_single_frames_uniform,
 )
@@ -159,6 +161,91 @@ def test_zero_length_audio_has_no_clips() -> None:
 
     header = b"RIFF" + struct.pack("<I", 36) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, 16000, 32000, 2, 16) + b"data" + struct.pack("<I", 0)
     assert AVDecoder(header, name="sample 'empty'").get_audio_clips([(0.0, 1.0)]) == ([], [])
+
+
+# --- the probe index; AVI, which FFmpeg seeks by decode timestamps ----------------------------
+
+
+def packet_times(data: bytes) -> list[float]:
+    """Seconds at which each frame is shown, in presentation order, as PyAV's demuxer reports them."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        return sorted(float(p.pts * stream.time_base) for p in container.demux(stream) if p.pts is not None)
+
+
+def test_the_probe_index_lists_the_packets_and_finds_keyframes() -> None:
+    data = make_video(frames=24, fps=8, gop=8)  # keyframes at frames 0, 8 and 16
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        next(container.demux(stream))  # the index reads from the start, whatever the position
+        index = AVProbeIndex(container, 0)
+        tick = round(1 / (8 * stream.time_base))  # one frame in the stream's time base
+        assert len(index) == 24 == stream.frames
+        assert [e.timestamp for e in index] == [i * tick for i in range(24)]
+        assert [i for i, e in enumerate(index) if e.is_keyframe] == [0, 8, 16]
+        assert [index.search_timestamp(8 * tick), index.search_timestamp(11 * tick), index.search_timestamp(11 * tick, backward=False)] == [8, 8, 16]
+        assert index.search_timestamp(11 * tick, any_frame=True) == 11 and index.search_timestamp(11 * tick + 1, backward=False, any_frame=True) == 12
+        assert index.search_timestamp(-5) == 0 and index.search_timestamp(17 * tick, backward=False) == -1
+        assert index[-1].timestamp == 23 * tick and index.end == 24 * tick
+        # It leaves the container at the start: every frame decodes after it.
+        assert len(list(container.decode(stream))) == 24
+
+
+@pytest.mark.parametrize("gop", [1, 4])
+def test_every_frame_of_an_avi_is_found_by_its_time(gop: int) -> None:
+    """A clip starting at a frame holds that frame.  FFmpeg seeks AVI by decode timestamps, which
+    H.264 puts a frame before the presentation ones: seeking to a keyframe's time can land on the
+    next keyframe (every frame, with gop=1); the decoder then seeks to the keyframe before."""
+    data = make_video(frames=16, fps=8, gop=gop, container_format="avi")
+    times = packet_times(data)
+    decoder = AVDecoder(data)
+    assert gray(decoder.get_video().video_clips[0]) == list(range(16))
+    clips, stamps = decoder.get_video_clips([(t, t) for t in times] + [(t + 0.06, t + 0.06) for t in times])
+    assert [gray(c) for c in clips] == [[i] for i in range(16)] * 2
+    assert [start for start, _ in stamps] == times * 2
+
+
+@pytest.fixture(scope="module")
+def avi_dropped() -> bytes:
+    """24 frames at 8 fps, frame 5 dropped: 23 frames, and a gap in the timestamps."""
+    return make_video(frames=24, fps=8, gop=8, container_format="avi", dropped=[5])
+
+
+def test_frame_numbers_count_the_frames_shown(avi_dropped: bytes) -> None:
+    """Frame n is the n-th frame on screen (Energon's numbering where it probes), not the frame
+    shown at n / fps seconds: after a dropped frame, or with a variable frame rate, they differ."""
+    times = packet_times(avi_dropped)
+    ranges = [(3, 5), (21, 40), (23, 30), (0, float("inf")), (-3, 1)]
+    clips, stamps = AVDecoder(avi_dropped).get_video_clips(ranges, video_unit="frames")
+    shown = [0, 1, 2, 3, 4] + list(range(6, 24))
+    assert [gray(c) for c in clips] == [[3, 4, 6], [22, 23], shown, [0, 1]]  # frames 23.. do not exist: no clip
+    assert [start for start, _ in stamps] == [times[3], times[21], times[0], times[0]]
+
+
+def test_frame_count_and_durations_follow_energons_rules(avi_dropped: bytes) -> None:
+    """The AVI header counts the dropped frame's slot; Energon counts the packets with a timestamp.
+    Durations are Energon's floats, to the last bit."""
+    with av.open(io.BytesIO(avi_dropped)) as container:
+        assert container.streams.video[0].frames == 24
+    decoder = AVDecoder(avi_dropped)
+    meta = decoder.get_metadata()
+    assert meta.video_num_frames == 23 and decoder.get_video_duration(get_frame_count=True) == (meta.video_duration, 23)
+    theirs = energon_av().AVDecoder(io.BytesIO(avi_dropped))
+    assert dataclasses.asdict(meta) == dataclasses.asdict(theirs.get_metadata())
+    assert decoder.get_video_duration(get_frame_count=True) == theirs.get_video_duration(get_frame_count=True)
+
+
+def test_the_probe_index_is_energons(avi_dropped: bytes, video: bytes) -> None:
+    their_index = pytest.importorskip("megatron.energon.av.av_reader").AVProbeIndex
+    for data in (avi_dropped, video, make_video(frames=16, gop=1, container_format="avi")):
+        with av.open(io.BytesIO(data)) as a, av.open(io.BytesIO(data)) as b:
+            ours, theirs = AVProbeIndex(a, 0), their_index(b, 0)
+            assert [(e.timestamp, e.is_keyframe) for e in ours] == [(e.timestamp, e.is_keyframe) for e in theirs]
+            last = ours[len(ours) - 1].timestamp
+            for stamp in range(-1, last + 3, max(1, last // 50)):
+                for backward, any_frame in itertools.product((True, False), repeat=2):
+                    kwargs = {"backward": backward, "any_frame": any_frame}
+                    assert ours.search_timestamp(stamp, **kwargs) == theirs.search_timestamp(stamp, **kwargs), (stamp, kwargs)
 
 
 # --- Energon's AVDecoder on the same files ---------------------------------------------------------

@@ -1,14 +1,17 @@
-"""Energon's ``megatron.energon.av.av_reader``: names kept for imports, not implemented.
+"""Energon's ``megatron.energon.av.av_reader``: the keyframe probe index, and the reader names.
 
-Energon's probe index and frame readers are internals of its decoder; this package seeks and
-decodes in :mod:`megatron_energon_lite.decode.av` instead. The names exist so that modules which
-import them still load; using one raises :class:`~megatron_energon_lite.errors.NotSupportedError`.
+:class:`AVProbeIndex` and :class:`AVProbeIndexEntry` are :mod:`megatron_energon_lite.decode.av`'s
+(the index the decoder seeks and counts frames with).  Energon's frame readers are internals of
+its decoder; this package seeks and decodes in ``AVDecoder`` instead, so those names exist only so
+that modules which import them still load, and using one raises
+:class:`~megatron_energon_lite.errors.NotSupportedError`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...decode.av import AVProbeIndex, AVProbeIndexEntry
 from ...errors import NotSupportedError, format_message
 
 __all__ = ["AVProbeIndex", "AVProbeIndexEntry", "AVReader", "AVReaderByFrames", "AVReaderByPts"]
@@ -26,8 +29,6 @@ def _not_supported(name: str) -> type:
     return type(name, (), {"__init__": __init__, "__module__": __name__, "__doc__": f"Energon's {name} (not implemented here)."})
 
 
-AVProbeIndexEntry = _not_supported("AVProbeIndexEntry")
-AVProbeIndex = _not_supported("AVProbeIndex")
 AVReader = _not_supported("AVReader")
 AVReaderByFrames = _not_supported("AVReaderByFrames")
 AVReaderByPts = _not_supported("AVReaderByPts")

@@ -7,12 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..epathlib import EPath
+from ...errors import NotSupportedError, format_message
 from ...format.join import prepare_metadataset_joins
 from ...format.metadataset import Blender, load_blend_plan, single_dataset_plan
 from ...loader.api import plan_spec
 from ...storage import as_path
 from ...worker import WorkerConfig
 from ..wrappers.compose import PLAN_BLEND_MODES, DatasetBlendMode, loaded_datasets
+from .splits import splits_view
 from .loader_interface import (
     DatasetLoaderInterface,
     LoadedDatasetList,
@@ -82,6 +84,14 @@ class DatasetLoader(_PlanLoader):
 
 class MetadatasetV2(_PlanLoader):
     """A metadataset YAML (``__class__: MetadatasetV2``)."""
+
+    @property
+    def splits(self) -> dict[str, Any]:
+        """Energon's parsed ``splits``: the YAML's splits as objects, read again on each access
+        (see :mod:`megatron_energon_lite.energon.metadataset.splits`)."""
+        if isinstance(self.source, Blender):
+            raise NotSupportedError(format_message("a Blender has no YAML splits to show", found=f"MetadatasetV2 of a Blender with {len(self.source.entries)} entries", fix="read the Blender's entries instead"))
+        return splits_view(self.source)
 
     def _plan(self, split_part: str, *, check_datasets: bool = True) -> Any:
         return load_blend_plan(self.source if isinstance(self.source, (Mapping, Blender)) else str(self.source), split_part, training=True, check_datasets=check_datasets)

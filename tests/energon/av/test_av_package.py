@@ -46,8 +46,9 @@ def test_webdataset_decoder_modes() -> None:
 
 
 def test_reader_internals_are_named_but_not_supported() -> None:
-    from megatron_energon_lite.energon.av.av_reader import AVProbeIndex
+    from megatron_energon_lite.energon.av.av_reader import AVProbeIndex, AVReaderByFrames
 
-    with pytest.raises(NotSupportedError, match="AVProbeIndex is not implemented"):
-        AVProbeIndex(None, 0)
+    assert AVProbeIndex is decode_av.AVProbeIndex  # the probe index is ours (tests/decode/test_av.py)
+    with pytest.raises(NotSupportedError, match="AVReaderByFrames is not implemented"):
+        AVReaderByFrames(None, 0)
     assert issubclass(NotSupportedError, NotImplementedError)

@@ -19,6 +19,8 @@ from megatron_energon_lite import (
     traverse_metadataset,
 )
 from megatron_energon_lite.energon.epathlib import EPath
+from megatron_energon_lite.errors import NotSupportedError
+from megatron_energon_lite.format.metadataset import Blender
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.energon.metadataset import DatasetLoader, MetadatasetV2
 from megatron_energon_lite.energon.metadataset.loader_interface import DatasetBlendMode
@@ -120,3 +122,24 @@ def test_get_val_datasets_is_energons(root: Path) -> None:
     theirs = energon.get_val_datasets(root / "blend.yaml", split_part="train", worker_config=energon.WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=4)
     theirs = [(len(ds), type(factory).__name__, Path(str(factory.path)).name, factory.subflavors) for ds, factory in theirs]
     assert _val_entries(get_val_datasets, root) == theirs
+
+
+def test_splits_are_the_yaml_with_resolved_paths(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MetadatasetV2.splits, which Energon fills with its parsed config and clients read: the
+    YAML's entries as objects, paths absolute EPaths (URLs as written), aux sources typed."""
+    from megatron_energon_lite.energon.metadataset.metadataset_v2 import AuxDatasetReference, AuxFilesystemReference
+
+    (tmp_path / "meta.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - weight: 2\n        path: {root / 'a'}\n        aux:\n          media: filesystem://media\n          other: ../other\n"
+        "      - path: dss://charts@v0\n        subflavors: {src: dss}\n"
+    )
+    mds = load_dataset(tmp_path / "meta.yaml")
+    train = mds.splits["train"]
+    first, second = train.blend
+    assert (first.weight, first.path, second.weight, second.subflavors) == (2, EPath(root / "a"), None, {"src": "dss"})
+    assert first.aux == {"media": AuxFilesystemReference(EPath(tmp_path / "media")), "other": AuxDatasetReference(EPath(tmp_path.parent / "other"))}
+    assert isinstance(second.path, EPath) and second.path.url == "dss://charts@v0"
+    assert list(load_dataset(root / "blend.yaml").splits) == ["train"]
+    with pytest.raises(NotSupportedError, match="Blender"):
+        MetadatasetV2(Blender([(root / "a", 1.0)])).splits
