@@ -191,6 +191,16 @@ class Node(Generic[T]):
     def restore(self, restore_key: tuple) -> T:
         raise NotImplementedError(f"{type(self).__name__} cannot rebuild items from restore keys")
 
+    def draws_with_replacement(self) -> bool:
+        """Whether one epoch may yield a sample more than once (slices drawn with replacement)."""
+        return any(source.draws_with_replacement() for source in self.inputs())
+
+    def restore_key_problem(self, key: tuple) -> str | None:
+        """What a restore key of this stage's items must look like, when ``key`` (from a saved
+        state) cannot be one; None when it can, or when this stage cannot tell without
+        rebuilding the item. Checked before a restore trusts the key (a shuffle buffer's)."""
+        return None
+
     def check_state(self, state: State, *keys: str) -> State:
         """Checks that ``state`` was written by this kind of stage and has ``keys``.
 
@@ -239,6 +249,9 @@ class PassThroughNode(OneSourceNode[T]):
 
     def restore(self, restore_key: tuple) -> T:
         return self.source.restore(restore_key)
+
+    def restore_key_problem(self, key: tuple) -> str | None:
+        return self.source.restore_key_problem(key)
 
     def undelivered(self) -> Remainder:
         return self.source.undelivered()
@@ -298,6 +311,18 @@ def set_restore_key(item: Any, key: tuple) -> Any:
     elif hasattr(item, "__restore_key__"):
         object.__setattr__(item, "__restore_key__", key)
     return item
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def tagged_key_problem(key: tuple, tag: str, sources: Sequence[Node[Any]]) -> str | None:
+    """:meth:`Node.restore_key_problem` of a stage whose keys are ``(tag, source index, *key of
+    that source's item)`` (a blend, a concatenation)."""
+    if len(key) < 2 or key[0] != tag or not _is_int(key[1]) or not 0 <= key[1] < len(sources):
+        return f"[{tag!r}, source index < {len(sources)}, *item key]"
+    return sources[key[1]].restore_key_problem(key[2:])
 
 
 def as_key(value: Any) -> tuple:
