@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from energon_lite_dev.synthetic import write_numbered_shards
+from storage.conftest import fault_proxy, s3_server, s3_url  # noqa: F401 - tests/storage's S3 fixtures
 
 from megatron_energon_lite.cache import WebdatasetFileStore
 from megatron_energon_lite.format.prepare import prepare_dataset
