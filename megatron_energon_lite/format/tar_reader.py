@@ -297,6 +297,19 @@ def _iter_view(view: memoryview, base_offset: int, where: str, verify_checksums:
     return base_offset + pos
 
 
+def header_name(block: bytes) -> str | None:
+    """The member name a single ustar header block holds (name, with its prefix), or None for a
+    block that is not a regular file's header. A GNU long name or a PAX path sits in blocks
+    before it: then this is not the whole name, and a caller that must know parses from there."""
+    if len(block) < BLOCK or block[156:157] not in _REGULAR_TYPES or not _checksum_ok(block[:BLOCK]):
+        return None
+    name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    prefix = block[345:500].split(b"\0", 1)[0]
+    if prefix and block[257:265] == b"ustar\x0000":  # POSIX ustar; GNU keeps other fields there
+        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+    return name
+
+
 def split_name(name: str) -> tuple[str, str] | None:
     """``"a/b.c/d.e.f"`` -> ``("a/b.c/d", "e.f")``; None for members that are not sample parts."""
     if _META_NAME.match(name):

@@ -223,4 +223,4 @@ class SliceSource(Node):
     def restore(self, restore_key: tuple):
         if len(restore_key) != 2 or restore_key[0] != RESTORE_TAG:
             raise ValueError(f"not a {RESTORE_TAG} restore key: {restore_key!r}")
-        return self.loader.load(int(restore_key[1]))
+        return self.loader.load(int(restore_key[1]), check_key=True)
