@@ -39,7 +39,7 @@ from .handover.bundles import (
 )
 from .handover.queues import DirectForkContext, direct_queues_from_env
 from .handover.slabs import SlabRing, slab_bytes_from_env
-from .rank_state import REDISTRIBUTED_FROM, RankState
+from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data
 from .skip_report import SkipLedger
 from .stall import StageTimes, StallClock, StallReport
 from .streams import (
@@ -288,6 +288,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             next_worker=self._next_worker,
             pass_ended=self._pass_ended,
             config=self.savable_dataset.config(),
+            data=self.savable_dataset.data_record(),
         ).to_json()
 
     def _current_worker_states(self) -> tuple[dict | None, ...]:
@@ -299,6 +300,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
+        check_saved_data(state, self.savable_dataset.data_record())
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
@@ -349,6 +351,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         from .elastic import elastic_rank_state
 
+        for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
+            check_saved_data(state, self.savable_dataset.data_record(), where=f"rank {rank}'s state")
         self._restore(elastic_rank_state(states, self.savable_dataset, wc))
 
     def restore_sample(self, restore_key: tuple) -> Any:

@@ -191,6 +191,7 @@ def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> l
                     next_worker=ahead.index(False) if False in ahead else 0,
                     pass_ended=ended.pop(),
                     config=_config_on(config, rank, world_size, num_workers),
+                    data=parsed[0].data,
                 ).to_json(),
                 MOVED_FROM: {"world_size": saved.world_size, "num_workers": saved.num_workers},
             }
