@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from ..errors import DatasetError, format_message
+from ..errors import DatasetError, DecodeError, format_message
 
 BLOCK = 512
 
@@ -358,12 +358,26 @@ def parse_sample(
             return plain
     key: str | None = None
     parts: dict[str, bytes] = {}
+    seen: set[str] = set()
     view = memoryview(buf)
     for member in iter_members(view, base_offset=base_offset, where=where):
         split = split_name(member.name)
         if split is None:
             continue
         member_key, part = split
+        if part in seen and member_key == key:
+            # One sample's problem, not the shard's: a DecodeError, which the error policy handles.
+            raise DecodeError(
+                format_message(
+                    "a sample holds the same member twice: one copy would be lost",
+                    where=f"{where}, member {member.name!r} at byte {member.header_offset}",
+                    expected=f"each part of sample {key!r} once",
+                    found=f"a second {member.name!r}",
+                    fix="re-create the shard with each KEY.PART once (which copy is right cannot be told from the tar), "
+                    "then run `energon-lite prepare` again",
+                )
+            )
+        seen.add(part)
         if key is None:
             key = member_key
         elif member_key != key:
@@ -405,6 +419,7 @@ def _parse_plain_sample(buf: bytes, wanted: frozenset[str] | None) -> tuple[str,
     pos = 0
     key: str | None = None
     parts: dict[str, bytes] = {}
+    seen: set[str] = set()  # every part, wanted or not: a repeated one is the general parser's error
     unpack = _PLAIN_HEADER.unpack_from
     while pos < end:
         if pos + BLOCK > end:
@@ -427,8 +442,9 @@ def _parse_plain_sample(buf: bytes, wanted: frozenset[str] | None) -> tuple[str,
             member_key, part = split
             if key is None:
                 key = member_key
-            elif member_key != key:
+            elif member_key != key or part in seen:
                 return None
+            seen.add(part)
             if wanted is None or part in wanted:
                 parts[part] = buf[data_start:data_end]
         pos = data_start + -(-size // BLOCK) * BLOCK
