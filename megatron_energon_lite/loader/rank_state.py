@@ -99,7 +99,7 @@ class RankState:
             states = [None if s is None else upgrade_v1_worker_state(s) for s in states]
         return cls(
             worker_states=tuple(states),
-            next_worker=check_index(state["next_worker"], workers, "next_worker", of="workers on this rank"),
+            next_worker=check_index(state.get("next_worker"), workers, "next_worker", of="workers on this rank"),
             pass_ended=check_bool(state.get("pass_ended", True), "pass_ended"),
             config=config,
             data=state.get("data"),
