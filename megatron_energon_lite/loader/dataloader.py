@@ -342,7 +342,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if states is None:
             return
         wc = self.worker_config
-        saved = [s.get("config", {}) if isinstance(s, dict) else {} for s in states] if isinstance(states, (list, tuple)) else []
+        saved = [s.get("config") if isinstance(s, dict) and isinstance(s.get("config"), dict) else {} for s in states] if isinstance(states, (list, tuple)) else []
         same_topology = len(states) == wc.world_size and all(
             c.get("worker_config.world_size") == wc.world_size and c.get("worker_config.num_workers") == wc.num_workers for c in saved
         )

@@ -31,6 +31,7 @@ from ..errors import ConfigError, StateError, format_message
 from ..pipeline.blend import BlendNode
 from ..pipeline.node import BlendCursor, Remainder, find_stage, samples_between
 from ..pipeline.passes import on_top
+from ..pipeline.state_check import check_count, invalid, nested
 from ..pipeline.recipe import Recipe
 from ..worker import WorkerConfig
 from .rank_state import (
@@ -71,6 +72,13 @@ def topology_of(states: Sequence[Any]) -> Topology:
     that it holds every rank once, in order."""
     if not isinstance(states, (list, tuple)) or not states or not all(isinstance(s, dict) for s in states):
         raise StateError(format_message("not a global loader state", expected="the list save_state_global() returns, one state per rank", found=type(states).__name__))
+    for rank, state in enumerate(states):
+        with nested(rank):
+            config = state.get("config", {})
+            if not isinstance(config, dict):
+                raise invalid(("config",), "the loader's configuration (an object)", config)
+            check_count(config.get("worker_config.num_workers"), "config", "worker_config.num_workers")
+            check_count(config.get("worker_config.world_size"), "config", "worker_config.world_size")
     worlds = {s.get("config", {}).get("worker_config.world_size") for s in states}
     workers = {s.get("config", {}).get("worker_config.num_workers") for s in states}
     ranks = [s.get("config", {}).get("worker_config.rank") for s in states]
