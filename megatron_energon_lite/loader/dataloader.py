@@ -197,6 +197,16 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             except RuntimeError as exc:
                 self._raise_if_stuck(exc)
                 raise
+            except (ConnectionError, EOFError) as exc:
+                # A worker killed while the main process fetched a batch too large for a slab
+                # (its tensors come over the worker's socket): name the dead worker, as torch does
+                # when it sees the death first.
+                dead = self._dead_workers()
+                if not dead:
+                    raise
+                error = RuntimeError(f"DataLoader worker (pid(s) {', '.join(dead)}) exited unexpectedly while its batch was being received")
+                self._raise_if_stuck(error)
+                raise error from exc
             except StopIteration:
                 self._stream = None
                 self._pass_ended = True
@@ -230,6 +240,18 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if self._iterator is not None:  # persistent workers hold the rotated pipelines
             self._iterator._shutdown_workers()
             self._iterator = None
+
+    def _dead_workers(self, grace_s: float = 5.0) -> list[str]:
+        """``"PID (exit code or signal)"`` of this loader's workers that have exited, waiting up to
+        ``grace_s`` for a death the kernel has not reported yet (a broken connection to a worker
+        comes before its exit status)."""
+        workers = list(getattr(self._iterator, "_workers", None) or ())
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = [w for w in workers if w.exitcode is not None]
+            if dead or not workers or time.monotonic() >= deadline:
+                return [f"{w.pid} ({f'killed by signal {-w.exitcode}' if w.exitcode < 0 else f'exit code {w.exitcode}'})" for w in dead]
+            time.sleep(0.05)
 
     def _raise_if_stuck(self, exc: RuntimeError) -> None:
         """A worker that did not start and was stopped (``worker_start.py``), or that exited after
