@@ -55,7 +55,7 @@ class RecordedKeys:
             self._pid, self._db = os.getpid(), None
             local = local_view(meta_dir(self.root) / INDEX_SQLITE)
             if local is not None:
-                self._shard_ids = {name: i for i, name in enumerate(read_info(self.root).shard_counts)}
+                self._shard_ids = {name: i for i, name in enumerate(read_info(self.root, allow_outside_root=True).shard_counts)}  # the split reader decided
                 self._db = sqlite3.connect(f"file:{local}?mode=ro", uri=True, check_same_thread=False)
         return self._db
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.format.prepare import prepare_dataset
+from test_fuzz_tar import json_places  # this folder's fuzz test: every place in a JSON value
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 
@@ -44,21 +45,13 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return json.loads(json.dumps(states))
 
 
-def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    """Every place in a JSON value, as a path of keys and indexes."""
-    found = [prefix]
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            found += _paths(inner, (*prefix, key))
-    elif isinstance(value, list):
-        for i, inner in enumerate(value):
-            found += _paths(inner, (*prefix, i))
-    return found
-
-
 def _damaged(states: list[dict], place: int, value: Any, delete: bool) -> list:
+    return _changed(states, json_places(states)[place % len(json_places(states))], value, delete)
+
+
+def _changed(states: list, path: tuple, value: Any, delete: bool) -> Any:
+    """A copy of ``states`` with the value at ``path`` replaced by ``value`` or deleted."""
     states = copy.deepcopy(states)
-    path = _paths(states)[place % len(_paths(states))]
     if not path:
         return value
     target = states
@@ -80,6 +73,12 @@ def _assert_clean(result, args: list[str]) -> None:
         assert "Error:" in result.output and "Traceback" not in result.output, result.output
 
 
+def _run_both(files: list[Path], out: Path) -> None:
+    runner = CliRunner()
+    for args in (["checkpoint", "info", *map(str, files)], ["checkpoint", "redist", *map(str, files), "-o", str(out), "--new-world-size", "1"]):
+        _assert_clean(runner.invoke(cli, args), args)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(place=st.integers(0, 10**6), value=json_values, delete=st.booleans(), is_global=st.booleans())
 def test_info_and_redist_of_a_damaged_state_exit_cleanly(saved: list[dict], tmp_path: Path, place: int, value: Any, delete: bool, is_global: bool) -> None:
@@ -93,9 +92,7 @@ def test_info_and_redist_of_a_damaged_state_exit_cleanly(saved: list[dict], tmp_
         files = [folder / f"state_rank{i}.json" for i in range(len(states))]
         for file, state in zip(files, states):
             file.write_text(json.dumps(state))
-    runner = CliRunner()
-    for args in (["checkpoint", "info", *map(str, files)], ["checkpoint", "redist", *map(str, files), "-o", str(folder / "out"), "--new-world-size", "1"]):
-        _assert_clean(runner.invoke(cli, args), args)
+    _run_both(files, folder / "out")
 
 
 @pytest.mark.parametrize(
@@ -109,17 +106,8 @@ def test_info_and_redist_of_a_damaged_state_exit_cleanly(saved: list[dict], tmp_
     ],
 )
 def test_known_damage_exits_cleanly(saved: list[dict], tmp_path: Path, place: tuple, value: Any, delete: bool) -> None:
-    states = copy.deepcopy(saved)
-    target = states[0]
-    for part in place[:-1]:
-        target = target[part]
-    if delete:
-        del target[place[-1]]
-    else:
-        target[place[-1]] = value
+    states = _changed(saved, (0, *place), value, delete)
     files = [tmp_path / f"state_rank{i}.json" for i in range(2)]
     for file, state in zip(files, states):
         file.write_text(json.dumps(state))
-    runner = CliRunner()
-    for args in (["checkpoint", "info", *map(str, files)], ["checkpoint", "redist", *map(str, files), "-o", str(tmp_path / "out"), "--new-world-size", "1"]):
-        _assert_clean(runner.invoke(cli, args), args)
+    _run_both(files, tmp_path / "out")

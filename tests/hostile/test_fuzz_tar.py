@@ -110,15 +110,15 @@ def _fix_checksum(data: bytearray, offset: int) -> None:
         data[offset + 148 : offset + 156] = b"%06o\0 " % sum(header)
 
 
-def _json_places(value, prefix: tuple = ()) -> list[tuple]:
+def json_places(value, prefix: tuple = ()) -> list[tuple]:
     """Every place in a JSON value, as a path of keys and indexes."""
     found = [prefix]
     if isinstance(value, dict):
         for key, inner in value.items():
-            found += _json_places(inner, (*prefix, key))
+            found += json_places(inner, (*prefix, key))
     elif isinstance(value, list):
         for i, inner in enumerate(value):
-            found += _json_places(inner, (*prefix, i))
+            found += json_places(inner, (*prefix, i))
     return found
 
 
@@ -358,7 +358,7 @@ def _run_targets(workdir: Path) -> None:
         pass
     saved_state = json.loads(json.dumps(running.save_state_rank()))
     del running
-    places = _json_places(saved_state)
+    places = json_places(saved_state)
     json_values = st.recursive(
         st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=8),
         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
