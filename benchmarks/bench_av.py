@@ -25,7 +25,7 @@ CHILD_FLAG = "--child"
 
 def generate(root: Path, kind: str, shards: int, per_shard: int) -> None:
     import numpy as np
-    from energon_lite_dev.synthetic import make_audio, make_video, write_tar
+    from megatron_energon_lite.synthetic import make_audio, make_video, write_tar
     from tqdm import tqdm
 
     rng = np.random.default_rng(0)

@@ -25,7 +25,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from energon_lite_dev.synthetic import generate_captioning_dataset
+from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite.format.dataset_config import render_dataset_yaml
 from megatron_energon_lite.format.prepare import prepare_dataset

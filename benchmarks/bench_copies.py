@@ -165,7 +165,7 @@ def main() -> None:
         if args.data_dir is not None:
             root = args.data_dir / "captioning"
         else:
-            from energon_lite_dev.synthetic import prepared_captioning_dataset
+            from megatron_energon_lite.synthetic import prepared_captioning_dataset
 
             root = prepared_captioning_dataset(Path(tmp) / "cap", num_shards=4, samples_per_shard=200, image_size=(256, 256), seed=1)
         print("Bytes written per byte of image in the batches made (uint8 CHW, batch 32, shuffle buffer 100):\n")

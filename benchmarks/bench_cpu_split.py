@@ -105,7 +105,7 @@ def main() -> None:
         if args.data_dir is not None:
             root = args.data_dir / "text"
         else:
-            from energon_lite_dev.synthetic import (
+            from megatron_energon_lite.synthetic import (
                 TEXT_SAMPLE_YAML,
                 generate_text_dataset,
             )

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from energon_lite_dev.synthetic import generate_text_dataset
+from megatron_energon_lite.synthetic import generate_text_dataset
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.format.prepare import prepare_dataset

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from energon_lite_dev.synthetic import (
+from megatron_energon_lite.synthetic import (
     generate_captioning_dataset,
     generate_text_dataset,
 )

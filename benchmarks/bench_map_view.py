@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from energon_lite_dev.synthetic import generate_captioning_dataset
+from megatron_energon_lite.synthetic import generate_captioning_dataset
 from torch.utils.data import DataLoader, RandomSampler
 
 from megatron_energon_lite import DefaultTaskEncoder, SampleDecoder, get_map_dataset

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from energon_lite_dev.synthetic import generate_captioning_dataset
+from megatron_energon_lite.synthetic import generate_captioning_dataset
 
 SCENARIOS = {
     "startup": "CLI startup only (`--help`)",

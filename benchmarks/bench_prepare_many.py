@@ -51,7 +51,7 @@ print(time.perf_counter() - start, len(result.scanned))
 
 
 def generate(root: Path, shards: int, samples_per_shard: int) -> None:
-    from energon_lite_dev.synthetic import make_text, write_tar
+    from megatron_energon_lite.synthetic import make_text, write_tar
 
     for shard in range(shards):
         samples = [
@@ -63,7 +63,7 @@ def generate(root: Path, shards: int, samples_per_shard: int) -> None:
 
 def rewrite_one(root: Path, samples_per_shard: int) -> None:
     """Rewrites the middle shard with ``samples_per_shard + 1`` samples (new size and mtime)."""
-    from energon_lite_dev.synthetic import make_text, write_tar
+    from megatron_energon_lite.synthetic import make_text, write_tar
 
     shards = sorted(root.glob("shards/*/*.tar"))
     path = shards[len(shards) // 2]

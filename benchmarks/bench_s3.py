@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from energon_lite_dev.s3server import S3ServerProcess
-from energon_lite_dev.synthetic import generate_captioning_dataset  # noqa: E402
+from megatron_energon_lite.synthetic import generate_captioning_dataset  # noqa: E402
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
 from megatron_energon_lite.format.prepare import prepare_dataset  # noqa: E402

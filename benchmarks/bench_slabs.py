@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from energon_lite_dev.synthetic import prepared_captioning_dataset
+from megatron_energon_lite.synthetic import prepared_captioning_dataset
 
 from megatron_energon_lite import (
     DefaultTaskEncoder,

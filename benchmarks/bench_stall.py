@@ -29,7 +29,7 @@ TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSamp
 
 
 def ensure_data(root: Path) -> dict[str, Path]:
-    from energon_lite_dev.synthetic import (
+    from megatron_energon_lite.synthetic import (
         generate_captioning_dataset,
         generate_text_dataset,
     )

@@ -139,7 +139,7 @@ def prepared_dataset(base: Path, shards: int) -> Path:
         return root
     if root.exists():
         shutil.rmtree(root)
-    from energon_lite_dev.synthetic import make_text, write_tar
+    from megatron_energon_lite.synthetic import make_text, write_tar
 
     from megatron_energon_lite.format.prepare import prepare_dataset
 

@@ -13,11 +13,10 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from energon_lite_dev.synthetic import make_jpeg, write_tar
-
 from megatron_energon_lite import WorkerConfig, get_loader, get_val_dataset
 from megatron_energon_lite.encoders import AspectRatioGroupingTaskEncoder
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import make_jpeg, write_tar
 
 IMAGE_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: ImageSample\nfield_map:\n  image: jpg\n"
 SHAPES = [(64, 32), (32, 64), (48, 48), (60, 32), (48, 50)]
@@ -26,10 +25,11 @@ SHAPES = [(64, 32), (32, 64), (48, 48), (60, 32), (48, 50)]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--dataset", type=Path, default=None, help="A prepared dataset of your own (ImageSample or CaptioningSample; its val split is read); default: generate a small one under --data-dir.")
     parser.add_argument("--images", type=int, default=100)
     args = parser.parse_args()
-    root = (args.data_dir or Path(tempfile.mkdtemp())) / "images"
-    if not (root / ".nv-meta").is_dir():
+    root = args.dataset or (args.data_dir or Path(tempfile.mkdtemp())) / "images"
+    if args.dataset is None and not (root / ".nv-meta").is_dir():
         write_tar(root / "shards/data-0.tar", [(f"{i:04d}", {"jpg": make_jpeg(*SHAPES[i % len(SHAPES)], seed=i)}) for i in range(args.images)])
         prepare_dataset(root, split_ratio=(0, 1, 0), progress=False, num_workers=1, dataset_yaml=IMAGE_YAML)
     encoder = AspectRatioGroupingTaskEncoder((0.5, 1.0, 2.0), batch_sizes={2.0: 4})

@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-from energon_lite_dev.synthetic import make_audio, write_tar
 
 from megatron_energon_lite import Cooker, DefaultTaskEncoder, Sample, WorkerConfig, basic_sample_keys, get_loader, get_train_dataset, stateless
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import make_audio, write_tar
 
 CRUDE_YAML = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 RATE = 16000
@@ -71,13 +71,14 @@ class FixedClips(DefaultTaskEncoder):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=None, help="Where to generate the dataset (default: a temporary folder).")
+    parser.add_argument("--dataset", type=Path, default=None, help="A prepared dataset of your own (audio clips with captions, as the generated one: a CrudeWebdataset with wav and txt parts); default: generate a small one under --data-dir.")
     parser.add_argument("--samples", type=int, default=48)
     parser.add_argument("--seconds", type=float, default=1.0, help="Clip length in seconds.")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    root = (args.data_dir or Path(tempfile.mkdtemp())) / "audio_captioning"
-    if not (root / ".nv-meta").is_dir():
+    root = args.dataset or (args.data_dir or Path(tempfile.mkdtemp())) / "audio_captioning"
+    if args.dataset is None and not (root / ".nv-meta").is_dir():
         generate(root, args.samples)
 
     ds = get_train_dataset(root, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=args.workers), batch_size=args.batch_size,

@@ -20,8 +20,6 @@ import logging
 import tempfile
 from pathlib import Path
 
-from energon_lite_dev.synthetic import generate_captioning_dataset, generate_text_dataset
-
 from megatron_energon_lite import (
     CaptioningSample,
     DefaultTaskEncoder,
@@ -31,6 +29,7 @@ from megatron_energon_lite import (
     get_train_dataset,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_captioning_dataset, generate_text_dataset
 
 logger = logging.getLogger("blend_mix")
 
@@ -93,6 +92,7 @@ def print_mix(step: int, report: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=None, help="Where to generate the datasets (default: a temporary folder).")
+    parser.add_argument("--blend", type=Path, default=None, help="A metadataset YAML of your own (its datasets' samples must become TextSample, as AllText does); default: generate three datasets and blend them.")
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--every", type=int, default=50, help="Print the realized mix every N batches.")
     parser.add_argument("--mode", choices=("random", "exact"), default="random", help="The YAML's blend_mode.")
@@ -104,7 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="blend_mix_") as tmp:
         data_dir = args.data_dir or Path(tmp)
         data_dir.mkdir(parents=True, exist_ok=True)
-        yaml_path = make_datasets(data_dir, args.mode)
+        yaml_path = args.blend or make_datasets(data_dir, args.mode)
         print(f"blend {yaml_path} (blend_mode: {args.mode}), {args.workers} worker(s)")
         dataset = get_train_dataset(
             yaml_path,

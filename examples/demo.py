@@ -20,7 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from energon_lite_dev.synthetic import generate_demo_dataset
 from tqdm import tqdm
 
 from megatron_energon_lite import (
@@ -37,6 +36,7 @@ from megatron_energon_lite.decode import SampleDecoder
 from megatron_energon_lite.decode.av import get_single_frames_uniform
 from megatron_energon_lite.pipeline.load import SampleLoader
 from megatron_energon_lite.samples import format_value
+from megatron_energon_lite.synthetic import generate_demo_dataset
 
 
 def run_cli(*args: str) -> None:

@@ -19,10 +19,9 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-from energon_lite_dev.synthetic import generate_text_dataset
-
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_text_dataset
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 BATCH = 4
@@ -38,13 +37,14 @@ def loader(data: Path, rank: int, world: int, workers: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--dataset", type=Path, default=None, help="A prepared dataset of your own (TextSample); default: generate a small one under --data-dir.")
     parser.add_argument("--samples", type=int, default=600, help="Samples in the generated dataset (6 shards).")
     parser.add_argument("--fraction", type=float, default=0.4, help="Part of each old rank's share read before saving.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 3 workers on a small machine
-    data = (args.data_dir or Path(tempfile.mkdtemp())) / "texts"
-    if not (data / ".nv-meta").is_dir():
+    data = args.dataset or (args.data_dir or Path(tempfile.mkdtemp())) / "texts"
+    if args.dataset is None and not (data / ".nv-meta").is_dir():
         generate_text_dataset(data, num_shards=6, samples_per_shard=args.samples // 6, min_words=2, max_words=10, seed=5)
         prepare_dataset(data, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
 
@@ -64,7 +64,8 @@ def main() -> None:
 
     epoch = Counter(before + after)
     repeated = [key for key, count in epoch.items() if count > 1]
-    expected = args.samples // 6 * 6
+    # every sample of the epoch: the generated count, or one plain pass over your dataset
+    expected = args.samples // 6 * 6 if args.dataset is None else sum(len(batch.__key__) for batch in loader(data, 0, world=1, workers=0))
     print(f"delivered before the save: {len(before)}, after the restore: {len(after)}, distinct: {len(epoch)} of {expected}")
     print(f"repeated: {len(repeated)}, missing: {expected - len(epoch)}")
     ok = not repeated and len(epoch) == expected

@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from energon_lite_dev.synthetic import generate_text_dataset
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.encoders import PackedTextSample, TextPackingTaskEncoder
 from megatron_energon_lite.errors import ConfigError, StateError, format_message
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_text_dataset
 
 NEEDS = "this example needs a GPU and `pip install megatron-core==0.16.1`"
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"

@@ -15,11 +15,10 @@ import logging
 import tempfile
 from pathlib import Path
 
-from energon_lite_dev.synthetic import generate_text_dataset
-
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.encoders import TextPackingTaskEncoder
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import generate_text_dataset
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 
@@ -31,13 +30,14 @@ def byte_tokenizer(text: str) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--dataset", type=Path, default=None, help="A prepared dataset of your own (TextSample); default: generate a small one under --data-dir.")
     parser.add_argument("--seq-length", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    data = (args.data_dir or Path(tempfile.mkdtemp())) / "texts"
-    if not (data / ".nv-meta").is_dir():
+    data = args.dataset or (args.data_dir or Path(tempfile.mkdtemp())) / "texts"
+    if args.dataset is None and not (data / ".nv-meta").is_dir():
         generate_text_dataset(data, num_shards=4, samples_per_shard=200, min_words=5, max_words=150, seed=1)
         prepare_dataset(data, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML)
 

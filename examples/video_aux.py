@@ -20,8 +20,6 @@ import json
 import tempfile
 from pathlib import Path
 
-from energon_lite_dev.synthetic import make_video, write_tar
-
 from megatron_energon_lite import (
     Cooker,
     DefaultTaskEncoder,
@@ -38,6 +36,7 @@ from megatron_energon_lite.decode.av import get_single_frames_uniform
 from megatron_energon_lite.format.media_metadata import MediaFilter
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.energon.media.filesystem_prepare import prepare_media_folder
+from megatron_energon_lite.synthetic import make_video, write_tar
 
 CRUDE_YAML = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 METADATASET_YAML = """\

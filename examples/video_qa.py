@@ -15,11 +15,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from energon_lite_dev.synthetic import make_video, write_tar
-
 from megatron_energon_lite import DefaultTaskEncoder, VidQASample, WorkerConfig, get_loader, get_train_dataset, stateless
 from megatron_energon_lite.decode.av import get_single_frames_uniform
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.synthetic import make_video, write_tar
 
 VIDQA_YAML = """\
 sample_type:
@@ -62,6 +61,7 @@ class UniformFrames(DefaultTaskEncoder):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=None, help="Where to generate the dataset (default: a temporary folder).")
+    parser.add_argument("--dataset", type=Path, default=None, help="A prepared dataset of your own (videos with questions, as the generated one: a CrudeWebdataset with mp4 and json parts); default: generate a small one under --data-dir.")
     parser.add_argument("--samples", type=int, default=48)
     parser.add_argument("--frames", type=int, default=8, help="Frames per video.")
     parser.add_argument("--size", default="64x48", help="Frame size WIDTHxHEIGHT.")
@@ -69,8 +69,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     size = tuple(int(v) for v in args.size.lower().split("x"))
-    root = (args.data_dir or Path(tempfile.mkdtemp())) / "video_qa"
-    if not (root / ".nv-meta").is_dir():
+    root = args.dataset or (args.data_dir or Path(tempfile.mkdtemp())) / "video_qa"
+    if args.dataset is None and not (root / ".nv-meta").is_dir():
         generate(root, args.samples)
 
     ds = get_train_dataset(root, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=args.workers), batch_size=args.batch_size,

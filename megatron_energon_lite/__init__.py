@@ -86,6 +86,8 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
         get_savable_loader,
         get_train_dataset,
         get_val_dataset,
+    )
+    from .energon.task_encoder.loader import (
         get_val_datasets,
     )
     from .loader.dataloader import (
@@ -219,7 +221,7 @@ _LAZY: dict[str, str] = {
     "get_savable_loader": ".loader.api",
     "get_train_dataset": ".loader.api",
     "get_val_dataset": ".loader.api",
-    "get_val_datasets": ".loader.api",
+    "get_val_datasets": ".energon.task_encoder.loader",
     "MapStyleDataset": ".map_view",
     "get_map_dataset": ".map_view",
     "DatasetLoader": ".energon.metadataset",

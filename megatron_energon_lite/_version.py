@@ -1,1 +1,9 @@
 __version__ = "0.1.0"
+
+#: The Megatron Energon release whose API and dataset format this version provides.
+ENERGON_VERSION = "7.4.1"
+
+#: What the ``as_energon`` switch reports as Energon's version (``megatron.energon.__version__``
+#: and ``importlib.metadata.version("megatron-energon")``): Energon's, marked as ours by a PEP 440
+#: local label, which version comparisons (``packaging``, plain strings) treat as Energon's.
+AS_ENERGON_VERSION = f"{ENERGON_VERSION}+lite.{__version__}"

@@ -22,13 +22,27 @@ How it works:
 3. If the real Energon was imported before the switch, its ``sys.modules`` entries are taken out
    (and one warning says so): the switch wins for every import that follows.  Objects already
    created from the real Energon stay what they are.
-4. Forked dataloader workers inherit ``sys.modules`` and ``sys.meta_path``, so they see the
-   switch too.  Spawned processes start fresh: they see it when the main module imports this
-   module at its top (as the example above does).
+4. Every process of the program sees the switch.  It sets the environment variable
+   ``ENERGON_LITE_AS_ENERGON=1`` (:data:`ENV_VAR`), which child processes inherit, and the
+   package installs a startup hook into site-packages (``megatron_energon_lite_as_energon.pth``)
+   that every new interpreter runs: where the variable is set, it imports this module before
+   the child's own code runs.  Spawned and forkserver children (``DataLoader`` workers with any
+   ``multiprocessing_context``, ``ProcessPoolExecutor``, Python 3.14's default start method) thus
+   resolve ``megatron.energon`` as the parent does; forked ones inherit the parent's module table
+   anyway.  Where the variable is not set, the hook costs one dictionary lookup.  Setting the
+   variable by hand switches a program that does not import this module
+   (``ENERGON_LITE_AS_ENERGON=1 python train.py``); deleting it from ``os.environ`` after the
+   import keeps the children unswitched.
+5. ``importlib.metadata`` finds a ``megatron-energon`` distribution, ours, whose version is
+   ``megatron.energon.__version__``: Energon's version this package provides, with a local
+   label that marks it as ours (:data:`~megatron_energon_lite._version.AS_ENERGON_VERSION`,
+   e.g. ``7.4.1+lite.0.1.0``).  Code that checks Energon's version at import then runs; without
+   the switch, a real Energon installed answers for itself.
 
 Importing the switch also sets :func:`megatron_energon_lite.energon_mode.enabled`, which makes
 the few behaviours where Energon and this package differ on principle follow Energon.
-:func:`uninstall` undoes all of it.
+:func:`uninstall` undoes all of it (and drops the variable, so children started after it are
+not switched).
 """
 
 from __future__ import annotations
@@ -36,19 +50,30 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import logging
+import os
+import pathlib
+import re
 import sys
 import types
 
 from . import energon_mode
+from ._version import AS_ENERGON_VERSION, __version__
 from .energon import ALIASES, ENERGON, OURS, our_module
 
-__all__ = ["ALIASES", "ENERGON", "OURS", "install", "installed", "uninstall"]
+__all__ = ["ALIASES", "DISTRIBUTION", "ENERGON", "ENV_VAR", "OURS", "install", "installed", "uninstall"]
 
 logger = logging.getLogger(__name__)
 
 _PARENT = "megatron"
+
+#: Set by the switch, read by the startup hook of every new interpreter (see the module's docstring).
+ENV_VAR = "ENERGON_LITE_AS_ENERGON"
+
+#: The distribution name the switch answers for in ``importlib.metadata``.
+DISTRIBUTION = "megatron-energon"
 
 
 def _is_energon_name(fullname: str) -> bool:
@@ -74,8 +99,39 @@ class _AliasLoader(importlib.abc.Loader):
             module.__spec__ = self._own_spec
 
 
-class _EnergonFinder(importlib.abc.MetaPathFinder):
-    """Answers for ``megatron.energon`` and its submodules only."""
+def _normalized(name: str) -> str:
+    """A distribution name as ``importlib.metadata`` compares them (PEP 503, with underscores)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+class _EnergonDistribution(importlib.metadata.Distribution):
+    """The ``megatron-energon`` distribution the switch makes: this package under Energon's name."""
+
+    _METADATA = (
+        "Metadata-Version: 2.1\n"
+        f"Name: {DISTRIBUTION}\n"
+        f"Version: {AS_ENERGON_VERSION}\n"
+        f"Summary: megatron-energon-lite {__version__} as megatron.energon (the megatron_energon_lite.as_energon switch)\n"
+    )
+
+    def read_text(self, filename: str) -> str | None:
+        if filename in ("METADATA", "PKG-INFO"):
+            return self._METADATA
+        if filename == "top_level.txt":
+            return _PARENT + "\n"
+        return None
+
+    def locate_file(self, path: str | os.PathLike[str]) -> pathlib.Path:
+        return pathlib.Path(sys.modules[OURS].__file__).parent.parent / path
+
+
+class _EnergonFinder(importlib.metadata.DistributionFinder):
+    """Answers for ``megatron.energon`` and its submodules only, and for the ``megatron-energon``
+    distribution (ahead of an installed one: the finder is first on ``sys.meta_path``)."""
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        if context.name is None or _normalized(context.name) == _normalized(DISTRIBUTION):
+            yield _EnergonDistribution()
 
     def find_spec(self, fullname, path=None, target=None):
         if not _is_energon_name(fullname):
@@ -158,6 +214,9 @@ def install() -> None:
     energon_mode.enable()
     if installed():
         return
+    os.environ[ENV_VAR] = "1"
+    # megatron.energon.__version__ is Energon's as the metadata reports it (see the docstring).
+    sys.modules[OURS].__version__ = AS_ENERGON_VERSION
     present = {name: module for name, module in sys.modules.items() if _is_energon_name(name)}
     real = {name: module for name, module in present.items() if not _is_ours(module)}
     # Entries of the real Energon are replaced by ours where ours is loaded already, and dropped
@@ -188,6 +247,13 @@ def install() -> None:
     _switch.fallback = _ParentFallbackFinder()
     sys.meta_path.insert(0, _switch.finder)
     sys.meta_path.append(_switch.fallback)
+    logger.info(
+        "megatron.energon now resolves to megatron_energon_lite %s (as Energon %s), in this process and in "
+        "the processes it starts (%s=1); megatron_energon_lite.as_energon.uninstall() undoes it",
+        __version__,
+        AS_ENERGON_VERSION,
+        ENV_VAR,
+    )
 
 
 def uninstall() -> None:
@@ -213,6 +279,8 @@ def uninstall() -> None:
             parent.energon = _switch.replaced[ENERGON]
     sys.modules.update(_switch.replaced)
     _switch.replaced = {}
+    os.environ.pop(ENV_VAR, None)
+    sys.modules[OURS].__version__ = __version__
     energon_mode.disable()
     sys.modules.pop(__name__, None)
 

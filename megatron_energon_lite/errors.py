@@ -9,7 +9,8 @@
     │   └── StorageError     object storage failed for good: names the URL, byte range, attempts
     ├── StateError           a checkpoint that cannot be restored into this loader
     ├── DecodeError          a part that cannot be decoded: names the sample key and the part
-    │   └── DecompressionBombError  a part that would decode past a size limit (pixels, bytes)
+    │   └── DecompressionBombError  a part that would decode past a limit (pixels, bytes, JPEG scans)
+    ├── BatchMismatchError   a batch's samples whose data do not batch together (a field's types differ)
     ├── MissingDependencyError  an optional extra is not installed: names the extra
     ├── NotSupportedError    an Energon name that exists here but is not implemented
     └── FatalSampleError     too many consecutive bad samples: the run stops
@@ -30,6 +31,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "AuxFileNotFoundError",
+    "BatchMismatchError",
     "CachePoolClosedError",
     "ConfigError",
     "DatasetError",
@@ -111,10 +113,19 @@ class DecodeError(EnergonLiteError):
 
 
 class DecompressionBombError(DecodeError):
-    """A part would decode to more pixels or bytes than the configured limit, so it was refused
-    before decoding (a decompression bomb, or an honest but huge image). Like any
+    """A part would decode to more pixels or bytes, or take more decode work (JPEG scans), than
+    the configured limit, so it was refused before decoding (a decompression bomb, or an honest
+    but huge image). Like any
     :class:`DecodeError` it concerns one sample, which the loader's error policy may skip; the
     message names the limit and the ``SampleDecoder`` argument that raises it."""
+
+
+class BatchMismatchError(EnergonLiteError, ValueError):
+    """The samples of one batch do not batch together because their data differ: a field's
+    values differ in type, keys or number of dimensions (a JSON part that is a list in one sample
+    and an object in the others). A problem of that batch, which the loader's error policy skips
+    (counting its samples) like a sample that does not decode. Samples of different declared
+    types (dataclasses, namedtuples) are a :class:`ConfigError` instead: the code made them."""
 
 
 class AuxFileNotFoundError(EnergonLiteError, FileNotFoundError, KeyError):
@@ -177,6 +188,9 @@ class SkipRecord(NamedTuple):
     reason: str
     #: The log line.
     message: str
+    #: ``(dataset, shard, samples)`` for every place the skipped samples came from (each sample
+    #: counted where its first source is; None where it names none); they add up to ``samples``.
+    places: tuple[tuple[str | None, str | None, int], ...] = ()
 
 
 #: Skips of the default handler waiting to be sent to the loader's main process (None: not
@@ -217,21 +231,67 @@ def take_skip_reports() -> tuple[tuple[SkipRecord, ...], int]:
     return taken, overflow
 
 
+def _first_source(sources: Any) -> Any:
+    """The first source info (an object with a ``shard_name``) in ``sources``, nested or flat."""
+    if hasattr(sources, "shard_name"):
+        return sources
+    if isinstance(sources, (list, tuple)):
+        for entry in sources:
+            found = _first_source(entry)
+            if found is not None:
+                return found
+    return None
+
+
+def _sources_of(sample: Any) -> Any:
+    return sample.get("__sources__") if isinstance(sample, dict) else getattr(sample, "__sources__", None)
+
+
+def _skipped_samples(sample: Any, sources: Any) -> tuple[list[Any], list[Any]] | None:
+    """The keys of the samples a failure drops and the first source of each (None if unknown);
+    None when ``sample`` is one sample.
+
+    ``sample`` is one sample, a list of samples (a batch's members, a packing buffer) or a batch
+    made of them (its ``__key__`` a list, one key per sample; its ``__sources__`` one entry per
+    sample, or the samples' sources in a row, one each)."""
+    if isinstance(sample, (list, tuple)) and not hasattr(sample, "_fields"):
+        return [_sample_key(member) for member in sample], [_first_source(_sources_of(member)) for member in sample]
+    key = _sample_key(sample)
+    if not isinstance(key, (list, tuple)):
+        return None
+    keys = list(key)
+    own = _sources_of(sample)
+    own = sources if own is None else own
+    if isinstance(own, (list, tuple)) and len(own) == len(keys):
+        return keys, [_first_source(entry) for entry in own]
+    return keys, [_first_source(own)] * len(keys)  # not one entry per sample: all where the first is
+
+
+def _places(firsts: list[Any]) -> tuple[tuple[str | None, str | None, int], ...]:
+    counts: dict[tuple[str | None, str | None], int] = {}
+    for source in firsts:
+        place = (getattr(source, "dataset_path", None), getattr(source, "shard_name", None))
+        counts[place] = counts.get(place, 0) + 1
+    return tuple((dataset, shard, count) for (dataset, shard), count in counts.items())
+
+
 def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:
     """The default error handler: logs the failure with the sample's key (the sample is skipped);
-    inside a loader's worker stream, the main process logs it."""
+    inside a loader's worker stream, the main process logs it. A failure that drops several
+    samples (a batch, a packing buffer) counts each, where it came from."""
     global _skip_overflow
-    if isinstance(sample, (list, tuple)):  # a batch, or a packing buffer: name its members
-        keys = [_sample_key(member) for member in sample]
+    several = _skipped_samples(sample, sources)
+    if several is None:
+        keys, firsts = [_sample_key(sample)], [_first_source(sources)]
+        what = f"sample {keys[0]}"
+    else:  # a batch, or a packing buffer: name its members
+        keys, firsts = several
         shown = ", ".join(map(str, keys[:8])) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
         what = f"{len(keys)} samples [{shown}]"
-    else:
-        keys = [_sample_key(sample)]
-        what = f"sample {keys[0]}"
     stage = _failing_stage
     reason = f"{type(exc).__name__}: {exc}"
     message = f"skipping {what}{f' at {stage}' if stage else ''} (sources {sources}): {reason}"
-    first = next(iter(sources), None) if isinstance(sources, (list, tuple)) else None
+    first = next((source for source in firsts if source is not None), None)
     record = SkipRecord(
         key=keys[0] if keys else None,
         samples=len(keys),
@@ -240,6 +300,7 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -
         stage=stage,
         reason=reason,
         message=message,
+        places=_places(firsts),
     )
     if _skip_reports is None:
         logger.warning("%s", message)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ConfigError, format_message
+from .errors import BatchMismatchError, ConfigError, format_message
 from .worker_slabs import slab_empty
 
 if TYPE_CHECKING:
@@ -521,17 +522,32 @@ def _check_not_empty(values: Sequence[Any], what: str) -> None:
         )
 
 
-def _column(values: Sequence[Any], name: str, get: Callable[[Any, str], Any]) -> list[Any]:
-    """``[get(value, name) for value in values]``, with a clear error if a value lacks ``name``."""
+def _declared(value: Any) -> bool:
+    """Whether ``value`` is an instance of a class the code declares (a dataclass or namedtuple),
+    not data (dicts, lists, scalars, tensors)."""
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or _is_namedtuple(value)
+
+
+def batch_column(values: Sequence[Any], name: str, get: Callable[[Any, str], Any]) -> list[Any]:
+    """``[get(value, name) for value in values]``, or an error naming the field if a value lacks it:
+    :class:`ConfigError` when the values are all of declared classes (samples of different types:
+    the code made them so), else :class:`BatchMismatchError` (the data differ between samples,
+    e.g. a JSON part that is a list in one sample and an object in another), which the loader's
+    error policy handles like a sample that does not decode."""
     try:
         return [get(value, name) for value in values]
-    except (KeyError, AttributeError, TypeError) as exc:
-        raise ConfigError(
+    except (KeyError, AttributeError, TypeError, IndexError) as exc:
+        declared = all(_declared(value) for value in values)
+        error = ConfigError if declared else BatchMismatchError
+        raise error(
             format_message(
                 f"cannot batch field {name!r}: not every value of the batch has it",
                 expected=f"{len(values)} values shaped like the first one ({type(values[0]).__name__})",
                 found="types " + ", ".join(sorted({type(v).__name__ for v in values})) + f" ({type(exc).__name__}: {exc})",
-                fix="give every sample of a batch the same type and keys, or override the task encoder's batch()",
+                fix="give every sample of a batch the same type and keys, or override the task encoder's batch()"
+                if declared
+                else "the samples' data differ in shape, so this batch is skipped by the loader's error policy; to "
+                "keep such samples, make the field uniform in encode_sample or override the task encoder's batch()",
             )
         ) from exc
 
@@ -599,14 +615,25 @@ def batch_pad_stack(values: Sequence[Any]) -> Any:
     """
     _check_not_empty(values, "batch_pad_stack")
     first = values[0]
+    if not all(_is_tensor(v) for v in values):
+        raise BatchMismatchError(
+            format_message(
+                "batch_pad_stack needs tensors, and not every value of the batch is one",
+                expected=f"{len(values)} tensors",
+                found="types " + ", ".join(sorted({type(v).__name__ for v in values})),
+                fix="the samples' data differ, so this batch is skipped by the loader's error policy; to keep "
+                "such samples, make the field uniform in encode_sample, or batch it with batch_list",
+            )
+        )
     shapes = [tuple(v.shape) for v in values]
     if any(len(shape) != len(shapes[0]) for shape in shapes):
-        raise ConfigError(
+        raise BatchMismatchError(
             format_message(
                 "batch_pad_stack needs tensors with the same number of dimensions",
                 expected=f"{len(shapes[0])} dimensions, like the first tensor",
                 found="shapes " + ", ".join(str(shape) for shape in shapes),
-                fix="reshape the values in encode_sample, or batch this field with batch_list",
+                fix="the samples' data differ, so this batch is skipped by the loader's error policy; to keep "
+                "such samples, reshape the values in encode_sample, or batch this field with batch_list",
             )
         )
     if all(shape == shapes[0] for shape in shapes) and all(
@@ -641,21 +668,17 @@ def generic_batch(values: Sequence[Any]) -> Any:
     if _is_tensor(first):
         return batch_pad_stack(values)
     if isinstance(first, dict):
-        return {key: generic_batch(_column(values, key, _getitem)) for key in first}
+        return {key: generic_batch(batch_column(values, key, operator.getitem)) for key in first}
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
         from_samples = getattr(first, "from_samples", None)
         if from_samples is not None:
             return from_samples(values)
         return type(first)(
-            **{f.name: generic_batch(_column(values, f.name, getattr)) for f in dataclasses.fields(first) if f.init}
+            **{f.name: generic_batch(batch_column(values, f.name, getattr)) for f in dataclasses.fields(first) if f.init}
         )
     if _is_namedtuple(first):
-        return type(first)(**{name: generic_batch(_column(values, name, getattr)) for name in first._fields})
+        return type(first)(**{name: generic_batch(batch_column(values, name, getattr)) for name in first._fields})
     return batch_list(values)
-
-
-def _getitem(value: Any, key: str) -> Any:
-    return value[key]
 
 
 T_batch = TypeVar("T_batch", bound="Batch")
@@ -724,7 +747,7 @@ class Batch(_Fields):
                 if any(s.__subflavors__ is not None for s in samples):
                     init[name] = [s.__subflavors__ for s in samples if s.__subflavors__]
             else:
-                init[name] = _column(samples, name, getattr)
+                init[name] = batch_column(samples, name, getattr)
         unknown = sorted(set(overrides) - set(init))
         if unknown:
             raise ConfigError(

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Creates .venv (once) and installs the project with its test and oracle extras, plus the
 # test/dev support package in dev/ (energon_lite_dev: synthetic datasets, a local S3 server) that
-# the tests, examples and benchmarks import. Re-runs the install only when pyproject.toml or
-# dev/pyproject.toml changed. torch is installed first so that no dependency pulls a CUDA build;
-# set TORCH_SPEC to pick another torch (GPU users).
+# the tests, examples and benchmarks import. Re-runs the install only when pyproject.toml,
+# setup.py, the as_energon startup hook (megatron_energon_lite_as_energon.pth, which the install
+# puts into site-packages) or dev/pyproject.toml changed. torch is installed first so that no
+# dependency pulls a CUDA build; set TORCH_SPEC to pick another torch (GPU users).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=${PYTHON:-python3}
@@ -11,7 +12,7 @@ torch_spec=${TORCH_SPEC:-torch==2.13.0}
 if [ ! -x .venv/bin/python ]; then
     "$python_bin" -m venv .venv
 fi
-stamp=".venv/.installed-$(cat pyproject.toml dev/pyproject.toml | sha256sum | cut -c1-16)"
+stamp=".venv/.installed-$(cat pyproject.toml setup.py megatron_energon_lite_as_energon.pth dev/pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "$torch_spec"

@@ -214,7 +214,64 @@ MEGATRON_CORE = """
     assert megatron.energon is megatron_energon_lite
 """
 
+# Real clients call importlib.metadata.version("megatron-energon") at import, unguarded.
+VERSION_PROBE = """
+    import importlib.metadata as md
+    import os
+    from packaging.version import Version
+
+    try:
+        before = md.version("megatron-energon")  # the real Energon, where one is installed
+    except md.PackageNotFoundError:
+        before = None
+    ours = md.version("megatron-energon-lite")
+    import megatron_energon_lite.as_energon as switch
+    import megatron.energon
+    from megatron_energon_lite._version import ENERGON_VERSION
+
+    probed = md.version("megatron-energon")
+    assert probed == megatron.energon.__version__, (probed, megatron.energon.__version__)
+    assert Version(probed).public == ENERGON_VERSION and ours in Version(probed).local, probed
+    assert probed >= "7.0.0" and Version(probed) >= Version("7.0.0")  # the clients' two ways
+    assert md.metadata("megatron_energon")["Name"] == "megatron-energon"
+    assert os.environ[switch.ENV_VAR] == "1"
+
+    switch.uninstall()
+    assert switch.ENV_VAR not in os.environ
+    import megatron_energon_lite
+    assert megatron_energon_lite.__version__ == ours
+    if before is None:
+        try:
+            md.version("megatron-energon")
+        except md.PackageNotFoundError:
+            pass
+        else:
+            raise SystemExit("a megatron-energon distribution outlived the switch")
+    else:
+        assert md.version("megatron-energon") == before  # the real one answers again
+    print("ok")
+"""
+
+SAYS_SO_ONCE = """
+import logging
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record)
+logging.getLogger("megatron_energon_lite").addHandler(Keep())
+logging.getLogger("megatron_energon_lite").setLevel(logging.INFO)
+import megatron_energon_lite.as_energon as switch
+switch.install()  # again: nothing more to say
+import megatron.energon
+said = [r for r in records if r.levelno == logging.INFO and "megatron.energon now resolves to megatron_energon_lite" in r.getMessage()]
+assert len(said) == 1, [r.getMessage() for r in records]
+assert "uninstall()" in said[0].getMessage() and switch.ENV_VAR in said[0].getMessage()
+print("ok")
+"""
+
 CASES = {
+    "says_so_once": SAYS_SO_ONCE,
+    "version_probe": VERSION_PROBE,
     "aliases": ALIASES,
     "from_import": FROM_IMPORT,
     "missing_module": MISSING_MODULE,
@@ -294,3 +351,11 @@ def test_a_placeholder_megatron_parent_when_none_is_installed(runs) -> None:
 
 def test_megatron_core_style_siblings_still_import(runs) -> None:
     finish(runs, "megatron_core")
+
+
+def test_the_switch_says_once_at_info_that_it_took_effect(runs) -> None:
+    assert finish(runs, "says_so_once").strip() == "ok"
+
+
+def test_the_version_probe_answers_with_energons_version_marked_as_ours(runs) -> None:
+    assert finish(runs, "version_probe").strip() == "ok"

@@ -13,9 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_energon_lite.errors import ConfigError
+from megatron_energon_lite.errors import BatchMismatchError, ConfigError
 from megatron_energon_lite.samples import (
     Batch,
+    CaptioningSample,
     Sample,
     SourceInfo,
     TextSample,
@@ -77,8 +78,10 @@ def test_pad_stack_of_equal_shapes_is_a_stack_and_casts_to_the_first_dtype() -> 
 
 
 def test_pad_stack_rejects_mixed_ranks_and_empty_input() -> None:
-    with pytest.raises(ConfigError, match="same number of dimensions"):
+    with pytest.raises(BatchMismatchError, match="same number of dimensions"):  # the data differ: a bad batch
         batch_pad_stack([torch.zeros(2), torch.zeros(2, 2)])
+    with pytest.raises(BatchMismatchError, match="types NoneType, Tensor"):
+        batch_pad_stack([torch.zeros(2), None])
     with pytest.raises(ConfigError, match="no values"):
         generic_batch([])
 
@@ -125,8 +128,11 @@ def test_generic_batch_of_samples_is_a_sample_with_batched_fields() -> None:
 
 
 def test_generic_batch_names_the_missing_key() -> None:
-    with pytest.raises(ConfigError, match="'b'"):
+    with pytest.raises(BatchMismatchError, match="'b'"):  # dicts are data: a bad batch
         generic_batch([{"a": 1, "b": 2}, {"a": 3}])
+    with pytest.raises(ConfigError, match="'image'") as info:  # samples of two declared types: the code's
+        generic_batch([CaptioningSample(__key__="a", image=None, caption="x"), TextSample(__key__="b", text="y")])
+    assert not isinstance(info.value, BatchMismatchError)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

@@ -21,7 +21,7 @@ from golden_pipeline import make_data
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.errors import NotSupportedError
-from megatron_energon_lite.pipeline.node import Node
+from megatron_energon_lite.pipeline.node import Node, PassThroughNode
 from megatron_energon_lite.energon.task_encoder import DefaultTaskEncoder
 from megatron_energon_lite.energon.wrappers import MapDataset, SavableDataset
 
@@ -75,6 +75,44 @@ class Opaque(SavableDataset):
 class OpaqueWrapper(DefaultTaskEncoder):
     def build_batch(self, dataset, **kwargs):
         return Opaque(super().build_batch(dataset, **kwargs))
+
+
+class TallyNode(PassThroughNode[Any]):
+    """A stage of the user's own on the base node contract: counts the batches (its state); it
+    does not implement the elastic protocol."""
+
+    tag = "Tally"
+
+    def __init__(self, source: Node) -> None:
+        super().__init__(source)
+        self.seen = 0
+
+    def next(self) -> Any:
+        item = self.source.next()
+        self.seen += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {"stage": self.tag, "seen": self.seen, "source": self.source.get_state()}
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self.source.reset(None if state is None else state["source"])
+        self.seen = 0 if state is None else state["seen"]
+
+
+class Tallied(Opaque):
+    """The composed pipeline under a TallyNode; the recipe moves to another topology."""
+
+    def build_worker(self, local_worker_id: int) -> Node:
+        return TallyNode(self.inner.build_worker(local_worker_id))
+
+    def with_topology(self, worker_config: WorkerConfig) -> Tallied:
+        return Tallied(self.inner.with_topology(worker_config))
+
+
+class TalliedWrapper(DefaultTaskEncoder):
+    def build_batch(self, dataset, **kwargs):
+        return Tallied(super().build_batch(dataset, **kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -148,15 +186,26 @@ def test_a_composition_of_its_own_keeps_the_exact_blend_and_elastic_resume(data:
     assert texts and all(text == text.upper() for text in texts)
 
 
-def test_a_stage_of_the_users_own_is_named_at_build_time_and_refused_on_another_topology(data: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.loader"):
-        loader = _loader(data, OpaqueWrapper())
-    assert "Opaque" in caplog.text and "restore_state_global" in caplog.text
+def _restored_here_but_refused_on_another_topology(data: Path, encoder: type, named: str) -> None:
+    loader = _loader(data, encoder())
     _keys(loader, 3)
     state = loader.save_state_rank()
-    same = _loader(data, OpaqueWrapper())
+    same = _loader(data, encoder())
     same.restore_state_rank(state)  # the same topology restores exactly
     assert _keys(same, 4) == _keys(loader, 4)
-    moved = _loader(data, OpaqueWrapper(), workers=1)
-    with pytest.raises(NotSupportedError, match="Opaque"):
+    moved = _loader(data, encoder(), workers=1)
+    with pytest.raises(NotSupportedError, match=named):
         moved.restore_state_global([state])
+
+
+def test_a_stage_of_the_users_own_is_named_at_build_time_and_refused_on_another_topology(data: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.loader"):
+        _loader(data, OpaqueWrapper())
+    assert "Opaque" in caplog.text and "restore_state_global" in caplog.text
+    _restored_here_but_refused_on_another_topology(data, OpaqueWrapper, "Opaque")
+
+
+def test_a_node_without_the_elastic_protocol_is_named_when_moved_to_another_topology(data: Path) -> None:
+    """Its recipe moves, but its stage holds state of its own that elastic resume cannot divide:
+    refused, naming the stage (a pass-through stage is not elastic unless it says so)."""
+    _restored_here_but_refused_on_another_topology(data, TalliedWrapper, r"Tally stage \(TallyNode\)")

@@ -186,7 +186,7 @@ def test_val_concatenates_in_yaml_order_without_weights(root: Path) -> None:
     got = [s.__key__ for s in get_loader(get_val_dataset(path, worker_config=config(), batch_size=None))]
     assert len(got) == 85 and [k[0] for k in got] == ["C"] * 30 + ["A"] * 55
     entries = get_val_datasets(path, worker_config=config(), batch_size=5)
-    assert [(Path(d["path"]).name, len(ds)) for ds, d in entries] == [("C", 6), ("A", 11)]
+    assert [(Path(str(factory.path)).name, len(ds)) for ds, factory in entries] == [("C", 6), ("A", 11)]
 
 
 def test_blender_equals_the_yaml(root: Path) -> None:

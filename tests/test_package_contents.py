@@ -1,6 +1,8 @@
-"""The installed package carries no test support: synthetic datasets and the local S3 server live in
-the separate dev distribution (``dev/``, package ``energon_lite_dev``), which the library never
-imports and the ``megatron-energon-lite`` wheel does not contain."""
+"""The installed package carries no test support: the local S3 server, the resume checker and test
+fixtures live in the separate dev distribution (``dev/``, package ``energon_lite_dev``), which the
+library never imports and the ``megatron-energon-lite`` wheel does not contain.  Synthetic datasets
+are the library's (``megatron_energon_lite.synthetic``): the examples make one when no dataset is
+given."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import megatron_energon_lite
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = Path(megatron_energon_lite.__file__).resolve().parent
-MOVED = ("synthetic", "testing")
+MOVED = ("testing", "s3server", "resume")
 DEV_PACKAGE = "energon_lite_dev"
 
 

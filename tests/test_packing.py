@@ -217,11 +217,11 @@ def test_dict_batches_have_no_restore_key_entry_and_still_restore(dataset: Path,
         return get_savable_loader(get_train_dataset(dataset, worker_config=config(workers), batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4, task_encoder=DictEncoder()))
 
     def lengths(batch):
-        assert isinstance(batch, dict) and set(batch) == {"length", "first"}
+        assert type(batch) is dict and set(batch) == {"length", "first"}
         model(**batch)
-        return batch.__restore_key__, batch["length"].tolist()
+        return batch["length"].tolist(), batch["first"].tolist()
 
-    # restore_samples: restore_sample rebuilds each batch, its restore key and lengths.
+    # restore_samples: restore_sample rebuilds each batch (by the loader's last_restore_key).
     check_loader_resume(make, 6, at=(2,), identity=lengths, restore_samples=True)
 
 

@@ -1,6 +1,6 @@
 """Test and development support for megatron-energon-lite; not part of the library.
 
-``synthetic`` writes deterministic synthetic datasets (tests, examples, benchmarks),
+``synthetic`` is the library's megatron_energon_lite.synthetic under its old name,
 ``s3server`` runs a local S3 server (moto) with a fault-injecting proxy, ``states`` reads
 loader states (what an elastic restore carried), and ``resume`` checks that a loader resumes
 exactly from its saved states (``check_loader_resume``). This distribution lives in ``dev/`` of the

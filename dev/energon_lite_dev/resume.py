@@ -43,7 +43,7 @@ def _restore_key(batch: Any) -> tuple | None:
     if isinstance(batch, dict) and "__restore_key__" in batch:
         key = batch["__restore_key__"]
     else:
-        key = getattr(batch, "__restore_key__", None)  # samples, batches, the loader's keyed dicts
+        key = getattr(batch, "__restore_key__", None)  # samples, batches
     return None if key is None else _as_tuple(key)
 
 
@@ -174,6 +174,8 @@ def check_loader_resume(
         def after(k: int, batch: Any) -> None:
             if restore_samples and batch is not None:
                 key = _restore_key(batch)
+                if key is None and getattr(loader, "last_restore_key", None) is not None:
+                    key = _as_tuple(loader.last_restore_key)  # a plain dict: the loader keeps its key
                 assert key is not None, f"restore_samples: the batch of step {k - 1} has no __restore_key__"
                 rebuild.append((k - 1, key))
             if k in wanted:

@@ -326,7 +326,7 @@ def _rate(value: float | None) -> str:
 @click.command(cls=Command)
 @click.argument("path", metavar="DATASET_OR_YAML", type=DATASET_PATH)
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Samples per batch.")
-@click.option("--num-workers", type=click.IntRange(min=0), default=4, show_default=True, help="Dataloader worker processes (0: in this process).")
+@click.option("--num-workers", type=click.IntRange(min=0), default=len(os.sched_getaffinity(0)), show_default="the cores this process may use", help="Dataloader worker processes (0: in this process).")
 @click.option("--task-encoder", default=None, metavar="MODULE:CLASS", help="Task encoder to load with, e.g. my_project.encoders:MyTaskEncoder or path/to/file.py:MyTaskEncoder (default: the default task encoder).")
 @click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True, help="How long to measure, after the first batch.")
 @click.option("--mock-seconds", type=click.FloatRange(min=0), default=None, help="How long to measure the mock ceiling (default: a quarter of --seconds, at least 1 s; 0: skip it).")

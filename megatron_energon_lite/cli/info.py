@@ -22,7 +22,7 @@ from ..format.metadata import (
 from ..format.metadataset import is_metadataset_path
 from ..storage import AnyPath, list_files, local_view
 from .blend_tree import echo_trees, read_trees
-from .params import DATASET_PATH, Command
+from .params import DATASET_PATH, Command, counted
 
 
 def _size(num_bytes: float) -> str:
@@ -66,10 +66,10 @@ def echo_indexed(prefix: AnyPath) -> None:
 
 
 def _describe_config(root: AnyPath, name: str | None) -> str:
-    try:
-        config = load_dataset_config(root, name, trust_dataset_code=False)
-    except EnergonLiteError as exc:
-        return str(exc).splitlines()[0]
+    """The sample type line; raises our error when the dataset yaml exists but cannot be read."""
+    if not (meta_dir(root) / (name or "dataset.yaml")).exists():
+        return f"none ({name or 'dataset.yaml'} not written: prepare with --sample-type, or add it by hand)"
+    config = load_dataset_config(root, name, trust_dataset_code=False)
     if config.kind == "crude":
         return "crude (CrudeWebdataset: samples are dicts, cooked by the task encoder)"
     mapping = ", ".join(f"{k}: {v.expression}" for k, v in config.field_map.items())
@@ -118,11 +118,20 @@ def info(path: AnyPath, split_config: str | None, dataset_config: str | None) ->
         share = 100.0 * resolved.total_samples / total if total else 0.0
         excluded = sum(len(keys) for keys in resolved.excluded_keys.values())
         note = f", {excluded} samples excluded by key" if excluded else ""
-        click.echo(f"  split {split + ':':<6} {len(resolved.shards)} shards, {resolved.total_samples} samples ({share:.1f}%){note}")
-    click.echo(f"  sample type: {_describe_config(path, dataset_config)}")
+        click.echo(f"  split {split + ':':<6} {counted(len(resolved.shards), 'shard')}, {counted(resolved.total_samples, 'sample')} ({share:.1f}%){note}")
+    try:
+        sample_type = _describe_config(path, dataset_config)
+    except EnergonLiteError as exc:
+        broken = exc
+        sample_type = f"cannot be read: {str(exc).splitlines()[0]}"
+    else:
+        broken = None
+    click.echo(f"  sample type: {sample_type}")
     parts = part_counts(path)
     if parts is not None:
         click.echo("  parts:       " + ", ".join(f"{name} ({count})" for name, count in parts.items()))
     media = media_counts(path)
     if media is not None:
         click.echo(f"  media:       {sum(media.values())} entries with metadata" + "".join(f", {kind}: {count}" for kind, count in media.items()))
+    if broken is not None:  # the counts above still help; the exit status says the dataset cannot load
+        raise broken

@@ -27,10 +27,27 @@ from .params import DATASET_PATH, Command
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem: where it is and what is wrong."""
+    """One problem: where it is and what is wrong.
+
+    ``problem`` is the headline (findings with the same headline are one kind of problem and are
+    shown together); ``detail`` holds the error's where/expected/found/fix lines.
+    """
 
     where: str
     problem: str
+    detail: tuple[str, ...] = ()
+
+    @classmethod
+    def of_error(cls, where: str, exc: BaseException) -> Finding:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        return cls(where, lines[0], tuple(lines[1:]))
+
+    def line(self) -> str:
+        return " ".join((f"BAD {self.where}: {self.problem}", *self.detail))
+
+
+#: Places listed per kind of problem without --verbose.
+_SHOWN_PLACES = 3
 
 
 def check_indexes(root: AnyPath) -> list[Finding]:
@@ -46,7 +63,7 @@ def check_indexes(root: AnyPath) -> list[Finding]:
         try:
             offsets = read_tar_index(tar, expected_samples=count, tar_size=stats[shard].size, index_stat=stats.get(index_name(shard)))
         except EnergonLiteError as exc:
-            findings.append(Finding(shard, str(exc).splitlines()[0] + " — " + " ".join(str(exc).splitlines()[1:]).strip()))
+            findings.append(Finding.of_error(shard, exc))
             continue
         if np.any(np.diff(offsets.astype(np.int64)) <= 0):
             findings.append(Finding(shard, ".tar.idx offsets are not strictly increasing (corrupt index)"))
@@ -79,13 +96,12 @@ def _decode_range(job: _Job) -> tuple[int, list[Finding]]:
             try:
                 loader.load(index)
             except EnergonLiteError as exc:
-                lines = str(exc).splitlines()
                 if loader.reader is None:  # a .jsonl file: one split, records by line
                     where = f"record #{index}"
                 else:
                     shard, local = loader.reader.locate(index)
                     where = f"split {job.split}, {loader.reader.split.shards[shard].name} sample #{local}"
-                findings.append(Finding(where, " ".join(line.strip() for line in lines)))
+                findings.append(Finding.of_error(where, exc))
     finally:
         loader.close()
     return job.end - job.start, findings
@@ -127,26 +143,41 @@ def lint_dataset(path: AnyPath, splits: list[str] | None, *, parallel: int, prog
                 click.echo(f"{path}: split {split} is empty; nothing to decode")
                 continue
             except EnergonLiteError as exc:
-                findings.append(Finding(f"split {split}", " ".join(line.strip() for line in str(exc).splitlines())))
+                findings.append(Finding.of_error(f"split {split}", exc))
                 continue
             findings += split_findings
             checked += 1
     return findings, checked
 
 
-def _echo_findings(path: AnyPath | str, findings: list[Finding]) -> None:
-    for finding in findings:
-        click.echo(f"BAD {finding.where}: {finding.problem}", err=True)
+def _echo_findings(path: AnyPath | str, findings: list[Finding], *, verbose: bool) -> None:
+    """Every finding on its own line with ``verbose``; else one block per kind of problem: how
+    many, the first places, and the first one's details (where, expected, found, fix)."""
+    if verbose:
+        for finding in findings:
+            click.echo(finding.line(), err=True)
+    else:
+        kinds: dict[str, list[Finding]] = {}
+        for finding in findings:
+            kinds.setdefault(finding.problem, []).append(finding)
+        for problem, same in kinds.items():
+            places = "; ".join(f.where for f in same[:_SHOWN_PLACES]) + ("; ..." if len(same) > _SHOWN_PLACES else "")
+            click.echo(f"BAD ({len(same)}x) {problem}", err=True)
+            click.echo(f"  at: {places}", err=True)
+            for line in same[0].detail:
+                click.echo(f"  {line}", err=True)
+        if any(len(same) > _SHOWN_PLACES for same in kinds.values()):
+            click.echo("(lint --verbose lists every place)", err=True)
     click.echo(f"{len(findings)} problem(s) found in {path}", err=True)
 
 
-def _lint_metadataset(path: AnyPath, splits: list[str] | None, *, parallel: int, progress: bool, trust: bool) -> None:
+def _lint_metadataset(path: AnyPath, splits: list[str] | None, *, parallel: int, progress: bool, trust: bool, verbose: bool) -> None:
     trees = read_trees(path, splits)  # a bad YAML raises: the CLI prints it and exits with 1
     problems = echo_trees(path, trees)
     for (root, dataset_config, split_config), parts in leaf_datasets(trees).items():
         findings, checked = lint_dataset(Path(root), parts, parallel=parallel, progress=progress, dataset_config=dataset_config, split_config=split_config, trust=trust)
         if findings:
-            _echo_findings(root, findings)
+            _echo_findings(root, findings, verbose=verbose)
             problems += len(findings)
         else:
             click.echo(f"OK: {root}, {checked} split(s) decoded ({', '.join(parts)})")
@@ -164,7 +195,8 @@ def _lint_metadataset(path: AnyPath, splits: list[str] | None, *, parallel: int,
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Processes that decode in parallel.")
 @click.option("--progress/--no-progress", default=True)
 @click.option("--trust-dataset-code", is_flag=True, help="Allow dataset.yaml to run the dataset's sample_loader.py.")
-def lint(path: AnyPath, split_parts: str | None, dataset_config: str | None, split_config: str | None, parallel: int, progress: bool, trust_dataset_code: bool) -> None:
+@click.option("--verbose", is_flag=True, help="List every bad shard and sample on its own line (default: one block per kind of problem).")
+def lint(path: AnyPath, split_parts: str | None, dataset_config: str | None, split_config: str | None, parallel: int, progress: bool, trust_dataset_code: bool, verbose: bool) -> None:
     """Check the dataset at PATH: indexes vs counts, then decode every sample.
 
     For a metadataset YAML: check the YAML, show its blends, then lint every dataset it reads.
@@ -174,10 +206,10 @@ def lint(path: AnyPath, split_parts: str | None, dataset_config: str | None, spl
     if is_metadataset_path(path):
         if split_config or dataset_config:
             raise click.UsageError("--split-config and --dataset-config apply to a dataset folder; a metadataset sets them per entry")
-        _lint_metadataset(path, splits, parallel=parallel, progress=progress, trust=trust_dataset_code)
+        _lint_metadataset(path, splits, parallel=parallel, progress=progress, trust=trust_dataset_code, verbose=verbose)
         return
     findings, checked = lint_dataset(path, splits, parallel=parallel, progress=progress, dataset_config=dataset_config, split_config=split_config, trust=trust_dataset_code)
     if findings:
-        _echo_findings(path, findings)
+        _echo_findings(path, findings, verbose=verbose)
         raise SystemExit(1)
     click.echo(f"OK: {path}, {checked} split(s) decoded, no problems found")

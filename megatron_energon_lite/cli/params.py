@@ -1,6 +1,8 @@
-"""Click parameter types shared by the commands."""
+"""Click parameter types and small output helpers shared by the commands."""
 
 from __future__ import annotations
+
+import sys
 
 import click
 
@@ -20,15 +22,45 @@ class ValueProblem(click.ClickException):
         super().__init__(f"Invalid value for {param_hint}: {message}" if param_hint else message)
 
 
+#: The shell's exit status for a program stopped by Ctrl-C (128 + SIGINT).
+INTERRUPTED_EXIT = 130
+
+
 class Command(click.Command):
     """A command that reports our errors as one message and exit status 1 (``Error: ...``), also
-    when it runs on its own, outside ``energon-lite`` (``megatron_energon_lite.energon.tools.*.command``)."""
+    when it runs on its own, outside ``energon-lite`` (``megatron_energon_lite.energon.tools.*.command``).
+
+    Ctrl-C exits with 130, as shell commands do (click's default is 1).  A question asked with no
+    one to answer it (input closed, e.g. a job without a terminal) fails with the command's own
+    hint (``no_input_hint``) instead of click's bare ``Aborted!``.
+    """
+
+    #: What to pass so that the command asks nothing; set per command.
+    no_input_hint: str | None = None
+
+    def __init__(self, *args, no_input_hint: str | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.no_input_hint = no_input_hint
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except EnergonLiteError as exc:
             raise ValueProblem(str(exc)) from exc
+        except KeyboardInterrupt:
+            _interrupted()
+        except click.Abort as exc:
+            # click.prompt turns Ctrl-C and a closed input into Abort; the original is the context.
+            if isinstance(exc.__context__, EOFError) and self.no_input_hint:
+                raise ValueProblem(f"a question needs an answer but the input is closed (no terminal). {self.no_input_hint}") from None
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                _interrupted()
+            raise
+
+
+def _interrupted() -> None:
+    click.echo("\nAborted (Ctrl-C).", err=True)
+    sys.exit(INTERRUPTED_EXIT)
 
 
 class DatasetPathType(click.ParamType):
@@ -52,3 +84,8 @@ class DatasetPathType(click.ParamType):
 
 
 DATASET_PATH = DatasetPathType()
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 shard``, ``3 shards``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -24,7 +24,7 @@ import click
 import yaml
 
 from ..errors import ConfigError, format_message
-from ..format.dataset_config import render_dataset_yaml
+from ..format.dataset_config import FieldAccess, render_dataset_yaml
 from ..format.join import prepare_metadataset_joins
 from ..format.jsonl import write_jsonl_index
 from ..format.media_metadata import MediaFilter
@@ -35,7 +35,7 @@ from ..format.split_reader import SplitReader
 from ..samples import registered_sample_types, sample_type_by_name
 from ..storage import AnyPath, RemotePath, atomic_write_text
 from .fix_duplicates import fix_duplicates as fix_duplicate_keys
-from .params import DATASET_PATH, Command, ValueProblem
+from .params import DATASET_PATH, Command, ValueProblem, counted
 
 CRUDE = "CrudeWebdataset"
 #: With more part types than this, Energon asks for a sample_loader instead of a field map.
@@ -104,6 +104,35 @@ def _check_sample_type(sample_type: str | None, field_map: str | None, interacti
     return mapping
 
 
+def _fields_without_parts(mapping: dict[str, str], parts: list[str]) -> list[str]:
+    """The ``field: expression`` entries of a field map none of whose alternatives is a part type
+    the shards hold (``image: png`` when the shards have jpg, json, txt)."""
+    return [
+        f"{field}: {expression}"
+        for field, expression in mapping.items()
+        if not any(part in parts for part in FieldAccess.parse(str(expression), where=f"--field-map {field}").parts)
+    ]
+
+
+def _empty_split_warnings(splits: dict[str, list[str]], ratio: tuple[float, ...] | None, shard_count: int) -> list[str]:
+    """A warning, with the fix, for each split that got no shard although it was meant to get some."""
+    warnings = []
+    for i, (split, split_shards) in enumerate(splits.items()):
+        if split_shards:
+            continue
+        if ratio is not None:
+            share = ratio[i] / sum(ratio) if i < len(ratio) and sum(ratio) else 0.0
+            if share <= 0:
+                continue  # a 0 in the ratio: empty on purpose
+            why = f"{counted(shard_count, 'shard')} at --split-ratio {','.join(f'{r:g}' for r in ratio)} give it {share * shard_count:.2g} of a shard"
+            fix = f"pass a --split-ratio that gives every split at least one whole shard (each share times {shard_count}), or split with --split-parts; then re-run with --force-overwrite"
+        else:
+            why = "no shard matched its --split-parts pattern"
+            fix = "check the pattern (re.match on each shard's path relative to the dataset), then re-run with --force-overwrite"
+        warnings.append(f"Warning: split {split} is empty: {why}. Loading it will fail. Fix: {fix}.")
+    return warnings
+
+
 def _sample_loader_template(sample_type: str, parts: list[str]) -> str:
     """A ``sample_loader.py`` to edit, for a sample type without --field-map (as energon writes)."""
     lines = []
@@ -141,6 +170,7 @@ def _write_sample_loader_template(path: AnyPath, sample_type: str, parts: list[s
     if not loader_file.is_file() or (interactive and click.confirm("Do you want to override the existing sample loader?", default=False)):
         atomic_write_text(loader_file, _sample_loader_template(sample_type, parts))
         click.echo(f"Created {loader_file}. Please edit it to return the proper values.")
+        click.echo("It is Python code shipped with the dataset: lint, preview and the loader run it only when asked to (--trust-dataset-code, or trust_dataset_code=True).")
     data = {
         "sample_type": {"__module__": "megatron.energon", "__class__": sample_type},
         "sample_loader": "sample_loader.py:sample_loader",
@@ -291,7 +321,11 @@ def _first_parts(root: AnyPath, split: str) -> list[str]:
         reader.close()
 
 
-@click.command(cls=Command)
+@click.command(
+    cls=Command,
+    no_input_hint="To prepare without questions, pass --non-interactive with --split-ratio TRAIN,VAL,TEST (or --split-parts) "
+    "and --sample-type NAME --field-map JSON (or --skip-dataset-yaml).",
+)
 @click.argument("path", type=DATASET_PATH)
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 @click.option("--split-parts", multiple=True, metavar="NAME:REGEX", help="Assign shards matching REGEX (re.match on the relative path) to split NAME. Repeatable; --split-ratio is then ignored.")
@@ -307,6 +341,7 @@ def _first_parts(root: AnyPath, split: str) -> list[str]:
 @click.option("--dataset-yaml-name", default="dataset.yaml", show_default=True, help="File name of the dataset yaml in .nv-meta/.")
 @click.option("--sample-type", metavar="NAME", help="Sample class, e.g. CaptioningSample, or CrudeWebdataset.")
 @click.option("--field-map", metavar="JSON", help="Field -> part expression, e.g. '{\"image\": \"jpg\", \"caption\": \"txt\"}'. Without it (non-interactive), a sample_loader.py template is written.")
+@click.option("--allow-missing-parts", is_flag=True, help="Write --field-map even when a field names a part type the shards do not hold (by default prepare refuses, listing the part types found).")
 @click.option("--media-metadata-by-extension", is_flag=True, help="Store media metadata (size, duration, ...) of parts with an image/audio/video extension.")
 @click.option("--media-metadata-by-glob", metavar="PATTERNS", help="Store media metadata of parts matching globs such as '*.jpg,*.wav' (comma-separated).")
 @click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of parts recognised by their first bytes.")
@@ -327,6 +362,7 @@ def prepare(
     dataset_yaml_name: str,
     sample_type: str | None,
     field_map: str | None,
+    allow_missing_parts: bool,
     media_metadata_by_extension: bool,
     media_metadata_by_glob: str | None,
     media_metadata_by_header: bool,
@@ -377,7 +413,8 @@ def prepare(
         return
     if not tar_index_only:
         click.echo(f"Found {len(shards)} tar files in total. The first and last ones are:\n- {shards[0]}\n- {shards[-1]}")
-        click.echo("If you want to exclude some of them, cancel with ctrl+c and specify an exclude filter in the command line.")
+        if interactive:
+            click.echo("If you want to exclude some of them, cancel with ctrl+c and specify an exclude filter in the command line.")
     if not tar_index_only and patterns is None and ratio is None:
         ratio = click.prompt('Please enter a desired train/val/test split like "0.5, 0.2, 0.3" or "8,1,1"', value_proc=_prompted_ratio)
     if fix_duplicates:
@@ -397,7 +434,7 @@ def prepare(
             tar_index_only=tar_index_only,
             shuffle_tars=shuffle_tars,
             force_overwrite=force_overwrite,
-            dataset_yaml=write_yaml_now,
+            dataset_yaml=None,  # written below, once its field map is checked against the parts found
             dataset_yaml_name=dataset_yaml_name,
             media_filter=media_filter,
         )
@@ -409,7 +446,10 @@ def prepare(
         skipped = f", {result.media_skipped} media parts could not be parsed (see the warnings)" if result.media_skipped else ""
         click.echo(f"Stored media metadata of {result.media_entries} entries (by {result.media_filter.strategy.value.lower()}){skipped}.")
     for split, split_shards in result.splits.items():
-        click.echo(f"  split {split}: {len(split_shards)} shards, {sum(result.shard_counts[s] for s in split_shards)} samples")
+        click.echo(f"  split {split}: {counted(len(split_shards), 'shard')}, {counted(sum(result.shard_counts[s] for s in split_shards), 'sample')}")
+    if not tar_index_only:
+        for warning in _empty_split_warnings(result.splits, ratio, len(result.shard_counts)):
+            click.echo(warning, err=True)
     if tar_index_only:
         click.echo("Done")
         return
@@ -418,6 +458,19 @@ def prepare(
     if parts:
         click.echo(f"Found the following part types in the dataset: {', '.join(parts[:_MAX_FIELD_MAP_PARTS])}{' and more..' if len(parts) > _MAX_FIELD_MAP_PARTS else ''}")
     if write_yaml_now is not None:
+        missing = _fields_without_parts(mapping, parts) if mapping and parts and not allow_missing_parts else []
+        if missing:
+            raise ConfigError(
+                format_message(
+                    "--field-map names part types the shards do not hold",
+                    where=f"{path}: --field-map",
+                    expected=f"part types found in the shards: {', '.join(parts)}",
+                    found=", ".join(missing),
+                    fix="the indexes are written but dataset.yaml is not: correct --field-map and run prepare again with "
+                    "--force-overwrite (unchanged shards are reused), or pass --allow-missing-parts if those parts come later",
+                )
+            )
+        atomic_write_text(meta_dir(path) / dataset_yaml_name, write_yaml_now)
         click.echo(f"Wrote {meta_dir(path) / dataset_yaml_name}")
     elif skip_dataset_yaml:
         click.echo("You will have to add a dataset.yaml manually.")

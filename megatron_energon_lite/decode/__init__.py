@@ -21,7 +21,11 @@ Decompression bombs are refused before they take memory, as
 :class:`~megatron_energon_lite.errors.DecompressionBombError` (a ``DecodeError``: the sample is
 skipped or not by the loader's error policy, like any broken part): images with more pixels than
 ``max_image_pixels`` (default: Pillow's ``PIL.Image.MAX_IMAGE_PIXELS``), checked from the header
-on every decoding path, and ``.gz`` parts that expand past ``max_decompressed_bytes`` (default 1 GiB).
+on every decoding path, and parts that would decode past ``max_decompressed_bytes`` (default 1 GiB):
+``.gz`` streams, ``.npy`` arrays (by their header's shape), ``.npz`` archives (declared and
+inflated member sizes) and torch's zip container of ``.pth`` parts (declared member sizes), each
+checked before the memory is taken; and JPEGs with more than ``max_jpeg_scans`` scans (default
+100), counted before decoding, since each scan is a pass over the whole image.
 
 More decoders (video and audio) plug in with :func:`register_decoder`. Optional libraries are
 imported on first use, and nothing writes temporary files.
@@ -46,6 +50,7 @@ from ..format.tar_reader import split_name
 from . import av, basic, image
 from .basic import DEFAULT_MAX_DECOMPRESSED_BYTES, TRUST_PICKLE_ENV, UntrustedDataError
 from .image import (
+    DEFAULT_MAX_JPEG_SCANS,
     IMAGE_DECODE_MODES,
     IMAGE_EXTENSIONS,
     PILLOW_PIXEL_LIMIT,
@@ -191,12 +196,17 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _located(exc: DecompressionBombError, key: str, part_name: str, dataset: str | None) -> DecompressionBombError:
-    """``exc`` again, its message naming the sample, the part and the dataset where known."""
+def _where(key: str, part_name: str, dataset: str | None, shard: str | None) -> str:
+    """Where a part is: its sample and name, and its dataset and shard where known."""
+    return f"sample {key!r}, part {part_name!r}" + (f" of dataset {dataset}" if dataset else "") + (f", shard {shard}" if shard else "")
+
+
+def _located(exc: DecompressionBombError, key: str, part_name: str, dataset: str | None, shard: str | None = None) -> DecompressionBombError:
+    """``exc`` again, its message naming the sample, the part, the dataset and shard where known."""
     details = getattr(exc, "details", None)
     if details is None:  # raised by a decoder function of the user's: leave it as it is
         return exc
-    where = f"sample {key!r}, part {part_name!r}" + (f" of dataset {dataset}" if dataset else "")
+    where = _where(key, part_name, dataset, shard)
     return basic.bomb_error(**{**details, "what": f"part {part_name!r} of sample {key!r}: {details['what']}"}, where=where)
 
 
@@ -227,10 +237,19 @@ class SampleDecoder:
             Unlike Pillow, which only warns up to twice its limit, anything above is refused.
             Pillow's own check still applies inside Pillow (non-JPEG images and JPEGs that
             simplejpeg does not decode): past twice ``PIL.Image.MAX_IMAGE_PIXELS``, raise that too.
-        max_decompressed_bytes: a ``.gz`` part that expands past this many bytes is refused
-            with :class:`~megatron_energon_lite.errors.DecompressionBombError`, having held at
-            most about this much output (decompression is incremental). Default 1 GiB
+        max_decompressed_bytes: a part that would decode past this many bytes is refused
+            with :class:`~megatron_energon_lite.errors.DecompressionBombError` before it takes
+            the memory: a ``.gz`` stream (decompressed incrementally, holding at most about
+            this much output), a ``.npy`` array (its header's shape times its item size), an
+            ``.npz`` archive (its members' declared sizes, array headers and inflated bytes,
+            together) and a ``.pth`` zip container (its members' declared sizes). Each layer
+            of a part (``x.npy.gz``) is held to it on its own. Default 1 GiB
             (:data:`~.basic.DEFAULT_MAX_DECOMPRESSED_BYTES`); None removes the limit.
+        max_jpeg_scans: a JPEG with more scans (SOS markers, counted before decoding; each is a
+            pass over the whole image) is refused with
+            :class:`~megatron_energon_lite.errors.DecompressionBombError`. Default 100
+            (:data:`~.image.DEFAULT_MAX_JPEG_SCANS`; a progressive JPEG has about 10); None
+            removes the limit.
     """
 
     def __init__(
@@ -246,6 +265,7 @@ class SampleDecoder:
         untrusted_pickle: str = "error",
         max_image_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
         max_decompressed_bytes: int | None = DEFAULT_MAX_DECOMPRESSED_BYTES,
+        max_jpeg_scans: int | None = DEFAULT_MAX_JPEG_SCANS,
     ) -> None:
         check_image_decode(image_decode)
         if av_decode not in AV_DECODE_MODES:
@@ -279,15 +299,12 @@ class SampleDecoder:
                     "limit; 'pillow' (the default) for PIL.Image.MAX_IMAGE_PIXELS",
                 )
             )
-        if max_decompressed_bytes is not None and not _positive_int(max_decompressed_bytes):
-            raise ConfigError(
-                format_message(
-                    "max_decompressed_bytes must be a positive int or None",
-                    found=repr(max_decompressed_bytes),
-                    fix=f"pass the most bytes a .gz part may expand to, e.g. {DEFAULT_MAX_DECOMPRESSED_BYTES} (the "
-                    "default, 1 GiB); None for no limit",
-                )
-            )
+        for name, limit, fix in (
+            ("max_decompressed_bytes", max_decompressed_bytes, f"the most bytes a part may decode to, e.g. {DEFAULT_MAX_DECOMPRESSED_BYTES} (the default, 1 GiB)"),
+            ("max_jpeg_scans", max_jpeg_scans, f"the most scans a JPEG may have, e.g. {DEFAULT_MAX_JPEG_SCANS} (the default)"),
+        ):
+            if limit is not None and not _positive_int(limit):
+                raise ConfigError(format_message(f"{name} must be a positive int or None", found=repr(limit), fix=f"pass {fix}; None for no limit"))
         if untrusted_pickle not in ("error", "bytes"):
             raise ConfigError(format_message("untrusted_pickle must be 'error' or 'bytes'", found=repr(untrusted_pickle)))
         if guess_content:
@@ -309,6 +326,7 @@ class SampleDecoder:
         self.image_max_size = image_max_size
         self.max_image_pixels = max_image_pixels
         self.max_decompressed_bytes = max_decompressed_bytes
+        self.max_jpeg_scans = max_jpeg_scans
         if isinstance(av_byte_budget, bool) or not isinstance(av_byte_budget, int) or av_byte_budget < 1:
             raise ConfigError(format_message("av_byte_budget must be a positive number of bytes", found=repr(av_byte_budget)))
         self.av_byte_budget = av_byte_budget
@@ -333,6 +351,7 @@ class SampleDecoder:
                 if self.max_decompressed_bytes != DEFAULT_MAX_DECOMPRESSED_BYTES
                 else {}
             ),
+            **({"max_jpeg_scans": self.max_jpeg_scans} if self.max_jpeg_scans != DEFAULT_MAX_JPEG_SCANS else {}),
         }
 
     def __repr__(self) -> str:
@@ -350,13 +369,14 @@ class SampleDecoder:
                     return guessed
         return decoder_for(name.rsplit(".", 1)[-1])
 
-    def decode_part(self, part_name: str, data: bytes, *, key: str = "?", dataset: str | None = None) -> Any:
+    def decode_part(self, part_name: str, data: bytes, *, key: str = "?", dataset: str | None = None, shard: str | None = None) -> Any:
         """Decodes one part by its name (e.g. ``"jpg"``, ``"detail.json"``, ``"txt.gz"``).
 
         Values that are not bytes-like are returned unchanged (already decoded). Raises
         :class:`DecodeError` naming ``key`` and the part if the data cannot be decoded, and
         :class:`UntrustedDataError` for a pickle part nothing allowed to unpickle. ``dataset``
-        (its path) goes into messages and keys the once-per-dataset log of Energon mode.
+        (its path) goes into messages and keys the once-per-dataset log of Energon mode; ``shard``
+        (its name) goes into messages.
         """
         if isinstance(data, (bytearray, memoryview)):
             data = bytes(data)
@@ -367,9 +387,9 @@ class SampleDecoder:
             try:
                 data = basic.gunzip(data, self.max_decompressed_bytes)
             except DecompressionBombError as exc:
-                raise _located(exc, key, part_name, dataset) from None
+                raise _located(exc, key, part_name, dataset, shard) from None
             except Exception as exc:
-                raise self._error(key, part_name, data, "gzip", exc, "check that the file is a complete gzip stream") from exc
+                raise self._error(key, part_name, data, "gzip", exc, "check that the file is a complete gzip stream", where=_where(key, part_name, dataset, shard)) from exc
             name = name[:-3]
         entry = self._entry(name, data)
         if entry is None:
@@ -385,15 +405,15 @@ class SampleDecoder:
         except (MissingDependencyError, UntrustedDataError):
             raise
         except DecompressionBombError as exc:
-            raise _located(exc, key, part_name, dataset) from None
+            raise _located(exc, key, part_name, dataset, shard) from None
         except Exception as exc:
             settings = f" (image_decode={self.image_decode!r})" if entry.fn is image.decode_image else ""
-            raise self._error(key, part_name, data, entry.name, exc, entry.fix, settings) from exc
+            raise self._error(key, part_name, data, entry.name, exc, entry.fix, settings, where=_where(key, part_name, dataset, shard)) from exc
 
-    def decode(self, parts: Mapping[str, Any], *, key: str, dataset: str | None = None) -> dict[str, Any]:
+    def decode(self, parts: Mapping[str, Any], *, key: str, dataset: str | None = None, shard: str | None = None) -> dict[str, Any]:
         """Decodes every part of a sample into a new dict; keys starting with ``__`` pass through."""
         return {
-            name: value if name.startswith("__") else self.decode_part(name, value, key=key, dataset=dataset)
+            name: value if name.startswith("__") else self.decode_part(name, value, key=key, dataset=dataset, shard=shard)
             for name, value in parts.items()
         }
 
@@ -431,13 +451,13 @@ class SampleDecoder:
 
     @staticmethod
     def _error(
-        key: str, part_name: str, data: bytes, decoder: str, exc: BaseException, fix: str | None, settings: str = ""
+        key: str, part_name: str, data: bytes, decoder: str, exc: BaseException, fix: str | None, settings: str = "", *, where: str | None = None
     ) -> DecodeError:
         return DecodeError(
             format_message(
                 f"cannot decode part {part_name!r} of sample {key!r} with the {decoder} decoder{settings}: "
                 f"{type(exc).__name__}: {exc}",
-                where=f"sample {key!r}, part {part_name!r}",
+                where=where or f"sample {key!r}, part {part_name!r}",
                 expected=f"data the {decoder} decoder can read",
                 found=f"{len(data)} bytes starting with {data[:16]!r}",
                 fix=fix or _GENERIC_FIX,

@@ -39,6 +39,16 @@ The behaviour differs from Pillow's in one way, on purpose: Pillow only warns
 here, an image above the limit is refused, on every path alike. Pillow's own check still runs
 inside Pillow for the images Pillow decodes, so to decode such images beyond twice
 ``PIL.Image.MAX_IMAGE_PIXELS``, raise that setting as well (or set it to None).
+
+Decode work: a progressive JPEG is decoded in one pass over the whole image per scan, and nothing
+limits how many scans a file holds: 40 KB of empty scans over a 2048x2048 frame cost 22 s (the fast
+path rejected it for libjpeg's "Inconsistent progression sequence" warning and Pillow, which
+ignores warnings, decoded it again). So a JPEG's scans (SOS markers) are counted before it is
+decoded, and one with more than ``SampleDecoder(max_jpeg_scans=...)`` (default
+:data:`DEFAULT_MAX_JPEG_SCANS` = 100, ten times the 10 scans of libjpeg's standard progressive
+script; None: no limit) is refused with :class:`~megatron_energon_lite.errors.DecompressionBombError`.
+A JPEG the fast path finds truncated is not decoded again by Pillow, which refuses it too (unless
+``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is set).
 """
 
 from __future__ import annotations
@@ -59,9 +69,12 @@ if TYPE_CHECKING:
 __all__ = [
     "IMAGE_DECODE_MODES",
     "IMAGE_EXTENSIONS",
+    "DEFAULT_MAX_JPEG_SCANS",
     "PILLOW_PIXEL_LIMIT",
     "ImageSpec",
     "check_image_pixels",
+    "check_jpeg_scans",
+    "count_jpeg_scans",
     "decode_image",
     "decode_image_bytes",
 ]
@@ -147,6 +160,14 @@ def _pil_image() -> Any:
     return Image
 
 
+@functools.cache
+def _pil_image_file() -> Any:
+    """``PIL.ImageFile`` (its ``LOAD_TRUNCATED_IMAGES``), imported on first use."""
+    from PIL import ImageFile
+
+    return ImageFile
+
+
 def check_image_pixels(width: int, height: int, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, *, source: str = "image") -> None:
     """Raises :class:`DecompressionBombError` if a ``width`` x ``height`` image is over the limit
     (see the module docstring); call it with the header's size, before decoding."""
@@ -162,6 +183,70 @@ def check_image_pixels(width: int, height: int, max_pixels: int | str | None = P
         found=f"{width}x{height} = {pixels:,} pixels in the {source} header",
         fix=_PIXEL_FIX,
     )
+
+
+#: Default of ``SampleDecoder(max_jpeg_scans=...)``: ten times the scans of libjpeg's standard
+#: progressive script (10 for colour, 6 for grey); a baseline JPEG has 1 to 4.
+DEFAULT_MAX_JPEG_SCANS = 100
+
+#: Start-of-frame markers (SOF0-SOF15 but DHT, JPG and DAC) and the progressive ones among them.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_PROGRESSIVE_SOF = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+
+
+def count_jpeg_scans(data: bytes) -> int:
+    """An upper bound on the scans (SOS segments) the JPEG ``data`` makes libjpeg decode,
+    without decoding; 0 when its structure is broken before the first scan (the decoder then
+    reports it).
+
+    The segments up to the first scan are walked by their lengths (a thumbnail inside an APP
+    segment is not counted). A sequential JPEG whose first scan holds every component has one
+    scan: libjpeg refuses a second. Otherwise (progressive, or one component per scan) every SOS
+    marker after the first scan is counted; entropy-coded data never holds one (a 0xFF byte in it
+    is followed by 0x00 or a restart marker), so only a marker-like byte pair inside a later
+    COM/APP segment or after EOI could count in excess.
+    """
+    pos, size = 2, len(data)
+    components, progressive = 0, False
+    while pos + 4 <= size and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # no length field
+            pos += 2
+        elif marker == 0xDA:
+            if not progressive and pos + 4 < size and data[pos + 4] >= components:
+                return 1
+            import numpy as np
+
+            after = np.frombuffer(data, np.uint8, offset=pos + 2)
+            marks = np.flatnonzero(after[:-1] == 0xFF)
+            return 1 + int(np.count_nonzero(after[marks + 1] == 0xDA))
+        elif marker == 0xD9:  # EOI before any scan
+            break
+        else:
+            if marker in _SOF_MARKERS and pos + 9 < size:
+                components, progressive = data[pos + 9], marker in _PROGRESSIVE_SOF
+            pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+    return 0
+
+
+def check_jpeg_scans(data: bytes, max_scans: int | None = DEFAULT_MAX_JPEG_SCANS) -> None:
+    """Raises :class:`DecompressionBombError` if the JPEG ``data`` has more than ``max_scans``
+    scans (None: no limit); call it before decoding (see the module docstring)."""
+    if max_scans is None:
+        return
+    scans = count_jpeg_scans(data)
+    if scans > max_scans:
+        raise bomb_error(
+            f"JPEG image with {scans:,} scans, more than {max_scans:,}; refused before decoding (each scan is a pass "
+            "over the whole image: a decode-work bomb guard)",
+            expected=f"at most {max_scans:,} scans (SOS markers; SampleDecoder max_jpeg_scans)",
+            found=f"{scans:,} scans (SOS markers) in {len(data):,} bytes",
+            fix="if the image is genuine, raise the limit: SampleDecoder(max_jpeg_scans=<scans>) as the task "
+            "encoder's decoder (None for no limit), or re-encode it (a progressive JPEG needs about 10 scans); "
+            "otherwise the sample is skipped by the loader's error policy",
+        )
 
 
 def _draft(img: Image.Image, max_size: int) -> None:
@@ -182,6 +267,7 @@ def decode_image_bytes(
     *,
     max_size: int | None = None,
     max_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
+    max_scans: int | None = DEFAULT_MAX_JPEG_SCANS,
 ) -> Any:
     """Decodes image bytes as ``image_decode`` says (see the module docstring).
 
@@ -189,9 +275,12 @@ def decode_image_bytes(
     longest side at least ``max_size``; this changes the output size. None decodes at full size.
     ``max_pixels``: images with more pixels (by their header) are refused with
     :class:`DecompressionBombError` before decoding; ``"pillow"`` follows
-    ``PIL.Image.MAX_IMAGE_PIXELS``, None is no limit.
+    ``PIL.Image.MAX_IMAGE_PIXELS``, None is no limit. ``max_scans``: JPEGs with more scans are
+    refused the same way (None: no limit).
     """
     spec = check_image_decode(image_decode)
+    if data[:2] == b"\xff\xd8":
+        check_jpeg_scans(data, max_scans)
     padded = spec.output == "torch"  # RGBX pixels, for CHW planes by whole-word shifts
     array = _fast_jpeg_rgb(data, max_pixels, padded=padded) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
     if array is not None:
@@ -313,7 +402,11 @@ def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMI
     check_image_pixels(width, height, max_pixels, source="JPEG image")
     try:
         return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGBX" if padded else "RGB")
-    except (ValueError, RuntimeError):
+    except (ValueError, RuntimeError) as exc:
+        # simplejpeg refuses on libjpeg's warnings too, which Pillow ignores: Pillow decodes those
+        # (bounded by the scan limit), except a truncated file, which it refuses as well.
+        if "Premature end of JPEG file" in str(exc) and not _pil_image_file().LOAD_TRUNCATED_IMAGES:
+            raise OSError(f"the JPEG data is truncated ({exc})") from exc
         return None  # let Pillow decode it, or raise its own error for a broken file
 
 
@@ -325,4 +418,5 @@ def decode_image(data: bytes, decoder: SampleDecoder) -> Any:
         decoder.image_decode,
         max_size=decoder.image_max_size,
         max_pixels=getattr(decoder, "max_image_pixels", PILLOW_PIXEL_LIMIT),
+        max_scans=getattr(decoder, "max_jpeg_scans", DEFAULT_MAX_JPEG_SCANS),
     )

@@ -52,15 +52,16 @@ def scan_in_order(
     try:
         if workers <= 1:
             for job in jobs:
-                yield task(job)
-                bar.update()
+                result = task(job)
+                bar.update()  # before the yield: a consumer that stops after the last result (zip) never resumes us
+                yield result
             return
         pool = scan_pool(workers)
         try:
             chunk = max(1, min(max_chunk, len(jobs) // (workers * 4)))
             for result in pool.map(task, jobs, chunksize=chunk):
-                yield result
                 bar.update()
+                yield result
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     finally:

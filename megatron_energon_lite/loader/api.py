@@ -21,7 +21,7 @@ from ..format.metadataset import (
     with_subset,
 )
 from ..pipeline.build import PipelineSpec
-from ..pipeline.recipe import Recipe, Watchdog
+from ..pipeline.recipe import ENDLESS, Recipe, Watchdog, pass_end
 from ..pipeline.task_hooks import DefaultHooks, Hooks
 from ..storage import configure_storage, configured_storage, is_remote
 from ..worker import WorkerConfig
@@ -32,7 +32,13 @@ __all__ = ["get_loader", "get_savable_loader", "get_train_dataset", "get_val_dat
 
 logger = logging.getLogger("megatron_energon_lite.loader")  # loader.py's, unchanged by the split: the name users configure
 
-_UNSET: Any = object()
+@dataclasses.dataclass(frozen=True)
+class _PlannedPath:
+    """A path whose plan the caller already has (``get_val_datasets``' leaves): passed as the
+    path, so that no private parameter shows in the public signatures."""
+
+    path: Any
+    plan: BlendPlan
 
 
 def _plan(path, split_part: str, *, training: bool) -> tuple[str, BlendPlan]:
@@ -170,14 +176,16 @@ def _check_aux(spec: PipelineSpec) -> None:
             )
 
 
-def plan_spec(path, *, training: bool, worker_config, task_encoder=_UNSET, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:
+def plan_spec(path, *, training: bool, worker_config, task_encoder: Hooks | None = None, packing_buffer_size, kwargs: dict, split_part: str, plan: BlendPlan | None = None, blend_mode: str | None = None, **settings) -> PipelineSpec:
     """Checks the arguments shared by both dataset constructors and builds the spec (``task_encoder``
-    not given: a ``DefaultHooks()``; ``plan``: what ``path`` reads, when the caller planned it)."""
+    None: a ``DefaultHooks()``; ``plan``: what ``path`` reads, when the caller planned it)."""
+    if isinstance(path, _PlannedPath):
+        path, plan = path.path, path.plan
     if worker_config is None:  # Energon requires one; ours defaults as Energon's default_worker_config
         worker_config = WorkerConfig.default_worker_config()
     if not isinstance(worker_config, WorkerConfig):
         raise ConfigError(format_message("worker_config must be a WorkerConfig", found=type(worker_config).__name__, fix="pass WorkerConfig.default_worker_config(num_workers)"))
-    task_encoder = DefaultHooks() if task_encoder is _UNSET else task_encoder
+    task_encoder = DefaultHooks() if task_encoder is None else task_encoder
     if not isinstance(task_encoder, Hooks):
         raise ConfigError(format_message("task_encoder must be a TaskEncoder", found=type(task_encoder).__name__))
     known = _DATASET_KWARGS if training else _DATASET_KWARGS | _VAL_KWARGS
@@ -224,7 +232,7 @@ def _dataset(spec: PipelineSpec, mock: Any = None) -> Recipe:
     dataset = _real_dataset(spec)
     if mode is None:
         return dataset
-    endless = spec.training and spec.repeat and not dataset.passes_continue
+    endless = pass_end(dataset) == ENDLESS
     return MockDataset(dataset, mode=mode, endless=endless, name=f"{spec.path} (split {spec.split_part})")
 
 
@@ -244,7 +252,7 @@ def get_train_dataset(
     max_samples_per_sequence: int | None = None,
     virtual_epoch_length: int = 0,
     shuffle_over_epochs_multiplier: int | None = 1,
-    task_encoder: Hooks = _UNSET,
+    task_encoder: Hooks | None = None,
     repeat: bool = True,
     blend_mode: str | None = None,
     mock: bool | str | None = None,
@@ -264,12 +272,15 @@ def get_train_dataset(
     shard). Other keyword arguments: Energon's ``dataset_config``, ``split_config``,
     ``parallel_shard_iters``, ``subflavors``, ``subset``, ``sample_type`` and its deprecated
     ``auto_decode``, ``image_decode``, ``av_decode``, ``video_decode_audio`` and ``handler``
-    (see :func:`_apply_deprecated_decoder_kwargs`); ours: ``trust_dataset_code`` (run the
+    (a ``FutureWarning``; they set the task encoder's decoder, as in Energon); ours: ``trust_dataset_code`` (run the
     dataset's ``sample_loader.py``), ``group_buffer_size`` and ``storage_options``.
 
     ``mock`` (ours; default: the YAML's ``mock:``, else off): ``True`` yields each worker's first
     real batch again and again, the same object, without reading or decoding after it (the
-    training loop's ceiling); ``"copy"``: a fresh copy of it each time.  See ``mock.py``.
+    training loop's ceiling); ``"copy"``: a fresh copy of it each time.
+
+    ``task_encoder``: None (the default) means the default hooks, which behave as Energon's
+    ``DefaultTaskEncoder()``.
     """
     spec = plan_spec(
         path,
@@ -300,8 +311,7 @@ def get_val_dataset(
     batch_drop_last: bool = False,
     packing_buffer_size: int | None = None,
     limit: int | None = None,
-    task_encoder: Hooks = _UNSET,
-    _leaf_plan: BlendPlan | None = None,
+    task_encoder: Hooks | None = None,
     mock: bool | str | None = None,
     **kwargs,
 ) -> Recipe:
@@ -323,7 +333,6 @@ def get_val_dataset(
         batch_drop_last=batch_drop_last,
         limit=limit,
         repeat=False,
-        plan=_leaf_plan,
     )
     return _dataset(spec, mock)
 
@@ -408,12 +417,13 @@ def get_savable_loader(dataset: Recipe, *, prefetch_factor: int | None = None, s
 def get_val_datasets(path, *, split_part: str = "val", **kwargs) -> list[tuple[Recipe, dict[str, Any]]]:
     """Energon's ``get_val_datasets``: one validation dataset per leaf dataset, not concatenated.
 
-    Each entry is ``(dataset, description)``; Energon gives its factory object as the second
-    element, we give a plain dict (``path``, ``split_part``, ``subflavors``, ...).
+    Each entry is ``(dataset, description)``, a plain dict (``path``, ``split_part``,
+    ``subflavors``, ...); the package's public ``get_val_datasets`` (the Energon layer's) gives
+    the dataset's factory instead, as Energon does.
     """
     _, plan = _plan(path, split_part, training=False)
     entries = []
     for leaf in plan.leaves:
-        dataset = get_val_dataset(leaf.path, split_part=split_part, _leaf_plan=dataclasses.replace(plan, kind="single", leaves=(leaf,)), **kwargs)
+        dataset = get_val_dataset(_PlannedPath(leaf.path, dataclasses.replace(plan, kind="single", leaves=(leaf,))), split_part=split_part, **kwargs)
         entries.append((dataset, {k: v for k, v in leaf.describe().items() if k not in ("weight", "repetitions")}))
     return entries

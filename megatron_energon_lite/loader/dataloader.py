@@ -27,7 +27,7 @@ from ..errors import (
     format_message,
 )
 from ..pipeline.aux_sources import activate_cache_pool
-from ..pipeline.node import as_key, set_restore_key
+from ..pipeline.node import as_key, get_restore_key, set_restore_key, unkeyed
 from ..pipeline.recipe import Recipe
 from ..pipeline.watchdog import StuckReports
 from .dataset import PipelineDataset
@@ -151,6 +151,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._next_worker = 0
         #: The logical worker (0 .. workers_per_rank - 1) that produced the last item yielded.
         self.last_worker_id: int | None = None
+        #: The restore key of the last item yielded, for :meth:`restore_sample`.  Also for a plain
+        #: dict, which is handed out as the hook made it, without a ``__restore_key__``.
+        self.last_restore_key: tuple | None = None
         self._first_worker = 0  # the logical worker served by physical worker 0
         self._started = False
         #: The loop over the loader ended (StopIteration) after the last item it yielded.
@@ -229,7 +232,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 debug_log.yielded(item, logical)
             if stall is not None:
                 stall.waited_for(asked, time.perf_counter())
-            yield item
+            self.last_restore_key = get_restore_key(item)
+            yield unkeyed(item)
 
     def _unrotate_workers(self) -> None:
         """After the first pass of a restored loader, whose workers were rotated so that the one
@@ -378,13 +382,14 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._restore(elastic_rank_state(states, self.savable_dataset, wc))
 
     def restore_sample(self, restore_key: tuple) -> Any:
-        """Rebuilds a sample or batch from its ``__restore_key__`` by random access."""
+        """Rebuilds a sample or batch from its ``__restore_key__`` (for a plain dict, which has none:
+        :attr:`last_restore_key` after it was yielded) by random access."""
         key = as_key(restore_key)
         if len(key) < 2 or key[0] != WORKER_TAG or not isinstance(key[1], int):
             raise StateError(format_message("not a restore key of this loader", expected=f"({WORKER_TAG!r}, worker id, ...)", found=repr(restore_key)[:200]))
         pipeline = self.savable_dataset.build_worker(key[1])
         activate_cache_pool(self.cache_pool)
-        return set_restore_key(pipeline.restore(key[2:]), key)
+        return unkeyed(set_restore_key(pipeline.restore(key[2:]), key))
 
     def blend_report(self) -> list[dict[str, Any]]:
         """This rank's realized blend so far: see :func:`blend_report`."""

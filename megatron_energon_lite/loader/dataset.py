@@ -4,7 +4,7 @@ and the loader iterates (``dataloader.py``)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import EmptyDatasetError, format_message
 from ..pipeline.build import (
@@ -16,7 +16,7 @@ from ..pipeline.build import (
     worker_lengths,
 )
 from ..pipeline.node import Node
-from ..pipeline.recipe import Recipe, input_recipes, share
+from ..pipeline.recipe import Recipe, passes_continue, share
 from ..worker import WorkerConfig
 
 __all__ = ["PipelineDataset"]
@@ -67,7 +67,7 @@ class PipelineDataset(Recipe):
         return build_worker_pipeline(self.spec, self.recipe, local_worker_id)
 
     def worker_length(self, local_worker_id: int) -> int:
-        if self.passes_continue and not self.composed:  # virtual epochs and val limits give each worker its share
+        if passes_continue(self.recipe) and not self.composed:  # virtual epochs and val limits give each worker its share
             return share(self._length, self.worker_config.workers_per_rank, local_worker_id)
         return self._worker_lengths[local_worker_id]
 
@@ -84,13 +84,8 @@ class PipelineDataset(Recipe):
         spec = self.spec.with_topology(worker_config)
         return PipelineDataset(spec, self.recipe.with_topology(worker_config) if self.composed else None)
 
-    @property
-    def passes_continue(self) -> bool:
-        if self.composed:
-            return self.recipe.passes_continue
-        # Virtual epochs and val limits split one stream into passes; the pipeline keeps going.
-        spec = self.spec
-        return bool(spec.training and spec.virtual_epoch_length) or (not spec.training and spec.limit is not None)
+    def input_recipes(self) -> Sequence[Recipe]:
+        return (self.recipe,)
 
 
 def _warn_unmovable(recipe: Recipe) -> None:
@@ -102,7 +97,7 @@ def _warn_unmovable(recipe: Recipe) -> None:
         current = pending.pop()
         if type(current).with_topology is Recipe.with_topology:
             found.append(type(current).__qualname__)
-        pending.extend(input_recipes(current))
+        pending.extend(current.input_recipes())
     if found:
         logger.warning(
             "the task encoder's pipeline has stages that are not the loader's stage recipes (%s): it saves and "

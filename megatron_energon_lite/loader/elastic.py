@@ -17,8 +17,11 @@ boundaries).
 Supported: the stages source, endless repeat, map/filter, blend by weight (any mode), shuffle
 buffer, length-grouping buckets, packing buffers (the members of groups not packed yet), batch,
 virtual epochs / limits, ``blend_epochized`` passes (the rest of every repetition of the running
-pass).  Repeats of a fixed count elsewhere (``RepeatDataset``), composed wrappers and a generator
-caught between two outputs are refused with an error that names the stage.
+pass).  Each stage says so by implementing the elastic protocol (``pipeline/node.py``'s
+``Elastic``: ``undelivered`` / ``carry_in``); a pipeline with a stage that does not (a concatenation,
+a stage of the user's own) is refused by :func:`check_elastic`, naming the stage.  Repeats of a
+fixed count elsewhere (``RepeatDataset``) and a generator caught between two outputs are refused
+by their stage, saying why.
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .._version import __version__
-from ..errors import ConfigError, StateError, format_message
+from ..errors import ConfigError, NotSupportedError, StateError, format_message
 from ..pipeline.blend import BlendNode
-from ..pipeline.node import BlendCursor, Remainder, find_stage, samples_between
+from ..pipeline.node import BlendCursor, Elastic, Node, Remainder, find_stage, samples_between, stages
 from ..pipeline.passes import on_top
+from ..pipeline.recipe import Recipe, passes_continue
 from ..pipeline.state_check import check_count, invalid, nested
-from ..pipeline.recipe import Recipe
 from ..worker import WorkerConfig
 from .rank_state import (
     MOVED_FROM,
@@ -45,6 +48,7 @@ from .rank_state import (
 
 __all__ = [
     "Topology",
+    "check_elastic",
     "elastic_rank_state",
     "even_share",
     "merge_ranges",
@@ -219,7 +223,7 @@ def elastic_rank_state(states: Sequence[dict], dataset: Recipe, worker_config: W
     moved = moved_states(states, wc.world_size, wc.num_workers)
     if moved is not None:
         return RankState.from_json(moved[wc.rank], config=current, worker_config=wc)
-    restart = not dataset.passes_continue
+    restart = not passes_continue(dataset)
     remainders: list[Remainder] = []
     loop_ended = True
     for rank, state in enumerate(states):
@@ -228,7 +232,7 @@ def elastic_rank_state(states: Sequence[dict], dataset: Recipe, worker_config: W
         loop_ended = loop_ended and parsed.pass_ended
         old_dataset = dataset.with_topology(old)
         for local, worker_state in enumerate(parsed.worker_states):
-            pipeline = on_top(old_dataset.build_worker(local), restart=restart)
+            pipeline = check_elastic(on_top(old_dataset.build_worker(local), restart=restart))
             pipeline.reset(worker_state)  # None: the worker had not yielded; all its epoch is left
             remainders.append(pipeline.undelivered())
     pooled = pool_remainders(remainders, ended=loop_ended)
@@ -236,11 +240,28 @@ def elastic_rank_state(states: Sequence[dict], dataset: Recipe, worker_config: W
     rates = _schedule_rates(dataset, wc, pooled)
     worker_states = []
     for local in range(wc.workers_per_rank):
-        pipeline = on_top(dataset.build_worker(local), restart=restart)
+        pipeline = check_elastic(on_top(dataset.build_worker(local), restart=restart))
         pipeline.reset(None)
         pipeline.carry_in(share_pooled(pooled, wc.rank * wc.workers_per_rank + local, new_workers, rates=rates))
         worker_states.append(pipeline.get_state())
     return RankState(worker_states=tuple(worker_states), next_worker=0, pass_ended=loop_ended, config=current)
+
+
+def check_elastic(pipeline: Node) -> Node:
+    """``pipeline`` if every stage of it implements the elastic protocol (``node.Elastic``), else
+    :class:`NotSupportedError` naming the first stage that does not."""
+    for stage in stages(pipeline):
+        if not isinstance(stage, Elastic):
+            raise NotSupportedError(
+                format_message(
+                    f"a loader with a {stage.tag} stage ({type(stage).__qualname__}) cannot be restored on another topology: "
+                    "the stage does not implement elastic resume (undelivered / carry_in of pipeline/node.py's Elastic)",
+                    where="the worker pipeline's stages, top first: " + ", ".join(s.tag for s in stages(pipeline)),
+                    expected="the saved number of ranks and workers",
+                    fix="restore on the topology the state was saved with",
+                )
+            )
+    return pipeline
 
 
 def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> Remainder:

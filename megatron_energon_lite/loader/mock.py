@@ -38,14 +38,14 @@ from __future__ import annotations
 import copy
 import uuid
 import weakref
-from typing import Any
+from typing import Any, Sequence
 
 import torch.utils.data
 
 from ..errors import ConfigError, EmptyDatasetError, StateError, format_message
 from ..pipeline.node import Node, State, get_restore_key, set_restore_key
 from ..pipeline.recipe import Recipe
-from ..pipeline.state_check import check_count
+from ..pipeline.state_check import check_count, check_stage
 
 __all__ = ["MOCK_MODES", "MockDataset", "MockNode", "mock_mode"]
 
@@ -202,7 +202,7 @@ class MockNode(Node[Any]):
         if state is None:
             self._offset = 0
             return
-        self.check_state(state, "version", "offset")
+        check_stage(state, self.tag, "version", "offset")
         if state["version"] != _STATE_VERSION:
             raise StateError(format_message("unknown version of a mock stage's state", expected=str(_STATE_VERSION), found=repr(state["version"])[:40]))
         high = self.per_pass
@@ -272,5 +272,9 @@ class MockDataset(Recipe[Any]):
         return {**self.dataset.config(), "mock": self.mode}
 
     @property
-    def passes_continue(self) -> bool:
-        return self.dataset.passes_continue
+    def spec(self) -> Any:
+        """The spec of the dataset it mocks (``get_val_datasets`` makes its factory of it)."""
+        return self.dataset.spec
+
+    def input_recipes(self) -> Sequence[Recipe[Any]]:
+        return (self.dataset,)

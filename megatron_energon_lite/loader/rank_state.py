@@ -107,10 +107,33 @@ class RankState:
 
 
 #: Parts of the configuration Energon does not compare on restore: under ``as_energon`` a state
-#: restores into a loader with another task encoder, decoder or micro batch size (logged once;
-#: Energon's own redist tests change the batch size); the plain import refuses, since the
-#: restored samples or batches would not be the ones the state describes.
+#: restores into a loader with another task encoder, decoder or a smaller micro batch size (logged
+#: once; Energon's own redist tests change the batch size; a larger one is refused, see
+#: :func:`_check_energon_batch_size`); the plain import refuses, since the restored samples or
+#: batches would not be the ones the state describes.
 _ENERGON_DOES_NOT_CHECK = ("task_encoder", "decoder", "batch_size")
+
+
+def _check_energon_batch_size(saved: Any, now: Any, where: str | None) -> None:
+    """Energon's rule for resuming with another micro batch size: only a smaller one that divides
+    the saved one (the samples of a saved batch then fill whole new batches)."""
+    if saved == now or (isinstance(saved, int) and isinstance(now, int) and 0 < now < saved and saved % now == 0):
+        return
+    if not isinstance(saved, int) or not isinstance(now, int):
+        what = "cannot resume with a different batching mode (batching to non-batching or vice versa)"
+    elif now > saved:
+        what = f"Resuming with larger micro batch size is not allowed: {now} > {saved}"
+    else:
+        what = f"Resuming with smaller micro batch size only allowed if the old micro batch size is a multiple of the new one: {now} < {saved}"
+    raise StateError(
+        format_message(
+            what,
+            where=where,
+            expected=f"batch_size {saved!r} or a divisor of it (as Energon)",
+            found=f"batch_size {now!r}",
+            fix=f"build the loader with batch_size={saved!r} or a divisor of it",
+        )
+    )
 
 
 def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = (), where: str | None = None) -> None:
@@ -121,6 +144,8 @@ def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = ()
     differences = [(k, saved.get(k, "<missing>"), current.get(k, "<missing>")) for k in keys if saved.get(k, "<missing>") != current.get(k, "<missing>")]
     allowed = [k for k, _, _ in differences if k in _ENERGON_DOES_NOT_CHECK]
     if allowed and energon_mode.enabled():
+        if "batch_size" in allowed:
+            _check_energon_batch_size(saved.get("batch_size"), current.get("batch_size"), where)
         energon_mode.log_once(f"restore-other-{'-'.join(allowed)}", "restoring a state saved with another %s, as Energon does (import megatron_energon_lite.as_energon)", " and ".join(allowed))
         differences = [d for d in differences if d[0] not in _ENERGON_DOES_NOT_CHECK]
     if differences:

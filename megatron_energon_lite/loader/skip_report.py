@@ -44,9 +44,10 @@ class SkipLedger:
             logger.warning("%s%s", prefix, record.message)
             self.skips += 1
             self.samples += record.samples
-            self._by_shard[(record.dataset, record.shard)] += record.samples
+            for dataset, shard, count in record.places or ((record.dataset, record.shard, record.samples),):
+                self._by_shard[(dataset, shard)] += count
             if len(self._listed) < LISTED_SKIPS:
-                self._listed.append({"worker": logical, **{k: v for k, v in record._asdict().items() if k != "message"}})
+                self._listed.append({"worker": logical, **{k: v for k, v in record._asdict().items() if k not in ("message", "places")}})
         if more:
             logger.warning("%sskipped %d more samples (details not kept: more than %d in a row)", prefix, more, SKIP_REPORT_LIMIT)
             self.skips += more

@@ -21,8 +21,8 @@ from ..cache.base import CachePool
 from ..errors import collect_skip_reports, format_message, take_skip_reports
 from ..pipeline.aux_sources import activate_cache_pool
 from ..pipeline.node import Node, get_restore_key, set_restore_key
-from ..pipeline.passes import on_top
-from ..pipeline.recipe import Recipe
+from ..pipeline.passes import ending_pass, on_top
+from ..pipeline.recipe import Recipe, passes_continue
 from ..pipeline.stage_clock import StageClock, activate_clock, timed
 from ..pipeline.state_check import nested
 from ..pipeline.watchdog import StuckReports
@@ -30,6 +30,7 @@ from ..worker_slabs import activate_slabs
 from .handover.bundles import Bundle, BundleLimits, bundled
 from .handover.slabs import SlabRing, dump_for_main, load_from_worker
 from .rank_state import RankState
+from .skip_report import logger as skip_logger
 from .stall import StageTimes
 from .worker_start import StartWatch
 
@@ -52,7 +53,7 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         self._restored: RankState | None = None
         # Between passes a pipeline starts over, unless its passes continue one stream (virtual
         # epochs, limits): then the stage that cuts the stream owns the boundary.
-        self._restart_passes = not dataset.passes_continue
+        self._restart_passes = not passes_continue(dataset)
         self._rotation = 0
         #: Set by the loader when it runs worker processes: their watchdog reports reach it.
         self.stuck_reports: StuckReports | None = None
@@ -86,7 +87,7 @@ class WorkerStreams(torch.utils.data.IterableDataset):
                 with nested("worker_states", logical):  # names the field of a bad value (state_check)
                     pipeline.reset(copy.deepcopy(restored.worker_states[logical]))
                 if restored.pass_ended:
-                    pipeline.pass_was_over()
+                    ending_pass(pipeline).pass_was_over()
             self._pipelines[logical] = pipeline
         return pipeline
 
@@ -142,6 +143,14 @@ class WorkerStreams(torch.utils.data.IterableDataset):
                 yield entry  # in a worker, a timed item's hand-over is timed too
                 timing = None if clock is None else clock.for_next_item()
                 _enter_pipeline(timing)
+        except Exception:
+            if not in_worker:  # the run stops: its skips since the last item are logged, not left for the next loader
+                records, more = take_skip_reports()
+                for record in records:
+                    skip_logger.warning("%s", record.message)
+                if more:
+                    skip_logger.warning("skipped %d more samples (details not kept)", more)
+            raise
         finally:
             if clock is not None:
                 clock.publish()

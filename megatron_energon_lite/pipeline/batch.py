@@ -8,20 +8,21 @@ from typing import Any, Callable, ContextManager
 from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard
 from .node import (
+    ForwardsElastic,
     Node,
     OneSourceNode,
-    Remainder,
     State,
     as_key,
     get_restore_key,
     set_restore_key,
 )
-from .state_check import check_count, nested
+from .state_check import check_count, check_stage, nested
 
 __all__ = ["BatchNode"]
 
 
-class BatchNode(OneSourceNode[Any]):
+# Elastic as its source: a batch is made in one call, nothing waits here between calls.
+class BatchNode(OneSourceNode[Any], ForwardsElastic):
     """Pulls ``batch_size`` items from ``source`` and returns ``batcher(items, batch_index)``.
 
     The last partial batch is emitted unless ``drop_last``.  A batcher that fails drops the whole
@@ -92,7 +93,7 @@ class BatchNode(OneSourceNode[Any]):
             self._index = 0
             self.guard.reset()
             return
-        self.check_state(state, "index", "failures", "source")
+        check_stage(state, self.tag, "index", "failures", "source")
         index = check_count(state["index"], "index", stage=self.tag)
         failures = check_count(state["failures"], "failures", stage=self.tag)
         # A generator hook below resumes here; its pending outputs go into the next batch.
@@ -100,10 +101,6 @@ class BatchNode(OneSourceNode[Any]):
             self.source.reset(state["source"])
         self._index = index
         self.guard.reset(failures)
-
-    # A batch is made in one call: nothing waits here between calls.
-    def undelivered(self) -> Remainder:
-        return self.source.undelivered()
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

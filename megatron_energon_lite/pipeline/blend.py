@@ -63,8 +63,9 @@ from ..errors import (
 from ..rng import UniformStream
 from .load import BLEND_TAG
 from .node import (
-    FORWARDS_EPOCHS,
     BlendCursor,
+    Elastic,
+    ForwardsEpochs,
     Node,
     Remainder,
     State,
@@ -77,6 +78,7 @@ from .state_check import (
     check_bool,
     check_count,
     check_list,
+    check_stage,
     invalid,
     nested,
     state_path,
@@ -240,11 +242,10 @@ def _window_sources(weights: tuple[int, ...], start: tuple[int, tuple[int, ...]]
     return np.fromiter((schedule.source_at(p) for p in range(first, first + length)), dtype=np.int64, count=length)
 
 
-class BlendNode(Node[Any]):
+class BlendNode(Node[Any], ForwardsEpochs, Elastic):
     """Mixes ``sources`` by ``weights`` (random draws, or an :class:`ExactSchedule`)."""
 
     tag = BLEND_TAG
-    epochs = FORWARDS_EPOCHS  # every source starts its next epoch, and the blend its draws
 
     def __init__(
         self,
@@ -311,7 +312,7 @@ class BlendNode(Node[Any]):
             self._offset = 0
             self._start(0)
             return
-        self.check_state(state, "epoch", "emitted", "draws", "counts", "costs", "exhausted", "schedule", "sources")
+        check_stage(state, self.tag, "epoch", "emitted", "draws", "counts", "costs", "exhausted", "schedule", "sources")
         n = len(self.sources)
         if not isinstance(state["sources"], list) or not isinstance(state["counts"], list) or len(state["sources"]) != n or len(state["counts"]) != n:
             raise StateError(

@@ -42,7 +42,7 @@ from .hooks import HookSpec, hook_spec, stage_hook
 from .load import JoinLoader, SampleLoader
 from .map import MapNode
 from .node import Node
-from .recipe import Batch, Blend, Concat, GroupBatch, Map, Pack, Pass, Recipe, Repeat, Shuffle, input_recipes
+from .recipe import Batch, Blend, Concat, GroupBatch, Map, Pack, Pass, Recipe, Repeat, Shuffle
 from .sharding import Slices, check_shuffle_over_epochs, epoch_slice_order, rotation_offset_for, worker_slices
 from .source import SliceSource
 from .task_hooks import Hooks, fingerprint_name
@@ -379,7 +379,8 @@ def plan_sources(recipe: Recipe) -> list[Source]:
     """The plan sources ``recipe`` reads from, in order."""
     if isinstance(recipe, Source):
         return [recipe]
-    return [source for inner in input_recipes(recipe) for source in plan_sources(inner)]
+    inputs = recipe.input_recipes() if isinstance(recipe, Recipe) else ()  # a task encoder may compose anything
+    return [source for inner in inputs for source in plan_sources(inner)]
 
 
 def sources(spec: PipelineSpec) -> list[Source]:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError, StateError, format_message
 from .node import Node, State, as_key, get_restore_key, set_restore_key, tagged_key_problem
-from .state_check import check_count, nested
+from .state_check import check_count, check_stage, nested
 
 __all__ = ["ConcatNode"]
 
@@ -53,7 +53,7 @@ class ConcatNode(Node[Any]):
                 source.reset(None)
             self._current = 0
             return
-        self.check_state(state, "current", "sources")
+        check_stage(state, self.tag, "current", "sources")
         if not isinstance(state["sources"], list) or len(state["sources"]) != len(self.sources):
             raise StateError(
                 format_message(

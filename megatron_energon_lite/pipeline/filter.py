@@ -5,19 +5,19 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .guard import DROPPED, SampleGuard
-from .node import FORWARDS_EPOCHS, Node, PassThroughNode, State
-from .state_check import check_count, nested
+from .node import ForwardsElastic, ForwardsEpochs, Node, PassThroughNode, State
+from .state_check import check_count, check_stage, nested
 
 __all__ = ["FilterNode"]
 
 
-class FilterNode(PassThroughNode[Any]):
+class FilterNode(PassThroughNode[Any], ForwardsEpochs, ForwardsElastic):
     """Passes on the items of ``source`` for which ``predicate(item, index)`` is true.
 
     ``index`` counts this stage's inputs (kept and dropped).  A predicate that raises goes through
     ``guard``: the item is dropped (``SkipSample``) or handled as a failure.  Items and their restore
     keys pass through unchanged, so ``restore`` is the source's.  ``start_epoch`` is forwarded to the
-    source, so a ``RepeatNode`` may sit above a filter.
+    source (the index keeps counting across epochs), so a ``RepeatNode`` may sit above a filter.
 
     State keys:
         ``stage``: ``"Filter"``.
@@ -27,7 +27,6 @@ class FilterNode(PassThroughNode[Any]):
     """
 
     tag = "Filter"
-    epochs = FORWARDS_EPOCHS  # the index keeps counting across epochs
 
     def __init__(self, source: Node[Any], predicate: Callable[[Any, int], bool], *, guard: SampleGuard | None = None) -> None:
         super().__init__(source)
@@ -56,7 +55,7 @@ class FilterNode(PassThroughNode[Any]):
             self._index = 0
             self.guard.reset()
             return
-        self.check_state(state, "index", "failures", "source")
+        check_stage(state, self.tag, "index", "failures", "source")
         index = check_count(state["index"], "index", stage=self.tag)
         failures = check_count(state["failures"], "failures", stage=self.tag)
         with nested("source"):

@@ -42,6 +42,7 @@ from ..errors import ConfigError, StateError, format_message
 from .guard import DROPPED, SampleGuard, describe_item
 from .load import waiting_samples
 from .node import (
+    ForwardsElastic,
     Node,
     OneSourceNode,
     Remainder,
@@ -51,7 +52,7 @@ from .node import (
     key_to_json,
     set_restore_key,
 )
-from .state_check import check_count, check_list, invalid, nested
+from .state_check import check_count, check_list, check_stage, invalid, nested
 
 __all__ = ["GroupBatchNode"]
 
@@ -68,7 +69,7 @@ def _group_key(value: Any) -> Hashable:
     return tuple(_group_key(v) for v in value) if isinstance(value, list) else value
 
 
-class GroupBatchNode(OneSourceNode[Any]):
+class GroupBatchNode(OneSourceNode[Any], ForwardsElastic):
     tag = "Group"
 
     def __init__(
@@ -104,7 +105,7 @@ class GroupBatchNode(OneSourceNode[Any]):
             self.criterion_guard.reset()
             self._index = self._inputs = 0
             return
-        self.check_state(state, "buckets", "index", "inputs", "failures", "source")
+        check_stage(state, self.tag, "buckets", "index", "inputs", "failures", "source")
         index = check_count(state["index"], "index", stage=self.tag)
         inputs = check_count(state["inputs"], "inputs", stage=self.tag)
         failures = check_count(state["failures"], "failures", stage=self.tag)

@@ -187,11 +187,11 @@ class SampleLoader:
             raw_sample = {"__key__": raw.key, "__shard__": raw.shard, "__restore_key__": (RESTORE_TAG, index), "__sources__": (source,), **parts}
             return set_restore_key(self.sample_factory.load_sample(raw_sample), (RESTORE_TAG, index))
         clock = stage_clock.active_clock  # the loader's stall report is on: time the decode apart from the read
-        decoded = self._decode(parts, raw.key) if clock is None else clock.run("decode", None, self._decode, parts, raw.key)
+        decoded = self._decode(parts, raw.key, raw.shard) if clock is None else clock.run("decode", None, self._decode, parts, raw.key, raw.shard)
         return make_sample(config, key=raw.key, decoded=decoded, restore_key=(RESTORE_TAG, index), source=source, subflavors=self.subflavors)
 
-    def _decode(self, parts: dict[str, bytes], key: str) -> dict[str, Any]:
-        return self.decoder.decode(parts, key=key, dataset=str(self.path)) if self.decoder is not None else dict(parts)
+    def _decode(self, parts: dict[str, bytes], key: str, shard: str) -> dict[str, Any]:
+        return self.decoder.decode(parts, key=key, dataset=str(self.path), shard=shard) if self.decoder is not None else dict(parts)
 
     def _load_jsonl(self, index: int) -> CrudeSample:
         sample = CrudeSample(json=self._jsonl.read(index))

@@ -8,24 +8,26 @@ from typing import Any, Callable
 from ..errors import NotSupportedError, StateError, format_message
 from .guard import DROPPED, SampleGuard
 from .node import (
-    FORWARDS_EPOCHS,
+    ForwardsElastic,
+    ForwardsEpochs,
     Node,
     OneSourceNode,
     Remainder,
     State,
     as_key,
     get_restore_key,
+    key_problem_of,
     key_to_json,
     set_restore_key,
 )
-from .state_check import check_count, check_list, invalid, nested
+from .state_check import check_count, check_list, check_stage, invalid, nested
 
 __all__ = ["MapNode"]
 
 _END: Any = object()
 
 
-class MapNode(OneSourceNode[Any]):
+class MapNode(OneSourceNode[Any], ForwardsEpochs, ForwardsElastic):
     """Applies ``fn(item, index)`` to each item of ``source``; ``index`` counts this stage's inputs.
 
     ``fn`` returns the output, raises ``SkipSample`` to drop the item, or returns a generator that
@@ -53,7 +55,6 @@ class MapNode(OneSourceNode[Any]):
     """
 
     tag = "Map"
-    epochs = FORWARDS_EPOCHS  # the index keeps counting across epochs, as in Energon
 
     def __init__(
         self,
@@ -128,7 +129,7 @@ class MapNode(OneSourceNode[Any]):
             self._index = 0
             self.guard.reset()
             return
-        self.check_state(state, "index", "emitted", "input_key", "failures", "source")
+        check_stage(state, self.tag, "index", "emitted", "input_key", "failures", "source")
         index = check_count(state["index"], "index", stage=self.tag)
         failures = check_count(state["failures"], "failures", stage=self.tag)
         input_key, emitted = state["input_key"], state["emitted"]
@@ -184,7 +185,7 @@ class MapNode(OneSourceNode[Any]):
         if len(key) < 2 or key[0] != self.tag or not isinstance(key[1], int) or isinstance(key[1], bool):
             return f"[{self.tag!r}, index, [sub_index,] *input key]"
         inner = key[2:]
-        return self.source.restore_key_problem(inner[1:] if inner and isinstance(inner[0], int) else inner)
+        return key_problem_of(self.source, inner[1:] if inner and isinstance(inner[0], int) else inner)
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

@@ -1,18 +1,36 @@
-"""The contract every pipeline stage follows.
+"""The contract every pipeline stage follows: read this file to write a new stage.
 
-A stage is an iterator with exactly these methods:
+**What every stage implements** (:class:`Node`; nothing else is required):
 
 * ``next()`` -> the next item, or ``StopIteration`` at the end of its stream (``__next__`` calls it);
-* ``get_state()`` -> a small dict of plain JSON values: the stage's own counters plus its source's
-  state under a fixed key (``"source"``, or ``"sources"`` for several).  Never samples, tensors,
-  pickles or RNG objects;
-* ``reset(state=None)`` -> start over (``None``) or continue exactly where ``state`` was taken;
+* ``get_state()`` -> a small dict of plain JSON values: ``"stage"`` (its :attr:`Node.tag`), the
+  stage's own counters, and its source's state under a fixed key (``"source"``, or ``"sources"``
+  for several).  Never samples, tensors, pickles or RNG objects;
+* ``reset(state=None)`` -> start over (``None``) or continue exactly where ``state`` was taken.
+  Check the state's values first (:mod:`.state_check`: ``check_stage`` for its kind and keys,
+  ``check_count`` and friends for each value) and reset the source inside ``nested("source")``;
 * ``restore(restore_key)`` -> rebuild one item from its ``__restore_key__`` by random access, so a
   buffer can save keys instead of samples;
-* ``inputs()`` -> the stages it reads from, and ``epochs``, how it takes part in epochs: it starts
-  its next epoch itself (``OWNS_EPOCHS``: the dataset source, a repeat), passes ``start_epoch`` on
-  to its inputs (``FORWARDS_EPOCHS``: map, filter, blend), or cannot (``None``: a repeat above it
-  resets it instead).  Where a pass ends is :mod:`.passes`' job alone.
+* ``inputs()`` -> the stages it reads from (none for a source).
+
+:class:`OneSourceNode` (one ``source``) and :class:`PassThroughNode` (items come out as they went
+in, so ``restore`` is the source's) save writing ``inputs`` and ``restore`` for the common cases.
+
+**Optional protocols**, each a mixin a stage opts into after its base (``class
+FilterNode(PassThroughNode, ForwardsEpochs, ForwardsElastic)``); nothing else assumes them:
+
+* :class:`Elastic` (``undelivered`` / ``carry_in``): the stage can be restored on another
+  topology (``loader/elastic.py``).  Elastic resume refuses a pipeline with a stage that does not
+  implement it, naming the stage.  :class:`ForwardsElastic` serves stages that hold nothing of
+  the epoch between calls (their remainder is their source's); a stage that buffers items
+  overrides ``undelivered`` and adds them with :meth:`Remainder.with_waiting`.
+* :class:`OwnsEpochs` / :class:`ForwardsEpochs` (``start_epoch``): the stage begins its next epoch
+  in place (the dataset source, a repeat), or passes ``start_epoch`` on to its inputs (map, filter,
+  blend).  A repeat above a chain that cannot (:func:`starts_epochs` is false) resets it instead.
+
+Where a pass ends (one loop over the loader) is not a stage's business: :mod:`.passes` puts a
+``PassNode`` on top, and whether the next pass continues the stream is decided once from the
+recipes (``recipe.passes_continue``).
 
 A restore key is a tuple built outward: each stage that changes an item prepends its tag and its
 own indices to the key of its input (``("Map", 7, "Webdataset", 1234)``).  Stages that pass items
@@ -25,19 +43,13 @@ state never needs an RNG blob.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Iterator, Sequence, TypeVar
+from typing import Any, Generic, Iterator, Sequence, TypeVar
 
-from ..errors import ConfigError, NotSupportedError, StateError, format_message
-from .state_check import state_path
+from ..errors import ConfigError, NotSupportedError, format_message
 
 T = TypeVar("T")
 
 State = dict[str, Any]
-
-#: ``Node.epochs``: the stage starts its next epoch itself (a new slice order, a new repeat pass).
-OWNS_EPOCHS = "owns"
-#: ``Node.epochs``: the stage passes ``start_epoch`` on to its inputs (it keeps no epoch of its own).
-FORWARDS_EPOCHS = "forwards"
 
 
 @dataclass(frozen=True)
@@ -110,74 +122,15 @@ def samples_between(ranges: Sequence[tuple[int, int]], first: int, last: int) ->
 
 
 class Node(Generic[T]):
-    """Base class: subclasses implement ``next``, ``get_state``, ``reset`` and ``restore``."""
+    """The contract of a stage (module docstring): ``next``, ``get_state``, ``reset``,
+    ``restore`` and ``inputs``; iterating a stage calls ``next``."""
 
     #: Tag written into states and restore keys; subclasses set their own.
     tag = "Node"
-    #: How the stage takes part in epochs: ``OWNS_EPOCHS``, ``FORWARDS_EPOCHS`` or None (it cannot
-    #: start one in place: batches, buffers, user wrappers; a repeat above it resets it instead).
-    epochs: ClassVar[str | None] = None
 
     def inputs(self) -> Sequence[Node[Any]]:
         """The stages this one reads from (none for a source)."""
         return ()
-
-    def starts_epochs(self) -> bool:
-        """Whether :meth:`start_epoch` works here: the stage owns its epochs, or forwards them to
-        inputs that all do."""
-        if self.epochs == OWNS_EPOCHS:
-            return True
-        inputs = self.inputs()
-        return self.epochs == FORWARDS_EPOCHS and bool(inputs) and all(source.starts_epochs() for source in inputs)
-
-    def ends_passes(self) -> bool:
-        """Whether the stage decides where a pass ends (``passes.PassNode``; a stage that is
-        transparent to states answers for its source)."""
-        return False
-
-    def pass_was_over(self) -> None:
-        """For stages that end passes: the state just restored was saved after the loop over the
-        loader ended (see ``passes.PassNode.pass_was_over``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not end passes")
-
-    def undelivered(self) -> Remainder:
-        """What this stage and those below hold or have still to read of the running epoch (for
-        restoring on another topology).  Stages that hold nothing between calls ask their input;
-        the others say what they hold or refuse."""
-        raise NotSupportedError(
-            format_message(
-                f"a loader with a {self.tag} stage cannot be restored on another topology yet",
-                expected="the saved number of ranks and workers",
-                fix="restore on the topology the state was saved with",
-            )
-        )
-
-    def carry_in(self, remainder: Remainder) -> None:
-        """After ``reset(None)``: read ``remainder`` first, as the rest of epoch ``remainder.epoch``,
-        then go on with the next epoch (the counterpart of :meth:`undelivered`)."""
-        self.undelivered()  # the same refusal
-
-    def start_epoch(self, epoch: int) -> None:
-        """Begins epoch ``epoch`` in place (after ``StopIteration`` ended epoch ``epoch - 1``); the
-        next ``next()`` yields it.  This default serves stages that forward epochs: it starts the
-        epoch on every input."""
-        if not self.starts_epochs():
-            raise ConfigError(
-                format_message(
-                    f"{self.tag} stage cannot start a new epoch in place",
-                    expected="stages between a repeat and the dataset source that pass epochs on (map, filter, blend)",
-                    found=" <- ".join(_chain(self)),
-                    fix="put the repeat directly above the source, or let it reset the stages below instead",
-                )
-            )
-        for source in self.inputs():
-            source.start_epoch(epoch)
-
-    def __iter__(self) -> Iterator[T]:
-        return self
-
-    def __next__(self) -> T:
-        return self.next()
 
     def next(self) -> T:
         raise NotImplementedError
@@ -191,46 +144,15 @@ class Node(Generic[T]):
     def restore(self, restore_key: tuple) -> T:
         raise NotImplementedError(f"{type(self).__name__} cannot rebuild items from restore keys")
 
-    def draws_with_replacement(self) -> bool:
-        """Whether one epoch may yield a sample more than once (slices drawn with replacement)."""
-        return any(source.draws_with_replacement() for source in self.inputs())
+    def __iter__(self) -> Iterator[T]:
+        return self
 
-    def restore_key_problem(self, key: tuple) -> str | None:
-        """What a restore key of this stage's items must look like, when ``key`` (from a saved
-        state) cannot be one; None when it can, or when this stage cannot tell without
-        rebuilding the item. Checked before a restore trusts the key (a shuffle buffer's)."""
-        return None
-
-    def check_state(self, state: State, *keys: str) -> State:
-        """Checks that ``state`` was written by this kind of stage and has ``keys``.
-
-        The values are checked by each stage's ``reset`` with :mod:`.state_check`."""
-        if not isinstance(state, dict) or state.get("stage") != self.tag or any(k not in state for k in keys):
-            missing = [k for k in keys if k not in state] if isinstance(state, dict) else []
-            raise StateError(
-                format_message(
-                    f"state does not belong to a {self.tag} stage",
-                    where=state_path(),
-                    expected=f"a dict with stage={self.tag!r} and keys {', '.join(keys)}",
-                    found=repr(state)[:200] + (f" (missing: {', '.join(missing)})" if missing else ""),
-                    fix="restore a state saved by a loader built with the same pipeline settings",
-                )
-            )
-        return state
-
-
-def _chain(node: Node[Any]) -> list[str]:
-    """The tags from ``node`` down to its first input that cannot start epochs."""
-    tags = [node.tag]
-    while node.epochs == FORWARDS_EPOCHS and node.inputs():
-        node = next((source for source in node.inputs() if not source.starts_epochs()), node.inputs()[0])
-        tags.append(node.tag)
-    return tags
+    def __next__(self) -> T:
+        return self.next()
 
 
 class OneSourceNode(Node[T]):
-    """A stage that reads one ``source``.  An elastic restore's remainder goes to the source (a
-    stage that cannot have its position moved refuses in ``undelivered``, which comes first)."""
+    """A stage that reads one ``source``."""
 
     def __init__(self, source: Node[Any]) -> None:
         self.source = source
@@ -238,35 +160,113 @@ class OneSourceNode(Node[T]):
     def inputs(self) -> Sequence[Node[Any]]:
         return (self.source,)
 
-    def carry_in(self, remainder: Remainder) -> None:
-        self.source.carry_in(remainder)
-
 
 class PassThroughNode(OneSourceNode[T]):
     """A stage whose items come out as they went in (shuffle, filter, repeat, passes): their
-    restore keys are the source's, and so is rebuilding them.  It holds nothing between calls
-    unless it says otherwise (the shuffle buffer does)."""
+    restore keys are the source's, and so is rebuilding them."""
 
     def restore(self, restore_key: tuple) -> T:
         return self.source.restore(restore_key)
 
-    def restore_key_problem(self, key: tuple) -> str | None:
-        return self.source.restore_key_problem(key)
+
+# --- optional protocols ------------------------------------------------------------------------
+
+
+class Elastic:
+    """Opt-in: the stage can be restored on another topology (elastic resume, ``loader/elastic.py``).
+
+    Elastic resume restores each saved worker's pipeline, asks it for ``undelivered()``, pools
+    and divides those remainders over the new workers, and hands each new worker's fresh
+    pipeline its share with ``carry_in``.  A stage implements both or neither; one that cannot
+    in some configuration (a generator caught between two outputs) raises
+    :class:`~megatron_energon_lite.errors.NotSupportedError` saying why.
+    """
+
+    def undelivered(self) -> Remainder:
+        """What this stage and those below hold or have still to read of the running epoch."""
+        raise NotImplementedError
+
+    def carry_in(self, remainder: Remainder) -> None:
+        """After ``reset(None)``: read ``remainder`` first, as the rest of its epoch, then go on
+        with the next epoch (the counterpart of :meth:`undelivered`)."""
+        raise NotImplementedError
+
+
+class ForwardsElastic(Elastic):
+    """:class:`Elastic` for a one-source stage that holds nothing of the epoch between calls: its
+    remainder is its source's, and what it carries in goes to its source (a stage that buffers
+    items overrides :meth:`undelivered` to add them).  Mixed into a :class:`OneSourceNode`."""
+
+    source: Any
 
     def undelivered(self) -> Remainder:
         return self.source.undelivered()
 
+    def carry_in(self, remainder: Remainder) -> None:
+        self.source.carry_in(remainder)
+
+
+class OwnsEpochs:
+    """Opt-in: the stage begins its next epoch in place (a new slice order, a new pass of
+    repeats) when :meth:`start_epoch` is called after ``StopIteration`` ended the last one."""
+
+    def start_epoch(self, epoch: int) -> None:
+        """Begins epoch ``epoch``; the next ``next()`` yields it."""
+        raise NotImplementedError
+
+
+class ForwardsEpochs:
+    """Opt-in: the stage keeps no epoch of its own and passes ``start_epoch`` on to its inputs
+    (map and filter keep counting across epochs; a blend also restarts its draws).  Mixed into a
+    :class:`Node`, after it in the bases (as every protocol here)."""
+
+    tag: str
+
+    def start_epoch(self, epoch: int) -> None:
+        """Begins epoch ``epoch`` on every input (all must start epochs, else a ConfigError
+        naming the stage that stops it)."""
+        if not starts_epochs(self):
+            raise ConfigError(
+                format_message(
+                    f"{self.tag} stage cannot start a new epoch in place",
+                    expected="stages between a repeat and the dataset source that pass epochs on (map, filter, blend)",
+                    found=" <- ".join(_chain(self)),
+                    fix="put the repeat directly above the source, or let it reset the stages below instead",
+                )
+            )
+        for source in self.inputs():
+            source.start_epoch(epoch)
+
+
+def starts_epochs(node: Node[Any]) -> bool:
+    """Whether ``start_epoch`` works on ``node``: it owns its epochs, or forwards them to inputs
+    that all do."""
+    if isinstance(node, OwnsEpochs):
+        return True
+    inputs = node.inputs()
+    return isinstance(node, ForwardsEpochs) and bool(inputs) and all(starts_epochs(source) for source in inputs)
+
+
+def _chain(node: Node[Any]) -> list[str]:
+    """The tags from ``node`` down to its first input that cannot start epochs."""
+    tags = [node.tag]
+    while isinstance(node, ForwardsEpochs) and node.inputs():
+        node = next((source for source in node.inputs() if not starts_epochs(source)), node.inputs()[0])
+        tags.append(node.tag)
+    return tags
+
 
 class KeyedDict(dict):
-    """A dict item that carries its restore key as an attribute, not as a key.
+    """A dict item that carries its restore key as an attribute, not as a key, inside the loader.
 
     A hook may return a plain dict without a ``__restore_key__`` key (a batch for
     ``model(**batch)``).  Energon leaves such a dict without a restore key; adding the key would
     change what the user gets, and losing it would break the stages that save the keys of what
     they hold (packing, grouping) and ``restore_sample``.  :func:`set_restore_key` therefore
-    returns a shallow copy of such a dict as a ``KeyedDict``: it is a ``dict`` with the same items
-    (``model(**batch)`` and ``batch[...]`` work as before) whose key is ``batch.__restore_key__``,
-    like a sample's.
+    returns a shallow copy of such a dict as a ``KeyedDict`` whose key is
+    ``batch.__restore_key__``, like a sample's.  It does not leave the loader: the loader hands
+    out the plain ``dict`` again (:func:`unkeyed`; a subclass would be another type for
+    ``type(batch) is dict`` and a leaf for ``torch.utils._pytree``) and keeps the key itself.
     """
 
     __slots__ = ("__restore_key__",)
@@ -283,6 +283,12 @@ def _keyed_dict(items: dict, key: tuple) -> KeyedDict:
     out = KeyedDict(items)
     out.__restore_key__ = key
     return out
+
+
+def unkeyed(item: Any) -> Any:
+    """``item`` as the hook made it: a :class:`KeyedDict` as a plain ``dict`` (without its key),
+    anything else unchanged."""
+    return dict(item) if type(item) is KeyedDict else item
 
 
 def get_restore_key(item: Any) -> tuple:
@@ -322,7 +328,7 @@ def tagged_key_problem(key: tuple, tag: str, sources: Sequence[Node[Any]]) -> st
     that source's item)`` (a blend, a concatenation)."""
     if len(key) < 2 or key[0] != tag or not _is_int(key[1]) or not 0 <= key[1] < len(sources):
         return f"[{tag!r}, source index < {len(sources)}, *item key]"
-    return sources[key[1]].restore_key_problem(key[2:])
+    return key_problem_of(sources[key[1]], key[2:])
 
 
 def as_key(value: Any) -> tuple:
@@ -338,12 +344,32 @@ def key_to_json(key: tuple) -> list:
 N = TypeVar("N", bound=Node)
 
 
-def find_stage(node: Node[Any], kind: type[N]) -> N | None:
-    """The first stage of type ``kind`` at or below ``node`` (depth first through ``inputs()``)."""
+def stages(node: Node[Any]) -> Iterator[Node[Any]]:
+    """``node`` and every stage below it, depth first through ``inputs()``."""
     stack = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, kind):
-            return current
+        yield current
         stack.extend(reversed(current.inputs()))
-    return None
+
+
+def key_problem_of(node: Node[Any], key: tuple) -> str | None:
+    """What a restore key of ``node``'s items must look like, when ``key`` (from a saved state)
+    cannot be one; None when it can, or when no stage can tell without rebuilding the item.
+    Opt-in: a stage that can tell has ``restore_key_problem(key)``; a pass-through stage's keys
+    are its source's. Checked before a restore trusts a key (a shuffle buffer's)."""
+    check = getattr(node, "restore_key_problem", None)
+    if check is not None:
+        return check(key)
+    return key_problem_of(node.source, key) if isinstance(node, PassThroughNode) else None
+
+
+def draws_with_replacement(node: Node[Any]) -> bool:
+    """Whether one epoch of ``node`` may yield a sample more than once (a source drawing its
+    slices with replacement: opt-in ``draws_with_replacement()`` of a stage)."""
+    return any(getattr(stage, "draws_with_replacement", bool)() for stage in stages(node))
+
+
+def find_stage(node: Node[Any], kind: type[N]) -> N | None:
+    """The first stage of type ``kind`` at or below ``node`` (depth first through ``inputs()``)."""
+    return next((stage for stage in stages(node) if isinstance(stage, kind)), None)

@@ -56,6 +56,7 @@ from ..errors import ConfigError, NotSupportedError, StateError, format_message
 from .guard import DROPPED, SYSTEM_EXCEPTIONS, SampleGuard, describe_item
 from .load import waiting_samples
 from .node import (
+    ForwardsElastic,
     Node,
     OneSourceNode,
     Remainder,
@@ -65,7 +66,7 @@ from .node import (
     key_to_json,
     set_restore_key,
 )
-from .state_check import check_bool, check_count, invalid, nested
+from .state_check import check_bool, check_count, check_stage, invalid, nested
 
 __all__ = ["PackNode"]
 
@@ -74,7 +75,7 @@ logger = logging.getLogger(__name__)
 _END: Any = object()
 
 
-class PackNode(OneSourceNode[Any]):
+class PackNode(OneSourceNode[Any], ForwardsElastic):
     tag = "Pack"
 
     def __init__(
@@ -114,7 +115,7 @@ class PackNode(OneSourceNode[Any]):
             self._open, self._groups_done, self._emitted, self._index, self._buffer_index = False, 0, 0, 0, 0
             self._left_out = self._left_out_start = 0
             return
-        self.check_state(state, "source", "open", "groups_done", "emitted", "index", "buffer_index", "failures")
+        check_stage(state, self.tag, "source", "open", "groups_done", "emitted", "index", "buffer_index", "failures")
         index = check_count(state["index"], "index", stage=self.tag)
         buffer_index = check_count(state["buffer_index"], "buffer_index", stage=self.tag, high=index, high_reason="a buffer starts at or before the next pack index")
         is_open = check_bool(state["open"], "open", stage=self.tag)

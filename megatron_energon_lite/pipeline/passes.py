@@ -18,13 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError, format_message
-from .node import Node, PassThroughNode, State
-from .state_check import check_count, nested
+from .node import ForwardsElastic, Node, PassThroughNode, State
+from .state_check import check_count, check_stage, nested
+from .watchdog import WatchdogNode
 
-__all__ = ["PassNode", "on_top", "upgrade_v1_worker_state"]
+__all__ = ["PassNode", "ending_pass", "on_top", "upgrade_v1_worker_state"]
 
 
-class PassNode(PassThroughNode[Any]):
+class PassNode(PassThroughNode[Any], ForwardsElastic):
     """Yields at most ``length`` items per pass (``None``: until the source ends), then raises
     ``StopIteration`` once; the next call begins the next pass.
 
@@ -53,9 +54,6 @@ class PassNode(PassThroughNode[Any]):
         # Restored from a state saved after the loader's loop ended: the first end of a pass met
         # is that old pass's, already seen by the user, so it is not raised again.
         self._old_pass_over = False
-
-    def ends_passes(self) -> bool:
-        return True
 
     def next(self) -> Any:
         if self.length is not None and self._offset >= self.length:
@@ -100,7 +98,7 @@ class PassNode(PassThroughNode[Any]):
             self.source.reset(None)
             self._offset = 0
             return
-        self.check_state(state, "offset", "source")
+        check_stage(state, self.tag, "offset", "source")
         if self.length is None:
             offset = check_count(state["offset"], "offset", stage=self.tag)
         else:
@@ -112,8 +110,18 @@ class PassNode(PassThroughNode[Any]):
 
 def on_top(pipeline: Node[Any], *, restart: bool) -> Node[Any]:
     """``pipeline`` with a :class:`PassNode` on top (itself when it already ends with one):
-    ``restart`` between passes unless the dataset's passes continue a stream."""
-    return pipeline if pipeline.ends_passes() else PassNode(pipeline, restart=restart)
+    ``restart`` between passes unless the dataset's passes continue a stream
+    (``recipe.passes_continue``)."""
+    return pipeline if ending_pass(pipeline) is not None else PassNode(pipeline, restart=restart)
+
+
+def ending_pass(pipeline: Node[Any]) -> PassNode | None:
+    """The :class:`PassNode` that ends ``pipeline``'s passes: the pipeline itself, or below a
+    watchdog on top (which only watches: its state and passes are its source's); None if there is
+    none (:func:`on_top` puts one there)."""
+    while isinstance(pipeline, WatchdogNode):
+        pipeline = pipeline.source
+    return pipeline if isinstance(pipeline, PassNode) else None
 
 
 #: Stage tags that loader states of version 1 used for what is now a PassNode.

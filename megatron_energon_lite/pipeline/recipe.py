@@ -29,7 +29,7 @@ from .group import GroupBatchNode
 from .guard import SampleGuard
 from .hooks import batch_member_context, stage_hook
 from .map import MapNode
-from .node import Node
+from .node import Node, unkeyed
 from .pack import PackNode
 from .passes import PassNode
 from .repeat import RepeatNode
@@ -37,6 +37,9 @@ from .shuffle import ShuffleBufferNode
 from .watchdog import WatchdogNode
 
 __all__ = [
+    "CUT_FROM_STREAM",
+    "ENDLESS",
+    "ENDS_WITH_DATA",
     "Batch",
     "Blend",
     "Concat",
@@ -50,6 +53,8 @@ __all__ = [
     "Shuffle",
     "Watchdog",
     "function_config",
+    "pass_end",
+    "passes_continue",
     "share",
 ]
 
@@ -108,16 +113,16 @@ class Recipe(torch.utils.data.IterableDataset, Generic[T]):
             )
         )
 
-    @property
-    def passes_continue(self) -> bool:
-        """True when a pass ends inside an endless stream (virtual epochs, limits), which then goes on."""
-        return False
+    def input_recipes(self) -> Sequence[Recipe[Any]]:
+        """The recipes this one reads from (none for a source, or a dataset class of the user's own)."""
+        return ()
 
     def __len__(self) -> int:
         return sum(self.worker_length(w) for w in range(self.worker_config.workers_per_rank))
 
     def __iter__(self) -> Iterator[T]:
-        return iter(self.build_worker(self.worker_config.current_worker_id(type(self).__name__)))
+        # Items as the hooks made them (a plain dict without the restore key it carries inside).
+        return map(unkeyed, self.build_worker(self.worker_config.current_worker_id(type(self).__name__)))
 
     # --- for stage recipes --------------------------------------------------------------------
     def _stage_fn(self, fn: Callable[..., Any], local_worker_id: int, *, batch: bool = False) -> Callable[[Any, int], Any]:
@@ -141,9 +146,8 @@ class StageRecipe(Recipe[T]):
         datasets = getattr(self, "datasets", None)
         return list(datasets) if datasets is not None else [self.dataset]
 
-    @property
-    def passes_continue(self) -> bool:
-        return any(d.passes_continue for d in self.inputs)
+    def input_recipes(self) -> Sequence[Recipe[Any]]:
+        return tuple(self.inputs)
 
     def worker_length(self, local_worker_id: int) -> int:
         return self.inputs[0].worker_length(local_worker_id)
@@ -197,10 +201,6 @@ class Repeat(StageRecipe[T]):
     def worker_length(self, local_worker_id: int) -> int:
         inner = self.dataset.worker_length(local_worker_id)
         return inner if self.repeats is None else int(inner * self.repeats)
-
-    @property
-    def passes_continue(self) -> bool:
-        return self.repeats is None or self.dataset.passes_continue
 
     def own_config(self) -> dict[str, Any]:
         return {"repeats": None if self.repeats is None else (self.repeats if math.isfinite(self.repeats) else str(self.repeats))}
@@ -451,13 +451,9 @@ class Pass(StageRecipe[T]):
         return share(self.length, self.worker_config.workers_per_rank, local_worker_id)
 
     def worker_length(self, local_worker_id: int) -> int:
-        if self.capped and not self.dataset.passes_continue:
+        if self.capped and pass_end(self.dataset) == ENDS_WITH_DATA:
             return min(self._share(local_worker_id), self.dataset.worker_length(local_worker_id))
         return self._share(local_worker_id)
-
-    @property
-    def passes_continue(self) -> bool:
-        return True
 
     def own_config(self) -> dict[str, Any]:
         return {"length": self.length, "reset_after_epoch": self.restart}
@@ -537,6 +533,31 @@ def _check_timeout(name: str, value: float | None) -> float | None:
     return float(value)
 
 
-def input_recipes(recipe: Recipe[Any]) -> Sequence[Recipe[Any]]:
-    """The recipes ``recipe`` reads from (none for a source)."""
-    return recipe.inputs if isinstance(recipe, StageRecipe) else ()
+#: How a dataset's passes end (:func:`pass_end`): its stream ends after one read of the data, and
+#: the next pass starts it over (a plain pass, a repeat of a fixed count) ...
+ENDS_WITH_DATA = "data"
+#: ... a ``Pass`` stage cuts passes out of a stream that goes on (virtual epochs, limits) ...
+CUT_FROM_STREAM = "cut"
+#: ... or an endless repeat and no ``Pass``: a pass never ends.
+ENDLESS = "endless"
+
+
+def pass_end(recipe: Recipe[Any]) -> str:
+    """How ``recipe``'s passes end (``ENDS_WITH_DATA``, ``CUT_FROM_STREAM`` or ``ENDLESS``), from
+    its recipe tree: the one place that decides it.  A ``Pass`` below anything cuts the stream; an
+    endless ``Repeat`` without one makes it endless; a recipe the loader does not know (a dataset
+    class of the user's own) ends with its data."""
+    if isinstance(recipe, Pass):
+        return CUT_FROM_STREAM
+    inner = {pass_end(r) for r in recipe.input_recipes()}
+    if CUT_FROM_STREAM in inner:
+        return CUT_FROM_STREAM
+    if ENDLESS in inner or (isinstance(recipe, Repeat) and recipe.repeats is None):
+        return ENDLESS
+    return ENDS_WITH_DATA
+
+
+def passes_continue(recipe: Recipe[Any]) -> bool:
+    """Whether the next of ``recipe``'s passes continues the stream where the last one was cut;
+    otherwise the stream starts over (moot for an endless one, which never ends a pass)."""
+    return pass_end(recipe) == CUT_FROM_STREAM

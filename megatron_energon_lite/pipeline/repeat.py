@@ -1,5 +1,5 @@
 """RepeatNode: runs its source for several epochs (or forever): ``start_epoch`` on sources that
-own their epochs (see ``Node.epochs``), a reset on others."""
+start epochs in place (see ``node.starts_epochs``), a reset on others."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import math
 from typing import Any
 
 from ..errors import ConfigError, NotSupportedError, format_message
-from .node import OWNS_EPOCHS, Node, PassThroughNode, Remainder, State, samples_between
-from .state_check import check_bool, check_count, invalid, nested
+from .node import Elastic, Node, OwnsEpochs, PassThroughNode, Remainder, State, samples_between, starts_epochs
+from .state_check import check_bool, check_count, check_stage, invalid, nested
 
 __all__ = ["RepeatNode"]
 
 
-class RepeatNode(PassThroughNode[Any]):
+class RepeatNode(PassThroughNode[Any], OwnsEpochs, Elastic):
     """Repeats ``source`` for ``repeats`` epochs, or forever when ``repeats`` is ``None``.
 
     At the end of each epoch it calls ``source.start_epoch(epoch + 1)``; the source's epoch number
@@ -41,7 +41,6 @@ class RepeatNode(PassThroughNode[Any]):
     """
 
     tag = "Repeat"
-    epochs = OWNS_EPOCHS  # start_epoch begins the next pass of repeats
 
     def __init__(self, source: Node[Any], repeats: float | None = None, *, worker_samples: int | None = None) -> None:
         self.check_repeats(repeats)
@@ -50,7 +49,7 @@ class RepeatNode(PassThroughNode[Any]):
         super().__init__(source)
         # A source that cannot start a new epoch (a batched pipeline, a user's wrapper) starts
         # over instead: the same order again, as Energon's RepeatDataset restarts its dataset.
-        self.epochal = source.starts_epochs()
+        self.epochal = starts_epochs(source)
         self.repeats = repeats
         self.full_epochs = None if repeats is None else math.floor(repeats)
         # Items of the final, partial epoch (0: there is none).
@@ -197,7 +196,7 @@ class RepeatNode(PassThroughNode[Any]):
             self._epoch = self._repetition = self._taken = 0
             self._carried_pass = False
             return
-        self.check_state(state, "epoch", "repetition", "taken", "source")
+        check_stage(state, self.tag, "epoch", "repetition", "taken", "source")
         carried = check_bool(state.get("carried", False), "carried", stage=self.tag)
         if carried and self.repeats is None:
             raise invalid(("carried",), "no carried pass (an endless repeat carries its epoch in its source)", state["carried"], stage=self.tag)

@@ -16,15 +16,18 @@ from typing import Any
 from ..rng import UniformStream
 from .load import waiting_samples
 from .node import (
+    ForwardsElastic,
     Node,
     PassThroughNode,
     Remainder,
     State,
     as_key,
+    draws_with_replacement,
     get_restore_key,
+    key_problem_of,
     key_to_json,
 )
-from .state_check import check_count, check_list, invalid, nested
+from .state_check import check_count, check_list, check_stage, invalid, nested
 
 
 def epochs_begun(state: Any) -> int:
@@ -52,7 +55,7 @@ class _Pending:
         self.key = key
 
 
-class ShuffleBufferNode(PassThroughNode):
+class ShuffleBufferNode(PassThroughNode, ForwardsElastic):
     tag = "Shuffle"
 
     def __init__(self, source: Node, size: int, *, seed: int) -> None:
@@ -69,7 +72,7 @@ class ShuffleBufferNode(PassThroughNode):
             self._keys: list[list] = []
             self._draws = 0
         else:
-            self.check_state(state, "buffer", "draws", "source")
+            check_stage(state, self.tag, "buffer", "draws", "source")
             buffer = check_list(state["buffer"], "buffer", stage=self.tag)
             if len(buffer) > self.size:
                 raise invalid(("buffer",), f"at most {self.size} restore keys (the shuffle buffer size)", buffer, stage=self.tag)
@@ -77,7 +80,7 @@ class ShuffleBufferNode(PassThroughNode):
             draws = check_count(state["draws"], "draws", stage=self.tag)
             with nested("source"):
                 self.source.reset(state["source"])
-            self._check_buffer(keys, None if self.source.draws_with_replacement() else epochs_begun(state["source"]))
+            self._check_buffer(keys, None if draws_with_replacement(self.source) else epochs_begun(state["source"]))
             self._keys = keys
             self._items = [_Pending(as_key(k)) for k in self._keys]
             self._draws = draws
@@ -89,7 +92,7 @@ class ShuffleBufferNode(PassThroughNode):
         are drawn with replacement): a repeated entry would deliver its sample twice."""
         seen: dict[str, int] = {}
         for i, key in enumerate(keys):
-            problem = self.source.restore_key_problem(as_key(key))
+            problem = key_problem_of(self.source, as_key(key))
             if problem is not None:
                 raise invalid(("buffer", i), f"a restore key of the stage below: {problem}", key, stage=self.tag)
             text = json.dumps(key)

@@ -25,20 +25,19 @@ from ..errors import NotSupportedError, format_message
 from ..rng import UniformStream
 from .guard import DROPPED, SampleGuard
 from .load import RESTORE_TAG, SampleLoader
-from .node import OWNS_EPOCHS, Node, Remainder, State
+from .node import Elastic, Node, OwnsEpochs, Remainder, State
 from .sharding import SliceDraws, Slices
-from .state_check import check_count, check_index, check_list, invalid
+from .state_check import check_count, check_index, check_list, check_stage, invalid
 
 
 def sequential_order(num_slices: int, epoch: int) -> list[int]:
     return list(range(num_slices))
 
 
-class SliceSource(Node):
+class SliceSource(Node, OwnsEpochs, Elastic):
     """Yields the samples of ``slices`` (``[start, end)`` split indices) of one dataset."""
 
     tag = "Source"
-    epochs = OWNS_EPOCHS
 
     def __init__(
         self,
@@ -113,7 +112,7 @@ class SliceSource(Node):
             self.guard.reset()
             self.start_epoch(0)
             return
-        self.check_state(state, "epoch", "next_slice", "open", "draws", "failures")
+        check_stage(state, self.tag, "epoch", "next_slice", "open", "draws", "failures")
         epoch = check_count(state["epoch"], "epoch", stage=self.tag)
         self._carried = None if "carried" not in state else self._check_carried(state["carried"])
         order = self._epoch_order(epoch)

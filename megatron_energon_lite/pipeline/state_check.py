@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from ..errors import StateError, format_message
 
-__all__ = ["check_bool", "check_count", "check_index", "check_list", "invalid", "nested", "state_path"]
+__all__ = ["check_bool", "check_count", "check_index", "check_list", "check_stage", "invalid", "nested", "state_path"]
 
 _PATH: contextvars.ContextVar[tuple[str | int, ...]] = contextvars.ContextVar("energon_lite_state_path", default=())
 
@@ -61,6 +61,23 @@ def invalid(parts: tuple[str | int, ...], expected: str, found: Any, *, stage: s
             fix=_FIX,
         )
     )
+
+
+def check_stage(state: Any, tag: str, *keys: str) -> dict[str, Any]:
+    """``state`` as the state of a stage tagged ``tag`` with ``keys`` (a dict with ``stage=tag``),
+    else :class:`StateError`; the values are checked by the stage's ``reset`` with the checks below."""
+    if not isinstance(state, dict) or state.get("stage") != tag or any(k not in state for k in keys):
+        missing = [k for k in keys if k not in state] if isinstance(state, dict) else []
+        raise StateError(
+            format_message(
+                f"state does not belong to a {tag} stage",
+                where=state_path(),
+                expected=f"a dict with stage={tag!r} and keys {', '.join(keys)}",
+                found=repr(state)[:200] + (f" (missing: {', '.join(missing)})" if missing else ""),
+                fix="restore a state saved by a loader built with the same pipeline settings",
+            )
+        )
+    return state
 
 
 def _show(value: Any) -> str:

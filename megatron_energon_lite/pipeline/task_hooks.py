@@ -17,6 +17,7 @@ sees while it runs is :mod:`.marks`; cookers are :mod:`.cooking`.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -25,7 +26,7 @@ import numpy
 from ..cache.base import CachePool, PrimaryFileStore
 from ..decode import SampleDecoder
 from ..errors import ConfigError, format_message
-from ..samples import Sample, generic_batch
+from ..samples import Sample, batch_column, generic_batch
 from .aux_sources import PRIMARY, active_cache_pool
 from .cooking import Cooker, select_cooker
 from .marks import HOOK_STATE, hook_rng, hook_torch_generator, invoke, stateless
@@ -252,18 +253,9 @@ class Hooks(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
             )
         actions = actions or {}
         columns: dict[str, Any] = {}
+        get = operator.getitem if isinstance(first, dict) else getattr
         for name in names:
-            try:
-                column = [s[name] for s in samples] if isinstance(first, dict) else [getattr(s, name) for s in samples]
-            except (KeyError, AttributeError, TypeError) as exc:
-                raise ConfigError(
-                    format_message(
-                        f"cannot batch field {name!r}: not every sample has it",
-                        found="sample types " + ", ".join(sorted({type(s).__name__ for s in samples})),
-                        fix="give every sample of a batch the same type, or override batch()",
-                    )
-                ) from exc
-            columns[name] = actions.get(name, default_action)(column)
+            columns[name] = actions.get(name, default_action)(batch_column(samples, name, get))
         if issubclass(result_type, dict):
             return columns
         if dataclasses.is_dataclass(result_type) or issubclass(result_type, tuple):

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..fork_hook import ForkMixin
-from .node import Node, PassThroughNode, State
+from .node import ForwardsElastic, Node, PassThroughNode, State
 
 if TYPE_CHECKING:
     from .recipe import Watchdog
@@ -51,7 +51,7 @@ _LOCALS_FRAMES = 10
 _report_sink: Callable[[str], None] | None = None
 
 
-class WatchdogNode(ForkMixin, PassThroughNode[T]):
+class WatchdogNode(ForkMixin, PassThroughNode[T], ForwardsElastic):
     """Passes items, states and restores through; watches how long each ``next()`` takes.
 
     Fields the monitor thread reads (single writes, safe under the GIL): ``_calls`` counts
@@ -106,19 +106,13 @@ class WatchdogNode(ForkMixin, PassThroughNode[T]):
         finally:
             self._deadline = None
 
-    # Transparent: the source's state, passes and restore keys.
+    # Transparent: the source's state, passes (passes.ending_pass) and restore keys.
     def get_state(self) -> State:
         return self.source.get_state()
 
     def reset(self, state: State | None = None) -> None:
         self._first = True
         self.source.reset(state)
-
-    def ends_passes(self) -> bool:
-        return self.source.ends_passes()
-
-    def pass_was_over(self) -> None:
-        self.source.pass_was_over()
 
     def __after_in_child_fork__(self) -> None:
         # Threads do not survive a fork (and a lock held by one would stay held): the copy

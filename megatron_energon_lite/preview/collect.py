@@ -194,10 +194,16 @@ def sample_fields(sample: Any, part_decoder: SampleDecoder | None = None) -> tup
         return (PreviewField("sample", type(sample).__name__, view_of(sample)),)
     types = _field_types(type(sample))
     return tuple(
-        PreviewField(field.name, str(types.get(field.name, field.type)), view_of(getattr(sample, field.name)))
+        PreviewField(field.name, _type_label(types.get(field.name, field.type)), view_of(getattr(sample, field.name)))
         for field in dataclasses.fields(sample)
         if field.name not in HIDDEN_FIELDS
     )
+
+
+def _type_label(annotation: Any) -> str | None:
+    """A field's annotation as shown; ``Any`` says nothing (and the preview's decoded value, e.g. a
+    PIL image, is not what the loader hands out), so it is not shown."""
+    return None if annotation is typing.Any or annotation == "Any" else str(annotation)
 
 
 def _part_view(name: str, value: Any, key: str, decoder: SampleDecoder | None) -> View:

@@ -28,7 +28,7 @@ from .views import (
     strip,
 )
 
-__all__ = ["CELL_SIZE", "THUMB_SIZE", "render_grid", "write_grid"]
+__all__ = ["CELL_SIZE", "THUMB_SIZE", "cell_text", "render_grid", "write_grid"]
 
 THUMB_SIZE = (160, 160)
 _PAD = 8
@@ -74,7 +74,7 @@ def _cell(sheet: Image.Image, draw: ImageDraw.ImageDraw, font: ImageFont.ImageFo
     box = (x + _PAD, y + _PAD, x + _PAD + THUMB_SIZE[0] - 1, y + _PAD + THUMB_SIZE[1] - 1)
     draw.rectangle(box, fill=_BOX)
     views = [field.view for field in sample.fields]
-    text = next((v.text for v in views if isinstance(v, TextView)), None)
+    text = cell_text(sample)
     problem = sample.error or next((v.summary for v in views if isinstance(v, ErrorView)), None)
     thumb = _thumbnail(views)
     if thumb is not None:
@@ -93,6 +93,12 @@ def _cell(sheet: Image.Image, draw: ImageDraw.ImageDraw, font: ImageFont.ImageFo
     second, colour = (f"error: {problem}", _ERROR) if problem is not None and thumb is not None else (text, _MUTED)
     if second:
         draw.text((box[0], caption_y + _LINE), _clip(draw, font, " ".join(second.split()), width), fill=colour, font=font)
+
+
+def cell_text(sample: PreviewSample) -> str | None:
+    """The sample's first text field (a typed sample's ``__key__`` is one too, and is already the
+    cell's first caption line)."""
+    return next((f.view.text for f in sample.fields if isinstance(f.view, TextView) and not f.name.startswith("__")), None)
 
 
 def _thumbnail(views: list) -> Image.Image | None:

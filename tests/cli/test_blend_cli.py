@@ -146,7 +146,7 @@ def test_lint_fails_when_a_blended_dataset_is_broken(blend_dir: Path, tmp_path: 
     path.write_text(V2_HEADER + "splits:\n  train:\n    blend:\n      - {weight: 1, path: a}\n      - {weight: 1, path: " + str(blend_dir / "b") + "}\n")
     result = _run("lint", str(path), "--no-progress")
     assert result.exit_code == 1
-    assert "BAD shards/data-0001.tar" in result.output
+    assert "at: shards/data-0001.tar" in result.output
     assert f"OK: {blend_dir / 'b'}, " in result.output
     assert f"1 problem(s) found in {path} and its datasets" in result.output
 

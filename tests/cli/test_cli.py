@@ -41,7 +41,7 @@ def test_prepare_info_lint_preview(caption_dataset: Path) -> None:
 
     info = _run("info", str(caption_dataset))
     assert info.exit_code == 0
-    assert "split train: 1 shards, 4 samples" in info.output
+    assert "split train: 1 shard, 4 samples" in info.output
     assert "CaptioningSample" in info.output and "jpg (12)" in info.output
 
     lint = _run("lint", str(caption_dataset), "--no-progress", "--parallel", "2")

@@ -688,7 +688,7 @@ def _energon_info(root: Path) -> dict[str, tuple[int, int]]:
 def _lite_info(root: Path) -> dict[str, tuple[int, int]]:
     result = CliRunner().invoke(lite_cli, ["info", str(root)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    found = re.findall(r"split (\S+?):\s+(\d+) shards, (\d+) samples", result.output)
+    found = re.findall(r"split (\S+?):\s+(\d+) shards?, (\d+) samples?", result.output)
     assert found, result.output
     return {split: (int(samples), int(shards)) for split, shards, samples in found}
 

@@ -5,6 +5,7 @@ import logging
 import pickle
 import sys
 import types
+import zipfile
 
 import numpy as np
 import pytest
@@ -104,12 +105,25 @@ def test_json(ext: str) -> None:
         np.array([True, False]),
         np.zeros((0, 5), dtype=np.uint8),
         np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3)),
+        np.array(7.5),  # 0-d
+        np.arange(6, dtype=">i2"),  # big-endian
+        np.array(["a", "bc"]),
+        np.zeros(3, dtype=[("x", "<i4"), ("y", "f8")]),
+        np.zeros(2, dtype=[("€", "<i4")]),  # a field name outside latin-1: format version 3.0
     ],
 )
+@pytest.mark.filterwarnings("ignore:Stored array in format 3.0")
 def test_npy_roundtrip(array: np.ndarray) -> None:
-    out = SampleDecoder().decode_part("npy", _npy(array))
+    """Our reader (which checks the declared size before allocating) gives numpy.load's arrays."""
+    data = _npy(array)
+    out = SampleDecoder().decode_part("npy", data)
+    reference = np.load(io.BytesIO(data))
     assert isinstance(out, np.ndarray) and out.dtype == array.dtype and out.shape == array.shape
     np.testing.assert_array_equal(out, array)
+    assert out.flags.writeable and out.flags.c_contiguous == reference.flags.c_contiguous and out.flags.f_contiguous == reference.flags.f_contiguous
+    npz = SampleDecoder().decode_part("npz", _npz(a=array))
+    assert npz["a"].dtype == array.dtype and npz["a"].shape == array.shape
+    np.testing.assert_array_equal(npz["a"], array)
 
 
 def test_npz_gives_dict_of_arrays() -> None:
@@ -128,6 +142,32 @@ def test_npy_object_arrays_need_allow_pickle(no_trust: set[str]) -> None:
     assert isinstance(info.value.__cause__, ValueError)
     out = SampleDecoder(allow_pickle=True).decode_part("npy", data)
     assert out.dtype == object and out[0] == {"a": 1} and out[1] is None
+
+
+def test_npz_members_as_numpy_load_gives_them() -> None:
+    """Compressed or not; a member that is not an array comes back as bytes, as numpy.load does."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("notes.txt", b"hello")
+        archive.writestr("fake.npy", b"not an array")
+        with archive.open("real.npy", "w") as member:
+            np.save(member, np.arange(4))
+    with np.load(io.BytesIO(buf.getvalue())) as reference:
+        expected = {name: reference[name] for name in reference.files}
+    out = SampleDecoder().decode_part("npz", buf.getvalue())
+    assert out.keys() == expected.keys() == {"notes.txt", "fake", "real"}
+    assert out["notes.txt"] == b"hello" and out["fake"] == b"not an array"
+    np.testing.assert_array_equal(out["real"], expected["real"])
+    compressed = io.BytesIO()
+    np.savez_compressed(compressed, a=np.eye(30))
+    np.testing.assert_array_equal(SampleDecoder().decode_part("npz", compressed.getvalue())["a"], np.eye(30))
+
+
+def test_npz_member_with_a_bad_crc_is_a_decode_error() -> None:
+    data = bytearray(_npz(a=np.arange(100)))
+    data[data.index(np.arange(100).tobytes()) + 8] ^= 1  # a stored member's bytes: the CRC no longer fits
+    with pytest.raises(DecodeError, match="CRC"):
+        SampleDecoder().decode_part("npz", bytes(data), key="k")
 
 
 def test_npz_rejects_npy_bytes() -> None:

@@ -247,7 +247,7 @@ def test_energon_loader_arguments_are_accepted_unknown_ones_refused(dataset: Pat
 
 
 def test_get_val_datasets_has_one_entry_per_dataset(dataset: Path) -> None:
-    from megatron_energon_lite import get_val_datasets
+    from megatron_energon_lite.loader import get_val_datasets  # the core's: a plain description
 
     entries = get_val_datasets(dataset, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=4)
     assert len(entries) == 1
@@ -276,3 +276,37 @@ def test_hooks_see_unique_sample_and_batch_indices(dataset: Path, workers: int) 
     sample_indices = [int(i) for b in batches for i in b.caption]
     assert len(set(sample_indices)) == len(sample_indices) == 32
     assert sorted(b.__subflavors__[0] for b in batches) == list(range(8))
+
+
+class DictBatches(DefaultTaskEncoder):
+    """encode_batch returns a plain dict of two tensors, for model(**batch) (NeMo's data modules)."""
+
+    def encode_batch(self, batch):
+        return {"images": batch.image, "lengths": torch.tensor([len(caption) for caption in batch.caption])}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dict_batch_is_handed_out_as_the_plain_dict_the_hook_returned(dataset: Path, workers: int) -> None:
+    from torch.utils import _pytree
+
+    loader = get_savable_loader(_train(dataset, workers, task_encoder=DictBatches()))
+    it = iter(loader)
+    batches, keys = [], []
+    for _ in range(3):
+        batches.append(next(it))
+        keys.append(loader.last_restore_key)
+    for batch in batches:
+        assert type(batch) is dict and "__restore_key__" not in batch and not hasattr(batch, "__restore_key__")
+        leaves, _ = _pytree.tree_flatten(batch)  # a container of two tensors, not one opaque leaf
+        assert len(leaves) == 2 and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
+    # Restoring by key still works: the loader remembers the key of what it handed out.
+    assert len(set(keys)) == 3
+    for batch, key in zip(batches, keys):
+        rebuilt = loader.restore_sample(key)
+        assert type(rebuilt) is dict and torch.equal(rebuilt["images"], batch["images"]) and torch.equal(rebuilt["lengths"], batch["lengths"])
+
+
+def test_iterating_the_dataset_itself_gives_plain_dicts_too(dataset: Path) -> None:
+    """Without get_loader (a plain torch DataLoader over the dataset, or a for loop)."""
+    batch = next(iter(_train(dataset, 0, task_encoder=DictBatches())))
+    assert type(batch) is dict and set(batch) == {"images", "lengths"}

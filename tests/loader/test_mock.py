@@ -4,6 +4,7 @@ with no reads after it; the real length, passes and save/restore (megatron_energ
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from megatron_energon_lite import (
     get_train_dataset,
     get_val_dataset,
 )
+from megatron_energon_lite.energon.wrappers import MapDataset
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.loader.mock import MockDataset
 from megatron_energon_lite.storage import LocalFilePool
@@ -280,3 +282,23 @@ def test_bad_input(images: Path) -> None:
     assert "mock data needs one real item" in str(info.value) and str(images) in str(info.value)
     with pytest.raises(EmptyDatasetError, match=str(images)):
         train(images, 0, mock=True, subset={"range": (0.0, 0.0)})
+
+
+def _same(sample):
+    return sample
+
+
+class ComposedEncoder(DefaultTaskEncoder):
+    """A composition of its own (one more map after encode_sample): its training stream is
+    endless like the default one's."""
+
+    def build_encode_sample(self, dataset, *, worker_config):
+        return MapDataset(super().build_encode_sample(dataset, worker_config=worker_config), _same, worker_config=worker_config)
+
+
+def test_mock_data_of_a_composed_pipeline_is_as_endless_as_the_real_stream(images: Path) -> None:
+    real = get_savable_loader(train(images, 0, task_encoder=ComposedEncoder()))
+    mock = get_savable_loader(train(images, 0, task_encoder=ComposedEncoder(), mock=True))
+    steps = 3 * len(real)  # several of its passes, in one loop
+    assert len(list(itertools.islice(real, steps))) == steps
+    assert len(list(itertools.islice(mock, steps))) == steps

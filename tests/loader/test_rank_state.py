@@ -114,3 +114,33 @@ def test_another_task_encoder_is_refused_unless_running_as_energon(dataset: Path
     assert "restoring a state saved with another task_encoder" in caplog.text
     assert [list(batch.__key__) for batch in batches] == expected
     assert all(text == text.upper() for batch in batches for text in batch.text)
+
+
+def test_as_energon_restores_into_a_smaller_micro_batch_size_only(dataset: Path) -> None:
+    """Energon 7.4.1: a smaller micro batch size that divides the saved one resumes where the state
+    stood; a larger one (or one that does not divide it) is refused.  The plain import refuses both."""
+
+    def loader(batch_size: int):
+        config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+        return get_savable_loader(get_val_dataset(dataset, split_part="train", batch_size=batch_size, worker_config=config))
+
+    saving = loader(8)
+    it = iter(saving)
+    next(it)
+    state = saving.save_state_rank()
+    rest = [key for batch in it for key in batch.__key__]
+    with pytest.raises(StateError, match="batch_size: saved 8, now 4"):
+        loader(4).restore_state_rank(state)
+    energon_mode.enable()
+    try:
+        smaller = loader(4)
+        smaller.restore_state_rank(state)
+        batches = list(smaller)
+        with pytest.raises(StateError, match="Resuming with larger micro batch size is not allowed: 16 > 8"):
+            loader(16).restore_state_rank(state)
+        with pytest.raises(StateError, match="multiple of the new one: 3 < 8"):
+            loader(3).restore_state_rank(state)
+    finally:
+        energon_mode.disable()
+    assert all(len(batch.__key__) <= 4 for batch in batches)
+    assert [key for batch in batches for key in batch.__key__] == rest

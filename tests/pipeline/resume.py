@@ -11,7 +11,8 @@ import json
 from typing import Any, Callable
 
 from megatron_energon_lite.errors import StateError
-from megatron_energon_lite.pipeline.node import OWNS_EPOCHS, Node, get_restore_key
+from megatron_energon_lite.pipeline.node import Node, OwnsEpochs, get_restore_key
+from megatron_energon_lite.pipeline.state_check import check_stage
 
 #: Recorded in a stream where ``next()`` raised ``StopIteration`` (the end of a pass).
 END = "<END>"
@@ -22,14 +23,13 @@ def list_item(values: list[Any], index: int) -> dict[str, Any]:
     return {"__key__": f"k{index}", "__restore_key__": ("List", index), "value": values[index]}
 
 
-class ListSource(Node[dict]):
+class ListSource(Node[dict], OwnsEpochs):
     """Yields ``list_item(values, i)``; epoch ``e`` visits the indexes rotated left by ``e``.
 
     State keys: ``stage`` ("List"), ``epoch``, ``position`` (items of this epoch yielded so far).
     """
 
     tag = "List"
-    epochs = OWNS_EPOCHS
 
     def __init__(self, values: list[Any]) -> None:
         self.values = list(values)
@@ -54,7 +54,7 @@ class ListSource(Node[dict]):
 
     def reset(self, state: dict | None = None) -> None:
         state = state or {"stage": self.tag, "epoch": 0, "position": 0}
-        self.check_state(state, "epoch", "position")
+        check_stage(state, self.tag, "epoch", "position")
         self.epoch, self.position = state["epoch"], state["position"]
 
     def restore(self, restore_key: tuple) -> dict:

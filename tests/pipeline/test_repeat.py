@@ -7,6 +7,7 @@ from megatron_energon_lite.errors import ConfigError, StateError
 from megatron_energon_lite.pipeline.concat import ConcatNode
 from megatron_energon_lite.pipeline.filter import FilterNode
 from megatron_energon_lite.pipeline.map import MapNode
+from megatron_energon_lite.pipeline.node import starts_epochs
 from megatron_energon_lite.pipeline.repeat import RepeatNode
 
 VALUES = ["a", "b", "c", "d"]
@@ -42,9 +43,9 @@ def test_zero_repeats_and_empty_sources_end() -> None:
 
 
 def test_a_source_without_epochs_starts_over_in_the_same_order() -> None:
-    assert ListSource(VALUES).starts_epochs()
-    assert not ConcatNode([ListSource(VALUES)]).starts_epochs()
-    assert not MapNode(ConcatNode([ListSource(VALUES)]), lambda item, index: item).starts_epochs()
+    assert starts_epochs(ListSource(VALUES))
+    assert not starts_epochs(ConcatNode([ListSource(VALUES)]))
+    assert not starts_epochs(MapNode(ConcatNode([ListSource(VALUES)]), lambda item, index: item))
 
     def make() -> RepeatNode:
         return RepeatNode(ConcatNode([ListSource(VALUES)]), repeats=3)

@@ -82,7 +82,7 @@ def test_half_blocks_of_a_dataset_image_are_its_pixels(tmp_path: Path) -> None:
     root = make_dataset(tmp_path / "ds", [("q0", {"png": png(image), "txt": b"four colours"})], CAPTIONING_YAML)
     result = run("preview", str(root), "--graphics", "blocks")
     assert result.exit_code == 0, result.output
-    assert " - image (typing.Any): PIL.Image(size=(4, 4), mode=RGB)" in result.output.splitlines()
+    assert " - image: PIL.Image(size=(4, 4), mode=RGB)" in result.output.splitlines()
     pixels = parse_blocks(drawn_lines(result.output, " - image"))
     # Upscaled by whole pixels: each drawn pixel is the source pixel under it.
     height, width = pixels.shape[:2]
@@ -192,7 +192,7 @@ def test_piped_output_is_plain_text(colour_dataset: Path) -> None:
     result = run("preview", str(colour_dataset), "-n", "2")  # CliRunner's stdout is no terminal: auto = none
     assert result.exit_code == 0
     assert "\x1b" not in result.output and "▀" not in result.output
-    assert " - image (typing.Any): PIL.Image(size=(40, 30), mode=RGB)" in result.output.splitlines()
+    assert " - image: PIL.Image(size=(40, 30), mode=RGB)" in result.output.splitlines()
     assert " - caption (<class 'str'>): 'colour 1'" in result.output.splitlines()
 
 

@@ -95,3 +95,28 @@ def test_prepare_metadataset_builds_join_indices(root: Path) -> None:
     )
     files = prepare_metadataset(path)
     assert len(files) == 1 and Path(str(files[0])).is_file()
+
+
+def _val_entries(get_val_datasets, root: Path) -> list[tuple[int, str, str, dict]]:
+    entries = get_val_datasets(root / "blend.yaml", split_part="train", worker_config=WC, batch_size=4)
+    return [(len(ds), type(factory).__name__, Path(str(factory.path)).name, factory.subflavors) for ds, factory in entries]
+
+
+def test_get_val_datasets_gives_each_dataset_with_its_factory(root: Path) -> None:
+    from megatron_energon_lite import get_val_datasets
+
+    entries = get_val_datasets(root / "blend.yaml", split_part="train", worker_config=WC, batch_size=4)
+    assert all(isinstance(factory, StandardWebdatasetFactory) for _, factory in entries)
+    assert _val_entries(get_val_datasets, root) == [(2, "StandardWebdatasetFactory", "a", {"yaml": True, "src": "a"}), (3, "StandardWebdatasetFactory", "b", {"yaml": True, "src": "b"})]
+    keys = [key for batch in get_loader(entries[1][0]) for key in batch.__key__]
+    assert len(keys) == 12 and all(k.startswith("b") for k in keys)
+
+
+@pytest.mark.energon
+def test_get_val_datasets_is_energons(root: Path) -> None:
+    energon = pytest.importorskip("megatron.energon")
+    from megatron_energon_lite import get_val_datasets
+
+    theirs = energon.get_val_datasets(root / "blend.yaml", split_part="train", worker_config=energon.WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=4)
+    theirs = [(len(ds), type(factory).__name__, Path(str(factory.path)).name, factory.subflavors) for ds, factory in theirs]
+    assert _val_entries(get_val_datasets, root) == theirs

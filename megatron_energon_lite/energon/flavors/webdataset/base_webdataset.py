@@ -40,8 +40,15 @@ T_sample = TypeVar("T_sample")
 
 __all__ = ["BaseWebdatasetFactory", "DatasetSource"]
 
-#: The decoder argument was not given: the factory class's default applies.
-DEFAULT_DECODER: Any = object()
+class _DefaultDecoder:
+    """The decoder argument was not given: the factory class's default (a new ``SampleDecoder()``,
+    as in Energon) applies. Shown as that in ``help()``."""
+
+    def __repr__(self) -> str:
+        return "SampleDecoder()"
+
+
+DEFAULT_DECODER: Any = _DefaultDecoder()
 
 
 class DatasetSource(SavableDataset[Any], Source):

@@ -35,7 +35,7 @@ class DefaultDecoderWebdatasetFactory(DefaultGenericWebdatasetFactory[T_sample])
     def load_sample(self, raw_data: dict[str, Any]) -> T_sample:
         decoder = self._decoder
         if isinstance(decoder, SampleDecoder):  # ours: errors name the dataset too
-            raw_data = decoder.decode(raw_data, key=str(raw_data.get("__key__", "?")), dataset=str(self.path))
+            raw_data = decoder.decode(raw_data, key=str(raw_data.get("__key__", "?")), dataset=str(self.path), shard=raw_data.get("__shard__"))
         elif decoder is not None:
             raw_data = decoder(raw_data)
         return super().load_sample(raw_data)

@@ -1,0 +1,96 @@
+"""Finds the code blocks of README.md and docs/ and runs one page's blocks (the driver behind
+tests/docs/test_code_blocks.py; ``python run_doc_blocks.py PAGE`` in a folder holding the
+fixture data).
+
+Rules a page's author follows:
+- ```` ```python ```` and ```` ```sh ```` blocks run, in page order, in one folder; the Python
+  blocks of a page share one namespace (as a doctest file does), so a later block may use what an
+  earlier one defined. Shell blocks run with bash (``set -euo pipefail``).
+- A ```` ```yaml ```` block whose first line is a comment naming a file (``# blend.yaml ...``) is
+  written to that file before the blocks after it run; other blocks (yaml, output, trees) are text.
+- A block that cannot run on the generated data carries ``<!-- doc-test: skip (why) -->`` on the
+  line before it.
+- ``<!-- doc-test: setup`` ... ``-->`` holds Python that runs (unseen by readers) in the page's
+  namespace before the blocks after it, e.g. to make the ``sample`` a fragment talks about.
+- The folder holds ``my_data/`` (10 shards x 4 unprepared jpg/txt/json/cls samples), ``coco/``
+  (the same, prepared as CaptioningSample, split 8,1,1) and ``more_captions/`` (another such
+  dataset)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SKIP = re.compile(r"^<!-- doc-test: skip \((?P<why>[^)]+)\) -->$")
+RUNNABLE = ("python", "sh")
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    page: str
+    line: int  # 1-based line of the opening fence
+    language: str  # "setup" for a hidden setup comment
+    text: str
+    skip: str | None  # the reason, for a skipped block
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(path: Path, name: str) -> list[Block]:
+    lines = path.read_text().split("\n")
+    found, index = [], 0
+    while index < len(lines):
+        if lines[index].strip() == "<!-- doc-test: setup":
+            end = lines.index("-->", index)
+            found.append(Block(name, index + 1, "setup", "\n".join(lines[index + 1 : end]), None))
+            index = end + 1
+            continue
+        fence = re.match(r"^```(\w*)\s*$", lines[index])
+        if not fence:
+            index += 1
+            continue
+        end = index + 1
+        while not lines[end].startswith("```"):
+            end += 1
+        before = next((line for line in reversed(lines[:index]) if line.strip()), "")
+        skip = SKIP.match(before.strip())
+        found.append(Block(name, index + 1, fence.group(1), "\n".join(lines[index + 1 : end]), skip.group("why") if skip else None))
+        index = end + 1
+    return found
+
+
+def run_page(path: Path, name: str) -> int:
+    """Runs the page's blocks in the current folder; returns how many ran."""
+    namespace: dict = {"__name__": "__doc_page__"}
+    ran = 0
+    for block in blocks(path, name):
+        if block.skip:
+            continue
+        if block.language == "yaml":
+            target = re.match(r"^# (\S+\.ya?ml)\b", block.text)
+            if target:
+                Path(target.group(1)).write_text(block.text + "\n")
+            continue
+        if block.language == "setup":
+            exec(compile(block.text, block.where, "exec"), namespace)
+            continue
+        if block.language not in RUNNABLE:
+            continue
+        print(f"--- {block.where} ({block.language})", flush=True)
+        if block.language == "python":
+            exec(compile(block.text, block.where, "exec"), namespace)
+        else:
+            result = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block.text])
+            if result.returncode:
+                sys.exit(f"{block.where}: the shell block exited with status {result.returncode}")
+        ran += 1
+    return ran
+
+
+if __name__ == "__main__":
+    print(f"ran {run_page(Path(sys.argv[1]), sys.argv[2])} blocks")
