@@ -28,6 +28,7 @@ import numpy as np
 
 from .errors import ConfigError, format_message
 from .format.prepare import prepare_dataset
+from .storage.local import create_temporary
 
 __all__ = [
     "CAPTIONING_SAMPLE_YAML",
@@ -133,15 +134,11 @@ def _check_word_range(min_words: int, max_words: int) -> None:
 # -- tar writing ---------------------------------------------------------------------------------
 
 
-def _atomic_tmp(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
-
-
 def write_tar(path: str | os.PathLike[str], samples: Samples, *, tar_format: str = "ustar") -> int:
     """Writes ``samples`` (``(key, {part: bytes})`` pairs) as members ``f"{key}.{part}"`` in order.
 
     Metadata is fixed (mtime :data:`FIXED_MTIME`, uid/gid 0, empty user/group names, mode 0o644), so
-    equal samples give byte-equal tars. The file appears atomically (``path.tmp`` then a rename) and
+    equal samples give byte-equal tars. The file appears atomically (a fresh temporary, then a rename) and
     parent folders are created. Returns the number of samples written.
     """
     if tar_format not in TAR_FORMATS:
@@ -150,10 +147,10 @@ def write_tar(path: str | os.PathLike[str], samples: Samples, *, tar_format: str
         )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _atomic_tmp(path)
+    fd, tmp = create_temporary(path)
     count = 0
     try:
-        with tarfile.open(tmp, "w", format=TAR_FORMATS[tar_format], encoding="utf-8") as tar:
+        with os.fdopen(fd, "wb") as file, tarfile.open(fileobj=file, mode="w", format=TAR_FORMATS[tar_format], encoding="utf-8") as tar:
             for key, parts in samples:
                 if not isinstance(key, str) or not isinstance(parts, Mapping):
                     raise ConfigError(
@@ -573,10 +570,10 @@ def write_jsonl(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any
     """Writes one compact JSON object per line (UTF-8, ``\\n`` after each), atomically; returns the count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _atomic_tmp(path)
+    fd, tmp = create_temporary(path)
     count = 0
     try:
-        with open(tmp, "wb") as file:
+        with os.fdopen(fd, "wb") as file:
             for record in records:
                 if not isinstance(record, Mapping):
                     raise ConfigError(

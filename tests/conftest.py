@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -118,3 +120,16 @@ def prepared_blend(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = build_prepared_blend(tmp_path_factory.mktemp("prepared_blend"))
     _shared(path.parent)
     return path
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """An 8 MiB filesystem (tmpfs); skipped where mounting is not allowed."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -65,7 +65,7 @@ from ..errors import (
 )
 from ..fork_hook import ForkMixin
 from ..source_info import SourceInfo, add_source_info
-from ..storage.local import is_no_room, temporary_name
+from ..storage.local import is_no_room, replace_atomically
 from .base import CachePool, FileStore, Lazy
 
 __all__ = ["CacheFileLazy", "FileCacheLazy", "FileStoreCachePool"]
@@ -269,19 +269,6 @@ class CacheFileLazy(Lazy[T]):
 
     def __repr__(self) -> str:
         return f"CacheFileLazy(fname={self.fname!r}, cache_path={self.cache_path!r})"
-
-
-def _write_file(path: Path, payload: Any) -> None:
-    """Writes ``payload`` under a temporary name in ``path``'s folder, then renames it."""
-    tmp = temporary_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def _remove_cache_dir(path: str, pid: int, pool_ref: weakref.ref) -> None:
@@ -616,7 +603,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
             path = self.cache_dir / f"{entry.serial:08d}_{_safe_name(entry.fname)}"
         try:
             self._ensure_dir()
-            _write_file(path, payload)
+            replace_atomically(path, payload, durable=False)
         except OSError as exc:
             with self._locked():
                 self._unreserve(entry)
@@ -734,7 +721,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
         path = self.cache_dir / f"tocache_{uuid.uuid4().hex}"
         try:
             self._ensure_dir()
-            _write_file(path, payload)
+            replace_atomically(path, payload, durable=False)
         except OSError as exc:
             with self._locked():
                 self._warn_write_failed(path, exc)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import format_message
+from ..errors import ConfigError, format_message
+from ..format.safe_parse import check_nesting, parse_json
 from ..loader.rank_state import MOVED_FROM, REDISTRIBUTED_FROM
 from .params import Command, ValueProblem
 
@@ -50,13 +51,15 @@ class SavedRank:
 def _load(file: Path) -> object:
     if file.suffix == ".json":
         try:
-            return json.loads(file.read_text())
+            return parse_json(file.read_text(), str(file))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueProblem(format_message("not a JSON checkpoint", where=str(file), found=str(exc))) from None
+        except ConfigError as exc:  # nesting too deep
+            raise ValueProblem(str(exc)) from None
     import torch
 
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)  # our states are plain data
+        data = torch.load(file, map_location="cpu", weights_only=True)  # our states are plain data
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same explanation
         raise ValueProblem(
             format_message(
@@ -67,6 +70,11 @@ def _load(file: Path) -> object:
                 fix="an Energon checkpoint is read with Energon's `energon checkpoint`, not here",
             )
         ) from None
+    try:
+        check_nesting(data, str(file))
+    except ConfigError as exc:
+        raise ValueProblem(str(exc)) from None
+    return data
 
 
 def _is_state(value: object) -> bool:

@@ -18,6 +18,7 @@ from ..errors import EmptyDatasetError, EnergonLiteError
 from ..format.metadata import read_info, read_split_config
 from ..format.metadataset import is_metadataset_path
 from ..format.process_pool import scan_pool
+from ..format.split_cache import SPLIT_CACHE, split_cache_problems
 from ..format.tar_index import index_name, read_tar_index
 from ..pipeline.load import SampleLoader
 from ..storage import AnyPath, list_files
@@ -70,6 +71,15 @@ def check_indexes(root: AnyPath) -> list[Finding]:
         elif int(offsets[-1]) > stats[shard].size:
             findings.append(Finding(shard, f".tar.idx ends at byte {int(offsets[-1])} but the tar has {stats[shard].size} bytes (truncated tar)"))
     return findings
+
+
+def check_split_cache(root: AnyPath, split_config: str | None) -> list[Finding]:
+    """The split cache (``.nv-meta/.lite-split-cache.json``) says what the files say, where the
+    loader would read it (the loader ignores one that does not, with a warning)."""
+    return [
+        Finding(f"{SPLIT_CACHE} split {split}", f"{problem}; the loader ignores the cache (run `energon-lite prepare` to rewrite it)")
+        for split, problem in split_cache_problems(root, split_config)
+    ]
 
 
 # Decodes every image fully, to numpy: the same Pillow work as the loader without importing torch.
@@ -129,7 +139,7 @@ def check_samples(root: AnyPath, split: str, *, parallel: int, progress: bool, d
 def lint_dataset(path: AnyPath, splits: list[str] | None, *, parallel: int, progress: bool, dataset_config: str | None, split_config: str | None, trust: bool) -> tuple[list[Finding], int]:
     """Index checks, then decoding of ``splits`` (default: all); returns the findings and the splits decoded."""
     jsonl = path.suffix == ".jsonl" and path.is_file()
-    findings = [] if jsonl else check_indexes(path)
+    findings = [] if jsonl else check_indexes(path) + check_split_cache(path, split_config)
     if jsonl:
         splits = splits[:1] if splits else ["train"]  # a JSONL file is one split, whatever its name
     elif not splits:

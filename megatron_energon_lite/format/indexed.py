@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import struct
-import tempfile
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +33,9 @@ from ..storage import (
     cached_copy,
     file_pool,
     list_files,
+    local_scratch,
+    remove_scratch,
     replace_with,
-    temporary_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -498,13 +497,10 @@ class IndexedWriter:
         self._documents = array("q", [0])
         self._tokens = 0
         self._finalized = False
-        if isinstance(self.prefix, RemotePath):
-            self._scratch: Path | None = Path(tempfile.mkdtemp(prefix="energon-lite-"))
-            self._bin_tmp = self._scratch / self.bin_path.name
-        else:
-            self._scratch = None
+        if not isinstance(self.prefix, RemotePath):
             self.prefix.parent.mkdir(parents=True, exist_ok=True)
-            self._bin_tmp = temporary_name(self.bin_path)
+        self._scratch = local_scratch(self.bin_path)  # .bin and .idx are written there, then moved
+        self._bin_tmp = self._scratch / self.bin_path.name
         self._bin = open(self._bin_tmp, "wb")
 
     @property
@@ -650,15 +646,14 @@ class IndexedWriter:
             self._bin.flush()
             os.fsync(self._bin.fileno())
             self._bin.close()
-            idx_tmp = self._scratch / self.idx_path.name if self._scratch else temporary_name(self.idx_path)
+            idx_tmp = self._scratch / self.idx_path.name
             self._write_index(idx_tmp)
             replace_with(self.bin_path, self._bin_tmp)
             replace_with(self.idx_path, idx_tmp)
         except BaseException:
             self._discard()
             raise
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+        remove_scratch(self._scratch)
         logger.debug("wrote %s: %d documents, %d tokens", self.prefix, self.num_documents, self._tokens)
 
     def _write_index(self, path: Path) -> None:
@@ -680,8 +675,4 @@ class IndexedWriter:
         self._finalized = True
         if not self._bin.closed:
             self._bin.close()
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-        else:
-            for leftover in (self._bin_tmp, temporary_name(self.idx_path)):
-                leftover.unlink(missing_ok=True)
+        remove_scratch(self._scratch)

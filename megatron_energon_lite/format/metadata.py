@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, NamedTuple
 
 import yaml
-from braceexpand import braceexpand
 
 from .. import energon_mode
 from .._version import __version__
@@ -30,6 +29,7 @@ from ..storage import (
     atomic_write_text,
     list_files,
 )
+from .safe_parse import expand_braces, parse_json, parse_yaml
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +45,6 @@ INDEX_UUID = "index.uuid"
 SHARDS_OUTSIDE_ROOT_ENV = "ENERGON_LITE_ALLOW_SHARDS_OUTSIDE_ROOT"
 
 WRITER_VERSION = f"megatron-energon-lite {__version__}"
-
-
-#: libyaml's C parser where PyYAML was built with it (10-30x faster on a 10,000-shard split.yaml).
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_structured(path: Path) -> Any:
@@ -75,11 +71,12 @@ def read_text(path: Path) -> str:
 
 
 def parse_structured(path: Path, text: str) -> Any:
-    """Parses ``text`` (read from ``path``) as JSON or YAML by the file's suffix."""
+    """Parses ``text`` (read from ``path``) as JSON or YAML by the file's suffix, bounded
+    (:mod:`.safe_parse`: nesting depth, alias expansion)."""
     try:
         if path.suffix == ".json":
-            return json.loads(text)
-        return yaml.load(text, Loader=_SAFE_LOADER)
+            return parse_json(text, str(path))
+        return parse_yaml(text, str(path))
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(
             format_message(
@@ -212,6 +209,17 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
         or "://" in name
         or (".." in name and ".." in name.split("/"))
     )
+    problem = None if outside else unreadable_shard_name(name)
+    if problem is not None:
+        raise ConfigError(
+            format_message(
+                "shard name cannot be read from split.yaml",
+                where=where,
+                expected="a UTF-8 name without '{' or '}'",
+                found=f"{name!r}: {problem}",
+                fix="rename the shard file and run `energon-lite prepare` again",
+            )
+        )
     if outside and energon_mode.opted_in(SHARDS_OUTSIDE_ROOT_ENV, f"outside-root:{where}", f"reading shard {name!r} from outside the dataset folder ({where})"):
         return name
     if outside:
@@ -229,16 +237,30 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
     return name
 
 
+def unreadable_shard_name(name: str) -> str | None:
+    """Why the loader cannot read a shard of this name through ``split.yaml`` (None when it
+    can): the rule both ``prepare`` (for the tar files it finds) and the loader (for the names
+    in ``.info.json`` and ``split.yaml``) apply."""
+    if "{" in name or "}" in name:
+        return "split.yaml reads '{' and '}' as a brace pattern ({0..9}, {a,b})"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8 (split.yaml and .info.json are UTF-8 text)"
+    return None
+
+
 def plain_shard_names(names: Collection[Any]) -> bool:
     """True when every name is a non-empty string that :func:`check_shard_name` accepts as is
-    (no NUL, no leading ``/``, no ``://``, no ``..``): one scan of the joined names."""
+    (no NUL, no leading ``/``, no ``://``, no ``..``, no brace, valid UTF-8): one scan of the
+    joined names."""
     try:
         joined = "\n" + "\n".join(names) + "\n"
     except TypeError:
         return False
     if joined == "\n\n":
         return not names  # no names at all, or one empty one
-    return not any(bad in joined for bad in ("\n\n", "\0", "\n/", "://", ".."))
+    return not any(bad in joined for bad in ("\n\n", "\0", "\n/", "://", "..", "{", "}")) and unreadable_shard_name(joined) is None
 
 
 @dataclass
@@ -327,35 +349,34 @@ class SplitConfig:
         if known is not None and _plain_distinct_known(patterns, known):
             return list(patterns)  # the usual split (the loop below finds and names the error otherwise)
         names: dict[str, int] = {}  # shard -> the entry that named it first
-        for entry, pattern in enumerate(patterns):
-            for name in _expand(pattern, self.path, f"{key_path}[{entry}]"):
-                if name in names:
-                    first = names[name]
-                    again = "the same entry" if first == entry else f"[{entry}] {pattern!r}"
-                    raise ConfigError(
-                        format_message(
-                            f"split {split_part!r} names shard {name!r} twice",
-                            where=f"{self.path}: {key_path}",
-                            expected="each shard at most once per split (its samples would be read twice)",
-                            found=f"{name!r} from [{first}] {patterns[first]!r} and again from {again}",
-                            fix="remove the repeated entry or narrow the brace pattern",
-                        )
+        for entry, name in expand_braces(patterns, f"{self.path}: {key_path}"):
+            if name in names:
+                first = names[name]
+                again = "the same entry" if first == entry else f"[{entry}] {patterns[entry]!r}"
+                raise ConfigError(
+                    format_message(
+                        f"split {split_part!r} names shard {name!r} twice",
+                        where=f"{self.path}: {key_path}",
+                        expected="each shard at most once per split (its samples would be read twice)",
+                        found=f"{name!r} from [{first}] {patterns[first]!r} and again from {again}",
+                        fix="remove the repeated entry or narrow the brace pattern",
                     )
-                names[name] = entry
-                if known is not None and name not in known:
-                    raise DatasetError(
-                        format_message(
-                            f"split {split_part!r} names a shard that is not in the index",
-                            where=f"{self.path}: {key_path}",
-                            expected=f"one of the {len(known)} shards listed in {META_DIR}/{INFO_JSON}",
-                            found=name,
-                            fix="fix split.yaml, or run `energon-lite prepare` again to index the shard",
-                        )
+                )
+            names[name] = entry
+            if known is not None and name not in known:
+                raise DatasetError(
+                    format_message(
+                        f"split {split_part!r} names a shard that is not in the index",
+                        where=f"{self.path}: {key_path}",
+                        expected=f"one of the {len(known)} shards listed in {META_DIR}/{INFO_JSON}",
+                        found=name,
+                        fix="fix split.yaml, or run `energon-lite prepare` again to index the shard",
                     )
+                )
         return list(names)
 
     def expanded_excludes(self) -> list[str]:
-        return [s for pattern in self.exclude for s in _expand(pattern, self.path, "exclude")]
+        return [name for _, name in expand_braces(self.exclude, f"{self.path}: exclude")]
 
 
 def _plain_distinct_known(patterns: list[str], known: Mapping[str, int]) -> bool:
@@ -363,23 +384,6 @@ def _plain_distinct_known(patterns: list[str], known: Mapping[str, int]) -> bool
     joined = "\n".join(patterns)
     distinct = set(patterns)
     return "{" not in joined and "}" not in joined and len(distinct) == len(patterns) and distinct <= known.keys()
-
-
-def _expand(pattern: str, path: Path | None, key_path: str) -> Iterable[str]:
-    if "{" not in pattern and "}" not in pattern:  # the common case, 10,000s of times per split
-        yield pattern
-        return
-    try:
-        yield from braceexpand(pattern)
-    except ValueError as exc:  # unbalanced braces
-        raise ConfigError(
-            format_message(
-                "invalid brace pattern",
-                where=f"{path}: {key_path}",
-                expected="balanced braces, e.g. shards/{000..009}.tar",
-                found=f"{pattern!r} ({exc})",
-            )
-        ) from None
 
 
 def resolve_split_config_path(root: str | os.PathLike, name: str | None = None) -> AnyPath:
@@ -393,7 +397,11 @@ def resolve_split_config_path(root: str | os.PathLike, name: str | None = None) 
 
 def read_split_config(root: str | os.PathLike, name: str | None = None) -> SplitConfig:
     path = resolve_split_config_path(root, name)
-    text = read_text(path)
+    return parse_split_config(path, read_text(path))
+
+
+def parse_split_config(path: Path, text: str) -> SplitConfig:
+    """The split file ``path`` whose text is ``text``."""
     parsed = _plain_split_yaml(text) if path.suffix != ".json" else None
     raw = check_mapping(
         parse_structured(path, text) if parsed is None else parsed,
@@ -625,7 +633,7 @@ def resolve_unchecked(root: AnyPath, split_part: str, info: DatasetInfo, config:
         if entry in known:
             excluded_shards.add(entry)
             continue
-        shard = _shard_prefix(entry, known)
+        shard = shard_prefix(entry, known)
         if shard is None:
             unknown.append(entry)
             continue
@@ -668,7 +676,7 @@ def missing_shard_error(path: AnyPath) -> DatasetError:
     )
 
 
-def _shard_prefix(entry: str, shards: Mapping[str, int]) -> str | None:
+def shard_prefix(entry: str, shards: Collection[str]) -> str | None:
     """For ``"a/b.tar/key"`` returns ``"a/b.tar"`` when that is a shard (keys may hold ``/``)."""
     pos = entry.find("/")
     while pos != -1:

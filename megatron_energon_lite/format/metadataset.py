@@ -66,6 +66,8 @@ _NODE_KINDS = ("path", "blend", "blend_epochized", "join")
 _JOIN_KEYS = ("join", "joiner", "split_part", "subflavors", "shuffle_over_epochs_multiplier", "subset")
 _JOIN_MEMBER_KEYS = ("path", "split_part", "nonmatch", "subflavors", "dataset_config", "split_config")
 NONMATCH = ("error", "skip", "none")
+#: Most metadataset files in a chain of references (a file referring to one that refers to ...).
+MAX_METADATASET_NESTING = 32
 
 
 @dataclass(frozen=True)
@@ -661,6 +663,16 @@ class _Parser:
         if target in self.chain:
             cycle = " -> ".join(str(p) for p in (*self.chain, target))
             raise ConfigError(format_message("circular metadataset reference", where=self.where(f"{key_path}.path"), found=cycle, fix="remove the reference that points back to a file that includes it"))
+        if len(self.chain) >= MAX_METADATASET_NESTING:
+            raise ConfigError(
+                format_message(
+                    "metadataset files nest too deep",
+                    where=self.where(f"{key_path}.path"),
+                    expected=f"at most {MAX_METADATASET_NESTING} metadataset files, each included by the one before",
+                    found=f"{len(self.chain) + 1} files: {self.chain[0]} -> ... -> {self.chain[-1]} -> {target}",
+                    fix="include the innermost files directly from an outer one",
+                )
+            )
         for key in ("dataset_config", "split_config", "sequence_length"):
             if settings[key] is not None:
                 raise ConfigError(format_message(f"{key} is not allowed on a reference to a metadataset", where=self.where(f"{key_path}.{key}"), fix=f"set {key} on the dataset entries inside {target}"))

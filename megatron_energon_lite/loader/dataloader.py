@@ -26,6 +26,7 @@ from ..errors import (
     WorkerStartTimeoutError,
     format_message,
 )
+from ..format.safe_parse import check_nesting
 from ..pipeline.aux_sources import activate_cache_pool
 from ..pipeline.node import as_key, get_restore_key, set_restore_key, unkeyed
 from ..pipeline.recipe import Recipe
@@ -326,6 +327,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
+        check_nesting(state, "the loader state passed to restore_state_rank", StateError)
         check_saved_data(state, self.savable_dataset.data_record())
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
@@ -367,6 +369,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             states = box[0]
         if states is None:
             return
+        check_nesting(states, "the loader states passed to restore_state_global", StateError)
         wc = self.worker_config
         saved = [s.get("config") if isinstance(s, dict) and isinstance(s.get("config"), dict) else {} for s in states] if isinstance(states, (list, tuple)) else []
         same_topology = len(states) == wc.world_size and all(

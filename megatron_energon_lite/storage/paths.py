@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping, Union
 
 from ..errors import StorageError, format_message
 from .dss import DSS_PREFIX, cache_parts, dataset_cache_dir, dss_url, missing_cache_error, split_dss_url
-from .local import LocalFilePool
+from .local import LocalFilePool, create_temporary_folder
 from .local import atomic_write_bytes as _local_atomic_write
 from .remote import (
     RemoteFilePool,
@@ -213,16 +213,15 @@ def _missing(path: RemotePath):
     raise FileNotFoundError(path.url)
 
 
-def local_scratch(root: AnyPath) -> tuple[Path, bool]:
-    """A local folder to build files for ``root`` in: its own folder locally, else a temp dir.
+def local_scratch(path: AnyPath) -> Path:
+    """A new private local folder to build ``path`` (and what SQLite writes beside it) in before
+    it is moved into place: beside ``path`` locally (the same filesystem, so the move is a
+    rename; see :func:`~.local.create_temporary_folder`), else under the system's temp folder.
+    Remove it with :func:`remove_scratch` when done."""
+    if isinstance(path, RemotePath):
+        return Path(tempfile.mkdtemp(prefix="energon-lite-"))
+    return create_temporary_folder(path)
 
-    The flag says whether the caller must remove the folder when done.
-    """
-    if isinstance(root, RemotePath):
-        return Path(tempfile.mkdtemp(prefix="energon-lite-")), True
-    return Path(root), False
 
-
-def remove_scratch(folder: Path, owned: bool) -> None:
-    if owned:
-        shutil.rmtree(folder, ignore_errors=True)
+def remove_scratch(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

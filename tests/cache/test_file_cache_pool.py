@@ -486,10 +486,10 @@ def test_a_folder_that_cannot_be_written_reads_directly_and_warns_once(make_pool
 
 
 def test_a_full_disk_reads_directly_and_warns_once(make_pool, caplog, monkeypatch) -> None:
-    def no_room(path: Path, payload: Any) -> None:
+    def no_room(path: Path, payload: Any, *, durable: bool) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(file_cache_pool, "_write_file", no_room)
+    monkeypatch.setattr(file_cache_pool, "replace_atomically", no_room)
     pool = make_pool()
     store = MemoryStore({"a": b"data a", "b": b"data b"})
     with caplog.at_level(logging.WARNING, logger=POOL_LOGGER):

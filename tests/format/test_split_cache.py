@@ -16,7 +16,7 @@ import pytest
 from energon_lite_dev.synthetic import write_numbered_shards
 
 from megatron_energon_lite.errors import DatasetError, EmptyDatasetError
-from megatron_energon_lite.format import metadata
+from megatron_energon_lite.format import metadata, split_cache
 from megatron_energon_lite.format.metadata import resolve_split
 from megatron_energon_lite.format.metadataset import LeafDataset
 from megatron_energon_lite.format.prepare import prepare_dataset
@@ -85,14 +85,16 @@ def test_cache_gives_what_the_files_give(dataset: Path, split: str, caplog: pyte
         assert cached.excluded_keys == {"parts/data-0.tar": frozenset({"000001"}), "parts/data-1.tar": frozenset({"000004"})}
 
 
-def test_loader_resolves_from_the_cache_without_parsing_the_files(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loader_resolves_from_the_cache_without_parsing_the_info_file(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split file is read to check the cache's names against it; .info.json is not."""
     expected = _from_files(dataset, "train")
 
     def refuse(*args, **kwargs):
-        raise AssertionError("the split file or .info.json was parsed although the cache is valid")
+        raise AssertionError(".info.json was parsed although the cache is valid")
 
-    monkeypatch.setattr(metadata, "read_split_config", refuse)
     monkeypatch.setattr(metadata, "read_info", refuse)
+    monkeypatch.setattr(split_cache, "read_info", refuse)
+    monkeypatch.setattr(metadata, "resolve_unchecked", refuse)
     resolved = resolve_dataset(_leaf(dataset, "train"), dataset_config=None, split_config=None, trust_dataset_code=False)
     _same(resolved.split, expected)
     assert resolved.total == sum(expected.counts)

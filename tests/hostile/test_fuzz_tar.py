@@ -1,8 +1,12 @@
 """Fuzzing the tar and index layer with corrupt inputs (issue 13).
 
 A few hundred generated corruptions of small valid tars (byte flips, truncations, header-field
-mutations, hand-made PAX records), of ``.tar.idx`` files, of ``.nv-meta`` files and of
-``index.sqlite``.  Whatever the damage, reading must finish and either succeed or raise one of
+mutations, hand-made PAX records), of ``.tar.idx`` files, of ``.nv-meta`` files, of
+``index.sqlite``, of the split cache (which must never serve other shards than ``split.yaml``
+names), of metadataset YAML (generated blend trees, alias bombs, deep nesting, byte flips), of
+the ``index.sqlite`` rows ``aux:`` member reads go by, and of saved loader states (JSON values
+replaced or removed anywhere, restored with ``restore_state_rank`` / ``restore_state_global``).
+Whatever the damage, reading must finish and either succeed or raise one of
 our own errors (an :class:`EnergonLiteError`) whose message names the file; never hang, never
 raise a bare ``ValueError``/``MemoryError``/``sqlite3`` error, never take the machine's memory.
 
@@ -139,7 +143,11 @@ def _run_targets(workdir: Path) -> None:
     from hypothesis import strategies as st
 
     from megatron_energon_lite.cli.lint import check_indexes
+    from megatron_energon_lite.errors import EnergonLiteError
+    from megatron_energon_lite.format.metadata import resolve_split
+    from megatron_energon_lite.format.metadataset import load_blend_plan
     from megatron_energon_lite.format.prepare import prepare_dataset
+    from megatron_energon_lite.format.split_cache import SPLIT_CACHE, cached_split
     from megatron_energon_lite.format.split_reader import SplitReader
     from megatron_energon_lite.format.tar_reader import (
         group_samples,
@@ -227,6 +235,7 @@ def _run_targets(workdir: Path) -> None:
     prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1)
     (root / ".nv-meta/dataset.yaml").write_text("sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n")
     pristine = {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    pristine_names = [p.relative_to(root).as_posix() for p in pristine if p.suffix == ".tar"]
     mtimes = {p: p.stat().st_mtime_ns for p in pristine}
 
     def restore(path: Path | None = None, content: bytes | None = None) -> None:
@@ -303,6 +312,103 @@ def _run_targets(workdir: Path) -> None:
             read_dataset()
 
         guarded(reprepare, (str(root),))
+
+    def flipped(data, raw: bytes) -> bytes:
+        """``raw`` with one to four bytes xor-ed."""
+        out = bytearray(raw)
+        for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(out) - 1), st.integers(1, 255)), min_size=1, max_size=4), label="flips"):
+            out[position] ^= xor
+        return bytes(out)
+
+    # --- 4. the split cache: whatever it says, the loader serves what split.yaml says -------------
+    cache_path = root / ".nv-meta" / SPLIT_CACHE
+    restore()
+    expected = resolve_split(root, "train")
+    json_value = st.recursive(
+        st.none() | st.booleans() | st.integers(-3, 10**20) | st.text(max_size=12) | st.sampled_from(sorted(pristine_names)),
+        lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=25,
+    )
+
+    @fuzz_settings(150)
+    @given(data=st.data())
+    def fuzz_split_cache(data) -> None:
+        restore()
+        cache = json.loads(pristine[cache_path])
+        train = cache["splits"]["train"]
+        kind = data.draw(st.sampled_from(["value", "names", "counts", "deep", "bytes"]), label="kind")
+        if kind == "value":  # any JSON value at any key the cache has
+            holder = data.draw(st.sampled_from([cache, train]), label="holder")
+            key = data.draw(st.sampled_from(sorted(holder)), label="key")
+            holder[key] = data.draw(json_value, label="value")
+        elif kind == "names":  # shards moved, repeated, dropped, from another split or outside
+            names = data.draw(st.lists(st.sampled_from([*train["names"], *pristine_names, "../x.tar", "/abs.tar"]), max_size=6), label="names")
+            train.update(names=names, counts=data.draw(st.lists(st.integers(0, 6), min_size=len(names), max_size=len(names)), label="counts"))
+        elif kind == "counts":
+            train["counts"] = data.draw(st.lists(st.integers(-1, 7), min_size=len(train["counts"]), max_size=len(train["counts"])), label="counts")
+        text = json.dumps(cache)
+        if kind == "deep":
+            depth = data.draw(st.integers(150, 20_000), label="depth")
+            text = text.replace('"excluded_keys": {}', '"excluded_keys": ' + "[" * depth + "]" * depth, 1)
+        cache_path.write_bytes(flipped(data, text.encode()) if kind == "bytes" else text.encode())
+
+        def read() -> None:
+            served = cached_split(root, "train", None)
+            if served is None:
+                return  # ignored: the files are read
+            assert served.names == expected.names and served.excluded_keys == expected.excluded_keys, (served.names, expected.names)
+            if served.counts != expected.counts:  # a wrong count is caught when its shard is read
+                reader = SplitReader(root, "train", split=served)
+                try:
+                    for index in range(len(reader)):
+                        reader.read(index)
+                except EnergonLiteError as exc:
+                    assert "shards/" in str(exc), str(exc)
+                    return
+                finally:
+                    reader.close()
+                raise AssertionError(f"counts {served.counts} served without an error (the files say {expected.counts})")
+
+        guarded(read, (str(root),))
+
+    # --- 5. metadataset YAML: generated trees and text-level bombs --------------------------------
+    yaml_path = workdir / "blend.yaml"
+    header = "__module__: megatron.energon\n__class__: MetadatasetV2\n"
+    scalar = st.none() | st.booleans() | st.integers(-5, 10) | st.floats(allow_nan=True) | st.text(max_size=8)
+    leaf = st.fixed_dictionaries(
+        {"path": st.sampled_from([str(root), "missing", "", "../..", str(yaml_path)]) | scalar},
+        optional={
+            "weight": scalar | st.integers(0, 5),
+            "subflavors": json_value,
+            "split_part": st.sampled_from(["train", "val", "nope"]) | scalar,
+            "subset": st.dictionaries(st.sampled_from(["range", "absolute_range", "x"]), st.lists(scalar | st.sampled_from(["10%", "0%", "100%"]), max_size=3), max_size=2),
+            "shuffle_over_epochs_multiplier": scalar,
+            "bogus": scalar,
+        },
+    )
+    tree = st.recursive(leaf, lambda inner: st.fixed_dictionaries({"blend": st.lists(inner, max_size=3)}) | st.fixed_dictionaries({"blend_epochized": st.lists(inner, max_size=3)}), max_leaves=6)
+
+    @fuzz_settings(150)
+    @given(data=st.data())
+    def fuzz_metadataset_yaml(data) -> None:
+        import yaml
+
+        kind = data.draw(st.sampled_from(["tree", "tree", "aliases", "deep", "bytes"]), label="kind")
+        text = header + yaml.safe_dump({"splits": {"train": data.draw(tree, label="tree")}})
+        if kind == "aliases":  # anchors of anchors: a few hundred bytes, width**levels values
+            levels, width = data.draw(st.integers(2, 14), label="levels"), data.draw(st.integers(2, 9), label="width")
+            lines = [f"a0: &a0 [{', '.join(['x'] * width)}]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+            text = header + f"splits:\n  train:\n    path: {root}\n    subflavors:\n" + "\n".join("      " + line for line in lines) + "\n"
+        elif kind == "deep":
+            depth = data.draw(st.integers(150, 5000), label="depth")
+            text = header + f"splits:\n  train:\n    path: {root}\n    subflavors: " + "{a: " * depth + "1" + "}" * depth + "\n"
+        yaml_path.write_bytes(flipped(data, text.encode()) if kind == "bytes" else text.encode())
+
+        def read() -> None:
+            plan = load_blend_plan(yaml_path, "train", training=True)
+            json.dumps([leaf.subflavors for leaf in plan.leaves], default=str)  # what a saved state holds
+
+        guarded(read, (str(yaml_path), str(root)))
 
     # --- 6. aux: reads by member name through a damaged index.sqlite or a rewritten tar ---------------
     from megatron_energon_lite.cache import WebdatasetFileStore
@@ -393,7 +499,7 @@ def _run_targets(workdir: Path) -> None:
 
         guarded(restore_and_read, ("$", "state", "restore"))
 
-    for target in (fuzz_tar_bytes, fuzz_pax, fuzz_index_and_tar, fuzz_meta_files, fuzz_sqlite, fuzz_aux_store, fuzz_states):
+    for target in (fuzz_tar_bytes, fuzz_pax, fuzz_index_and_tar, fuzz_meta_files, fuzz_sqlite, fuzz_split_cache, fuzz_metadataset_yaml, fuzz_aux_store, fuzz_states):
         started = time.monotonic()
         target()
         print(f"{target.__name__}: ok in {time.monotonic() - started:.1f} s", flush=True)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sqlite3
 import tempfile
 from dataclasses import dataclass, field
@@ -68,6 +67,7 @@ from ...format.media_metadata import (
 )
 from ...format.metadata import INDEX_SQLITE, META_DIR, is_prepared
 from ...format.process_pool import scan_in_order
+from ...format.safe_parse import parse_json
 from ...storage import (
     AnyPath,
     RemotePath,
@@ -75,10 +75,10 @@ from ...storage import (
     atomic_write_text,
     cached_copy,
     file_stat,
-    is_no_room,
-    no_room_error,
+    local_scratch,
+    remove_scratch,
     remove_stale_temporaries,
-    temporary_name,
+    reporting_no_room,
 )
 from ...storage.remote import fetch_range, refresh_session
 
@@ -207,43 +207,41 @@ def prepare_media_folder(
     reused = {f.rel: state[f.rel][2] for f in listed if f.rel in state and tuple(state[f.rel][:2]) == f.stamp}
     removed = sorted(set(state) - {f.rel for f in listed})
 
-    scratch = _make_scratch(tmp_path) if remote else None
-    tmp = scratch / INDEX_SQLITE if scratch is not None else temporary_name(index)
-    try:
-        writer, reused = _start_index(tmp, previous, index, reused)
+    with reporting_no_room(index):  # SQLite's "database or disk is full" too
+        scratch = _make_scratch(tmp_path) if remote else local_scratch(index)
+        tmp = scratch / INDEX_SQLITE
         try:
-            to_scan = [f for f in listed if f.rel not in reused]
-            outcomes = dict(reused)
-            failures: list[str] = []
-            for rel in sorted(rel for rel, outcome in reused.items() if outcome == _FAILED):
-                logger.warning("no media metadata for %r: it could not be decoded in an earlier run and has not changed since", rel)
-            rows: list[MediaRow] = []
-            scans = _scan_all(root, to_scan, media_filter, num_workers=num_workers, progress=progress, scratch=scratch)
-            for scan in scans:
-                outcomes[scan.rel] = scan.outcome
-                if scan.outcome == _ROW:
-                    rows.append(MediaRow(scan.rel, scan.metadata_type, scan.metadata_json))
-                    if len(rows) >= _ROWS_PER_WRITE:
-                        writer.add(rows)
-                        rows.clear()
-                elif scan.outcome == _FAILED:
-                    logger.warning("%s", scan.failure)
-                    failures.append(scan.failure)
-            writer.add(rows)
-        except BaseException:
-            writer.abort()
-            raise
-        entries = writer.finish(media_filter)
-        if remote:
-            refresh_session(index)  # the scan's forked workers shared this process's connections
-            index.upload(tmp)  # one write: the object is replaced whole
-        else:
-            os.replace(tmp, index)
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+            writer, reused = _start_index(tmp, previous, index, reused)
+            try:
+                to_scan = [f for f in listed if f.rel not in reused]
+                outcomes = dict(reused)
+                failures: list[str] = []
+                for rel in sorted(rel for rel, outcome in reused.items() if outcome == _FAILED):
+                    logger.warning("no media metadata for %r: it could not be decoded in an earlier run and has not changed since", rel)
+                rows: list[MediaRow] = []
+                scans = _scan_all(root, to_scan, media_filter, num_workers=num_workers, progress=progress, scratch=scratch)
+                for scan in scans:
+                    outcomes[scan.rel] = scan.outcome
+                    if scan.outcome == _ROW:
+                        rows.append(MediaRow(scan.rel, scan.metadata_type, scan.metadata_json))
+                        if len(rows) >= _ROWS_PER_WRITE:
+                            writer.add(rows)
+                            rows.clear()
+                    elif scan.outcome == _FAILED:
+                        logger.warning("%s", scan.failure)
+                        failures.append(scan.failure)
+                writer.add(rows)
+            except BaseException:
+                writer.abort()
+                raise
+            entries = writer.finish(media_filter)
+            if remote:
+                refresh_session(index)  # the scan's forked workers shared this process's connections
+                index.upload(tmp)  # one write: the object is replaced whole
+            else:
+                os.replace(tmp, index)
+        finally:
+            remove_scratch(scratch)
     if not remote:
         _copy_permissions(root, meta, index)
     _write_state(meta, index, media_filter, listed, outcomes)
@@ -406,12 +404,16 @@ def _inside(path: str, folder: str) -> bool:
 def _list_files(root: Path, media_filter: MediaFilter) -> tuple[list[_Listed], list[str]]:
     """The files the filter may select, sorted by relative path, and what was not followed.
 
-    Symlinks are followed only when they point inside the folder (and not into a ``.nv-meta``
-    folder or back to a folder above them); ``.nv-meta`` folders are not entered.
+    Every folder is walked once, by its real path (a chain of folders each holding two symlinks
+    to the next would otherwise be walked 2^N times): a symlinked folder inside the root is not
+    walked again (its files are listed under the folder's own path), one pointing outside is not
+    followed, and a folder met twice (a bind mount) is walked once.  A symlink to a file inside
+    the root is listed under its own name.  ``.nv-meta`` folders are not entered.
     """
     real_root = os.path.realpath(root)
     listed: list[_Listed] = []
     ignored: list[str] = []
+    walked: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
 
     def add(rel: str, path: str) -> None:
         name = _filter_name(media_filter, rel)
@@ -424,13 +426,20 @@ def _list_files(root: Path, media_filter: MediaFilter) -> tuple[list[_Listed], l
             return
         listed.append(_Listed(rel, name, (st.st_size, st.st_mtime_ns)))
 
-    def walk(folder: str, prefix: str, ancestors: frozenset[str]) -> None:
+    folders = [(str(root), "")]  # a stack, not recursion: folders may nest thousands deep
+    while folders:
+        folder, prefix = folders.pop()
         try:
+            st = os.stat(folder)
             with os.scandir(folder) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
             ignored.append(f"folder not readable, ignored: {prefix or '.'} ({exc.strerror or exc})")
-            return
+            continue
+        if (st.st_dev, st.st_ino) in walked:
+            ignored.append(f"folder reached a second time (a bind mount?), walked once: {prefix or '.'}")
+            continue
+        walked.add((st.st_dev, st.st_ino))
         for entry in entries:
             rel = prefix + entry.name
             if entry.is_symlink():
@@ -440,19 +449,16 @@ def _list_files(root: Path, media_filter: MediaFilter) -> tuple[list[_Listed], l
                 elif any(part == META_DIR for part in Path(os.path.relpath(target, real_root)).parts):
                     continue
                 elif os.path.isdir(target):
-                    if entry.name != META_DIR and target not in ancestors:
-                        walk(entry.path, rel + "/", ancestors | {target})
+                    ignored.append(f"symlinked folder not walked again: {rel} -> {os.path.relpath(target, real_root)} (its files are listed under that path)")
                 elif os.path.isfile(target):
                     add(rel, entry.path)
                 else:
                     ignored.append(f"dangling symlink, ignored: {rel} -> {target}")
             elif entry.is_dir(follow_symlinks=False):
                 if entry.name != META_DIR:
-                    walk(entry.path, rel + "/", ancestors | {os.path.realpath(entry.path)})
+                    folders.append((entry.path, rel + "/"))
             elif entry.is_file(follow_symlinks=False):
                 add(rel, entry.path)
-
-    walk(str(root), "", frozenset({real_root}))
     listed.sort(key=lambda f: f.rel)
     return listed, ignored
 
@@ -520,16 +526,12 @@ def _scan_remote_file(root: RemotePath, listed: _Listed, media_filter: MediaFilt
     fd, local = tempfile.mkstemp(prefix=".media-", suffix=PurePosixPath(listed.rel).suffix, dir=scratch)
     try:
         try:
-            with os.fdopen(fd, "wb") as file:
+            with reporting_no_room(local), os.fdopen(fd, "wb") as file:
                 file.write(head)
                 for start in range(len(head), size, _FETCH_PIECE):
                     file.write(fetch_range(path, start, min(size, start + _FETCH_PIECE)))
         except (FileNotFoundError, PermissionError) as exc:  # the object (not the local copy)
             return _failed(listed, path, exc)
-        except OSError as exc:
-            if is_no_room(exc):
-                raise no_room_error(local, exc) from None
-            raise
         try:
             values = extract_metadata_of_file(media_type, local)
         except MissingDependencyError:
@@ -646,8 +648,8 @@ def _load_state(meta: AnyPath, index_stamp: list[int | str] | None, media_filter
     """The previous run's ``{rel: [size, mtime_ns or version, outcome]}``, or {} when it cannot
     be trusted (``index_stamp``: the :func:`_stamp` of the index now)."""
     try:
-        state = json.loads((meta / STATE_FILE).read_text())
-    except (OSError, ValueError):
+        state = parse_json((meta / STATE_FILE).read_text(), str(meta / STATE_FILE))
+    except (OSError, ValueError):  # also ConfigError (nesting): then every file is scanned again
         return {}
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         return {}

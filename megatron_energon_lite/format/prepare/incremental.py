@@ -17,10 +17,10 @@ from ...storage import (
     atomic_write_text,
     list_files,
     remove_stale_temporaries,
-    temporary_basename,
 )
 from ..media_metadata import MediaFilter, read_media_filter
 from ..metadata import INDEX_SQLITE, META_DIR, meta_dir
+from ..safe_parse import parse_json
 from ..tar_index import index_name
 
 PREPARE_STATE = ".lite-prepare.json"
@@ -28,16 +28,6 @@ PREPARE_STATE_VERSION = 2  # 2: stamps are [size, version string] (mtime or ETag
 
 # The package's name, the one prepare's log records had when it was a single module.
 logger = logging.getLogger(__package__)
-
-
-def _pending_index(root: str, name: str, owner: int) -> str:
-    """Where the worker writes a shard's new ``.tar.idx`` before the rename: the temporary name
-    :func:`~megatron_energon_lite.storage.temporary_name` gives, with the preparing process's id,
-    so that :func:`~megatron_energon_lite.storage.remove_stale_temporaries` recognises leftovers
-    of a killed run."""
-    final = os.path.join(root, index_name(name))
-    folder, base = os.path.split(final)
-    return os.path.join(folder, temporary_basename(base, owner))
 
 
 def _remove_leftovers(root: AnyPath, meta: AnyPath, names: list[str], dotted: set[str] | None) -> None:
@@ -56,10 +46,13 @@ def _remove_leftovers(root: AnyPath, meta: AnyPath, names: list[str], dotted: se
 def _load_prepare_state(root: AnyPath) -> dict:
     path = meta_dir(root) / PREPARE_STATE
     try:
-        state = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        state = parse_json(path.read_text(), str(path))
+    except FileNotFoundError:
         return {}
-    return state if state.get("version") == PREPARE_STATE_VERSION else {}
+    except (OSError, ValueError) as exc:  # also ConfigError (nesting), bad JSON, bad UTF-8
+        logger.warning("%s: ignoring the record of the previous prepare (every shard is indexed again): %s", path, exc)
+        return {}
+    return state if isinstance(state, dict) and state.get("version") == PREPARE_STATE_VERSION else {}
 
 
 def _kept_media_filter(meta: AnyPath) -> MediaFilter | None:

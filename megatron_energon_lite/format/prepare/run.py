@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from ...errors import ConfigError, DatasetError, format_message
 from ...storage import AnyPath, as_path
 from ..media_metadata import MediaFilter
-from ..metadata import is_prepared, meta_dir, read_info
+from ..metadata import is_prepared, meta_dir, read_info, unreadable_shard_name
 from .discover import _discover
 from .incremental import _kept_media_filter, _load_prepare_state, _remove_leftovers, _unchanged_shards
 from .splits import _choose_splits
@@ -79,6 +79,7 @@ def prepare_dataset(
             )
         )
 
+    _check_shard_names(names)
     # Splits first: a bad pattern must fail before any work is done.
     splits: dict[str, list[str]] = {}
     if not tar_index_only:
@@ -159,3 +160,19 @@ def _check_may_prepare(
                     "not re-indexed), or --tar-index-only to keep splits and dataset.yaml",
                 )
             )
+
+
+def _check_shard_names(names: list[str]) -> None:
+    """Refuses the tar files whose names the loader would refuse (the loader's own rule), before
+    any work is done: they would be indexed, then fail in every job that reads the split."""
+    bad = [(name, problem) for name in names if (problem := unreadable_shard_name(name)) is not None]
+    if bad:
+        raise DatasetError(
+            format_message(
+                f"{len(bad)} shard name(s) that the loader cannot read",
+                where=", ".join(repr(name) for name, _ in bad[:5]) + (" ..." if len(bad) > 5 else ""),
+                expected="UTF-8 file names without '{' or '}'",
+                found=bad[0][1],
+                fix="rename those files, or leave them out with --exclude",
+            )
+        )

@@ -10,11 +10,10 @@ from typing import Iterator
 import numpy as np
 
 from ...errors import EmptyDatasetError, format_message
-from ...storage import AnyPath, is_no_room, local_file, no_room_error
+from ...storage import AnyPath, create_temporary, local_file, reporting_no_room
 from ..media_metadata import MediaFilter, MediaScan, scan_media
-from ..tar_index import INDEX_DTYPE
+from ..tar_index import INDEX_DTYPE, index_name
 from ..tar_reader import SampleEntry, TarMember, group_samples, iter_members
-from .incremental import _pending_index
 
 
 @dataclass
@@ -111,9 +110,8 @@ def _scan(
 class _Scanned:
     """What a worker sends back for one shard: rows ready for SQLite, nothing else per sample.
 
-    Locally the worker has also written the shard's new ``.tar.idx`` to its temporary name
-    (:func:`~.incremental._pending_index`); it is renamed into place once the whole index is
-    built.  Remotely ``index`` holds its bytes, uploaded at that point instead.
+    Locally the worker has also written the shard's new ``.tar.idx`` to a temporary file
+    (``temporary``); it is renamed into place once the whole index is built.  Remotely ``index`` holds its bytes, uploaded at that point instead.
     """
 
     sample_rows: list[tuple]  # (tar_file_id, key, sample_index, byte_offset, byte_size)
@@ -122,14 +120,15 @@ class _Scanned:
     tar_stamp: list | None  # [size, mtime_ns] of the tar as scanned (local only)
     index_stamp: list | None  # [size, mtime_ns] of the written temporary .tar.idx (local only)
     media: MediaScan | None
+    temporary: str | None = None  # local: where the new .tar.idx was written
 
 
-def _write_pending_index(path: str, data: bytes) -> list:
-    """Writes a temporary ``.tar.idx`` (made durable later, all at once:
-    :func:`~.write._sync_files`) and returns its stamp; a full disk raises the storage error that
-    names the file."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+def _write_pending_index(final: str, owner: int, data: bytes) -> tuple[str, list]:
+    """Writes the new ``.tar.idx`` for ``final`` to a fresh temporary file (made durable later,
+    all at once: :func:`~.write._sync_files`) and returns its path and stamp; a full disk
+    raises the storage error that names the file."""
+    with reporting_no_room(final):
+        fd, path = create_temporary(final, owner=owner)
         try:
             view = memoryview(data)
             while view:
@@ -137,11 +136,7 @@ def _write_pending_index(path: str, data: bytes) -> list:
             written = os.fstat(fd)
         finally:
             os.close(fd)
-    except OSError as exc:
-        if is_no_room(exc):
-            raise no_room_error(path, exc) from None
-        raise
-    return [written.st_size, str(written.st_mtime_ns)]
+    return os.fspath(path), [written.st_size, str(written.st_mtime_ns)]
 
 
 def _scan_task(args: tuple[AnyPath, str, int, MediaFilter | None, int | None]) -> _Scanned:
@@ -153,6 +148,6 @@ def _scan_task(args: tuple[AnyPath, str, int, MediaFilter | None, int | None]) -
     data = offsets.tobytes()
     if owner is None:  # remote: the main process uploads the index after the build
         return _Scanned(sample_rows, part_rows, data, None, None, media)
-    index_stamp = _write_pending_index(_pending_index(os.fspath(root), name, owner), data)
+    temporary, index_stamp = _write_pending_index(os.path.join(os.fspath(root), index_name(name)), owner, data)
     tar_stamp = [tar_stat.st_size, str(tar_stat.st_mtime_ns)]
-    return _Scanned(sample_rows, part_rows, None, tar_stamp, index_stamp, media)
+    return _Scanned(sample_rows, part_rows, None, tar_stamp, index_stamp, media, temporary)

@@ -7,11 +7,10 @@ import json
 import random
 from typing import Sequence
 
-from braceexpand import braceexpand
-
 from ...errors import ConfigError, format_message
 from ...storage import AnyPath
 from ..metadata import META_DIR, SPLIT_YAML, SplitConfig, read_split_config, write_split_config
+from ..safe_parse import expand_braces
 from .discover import _compile
 from .incremental import _stamps
 
@@ -69,7 +68,7 @@ def splits_by_patterns(
     """``[("train", "shards/train/.*"), ...]``: brace-expanded regexes matched at the start."""
     result: dict[str, list[str]] = {}
     for split_name, pattern in patterns:
-        regexes = [_compile(p, f"--split-parts {split_name}") for p in braceexpand(pattern)]
+        regexes = [_compile(p, f"--split-parts {split_name}") for _, p in expand_braces([pattern], f"--split-parts {split_name}")]
         matched = [s for s in shards if any(r.match(s) for r in regexes)]
         if not matched:
             raise ConfigError(

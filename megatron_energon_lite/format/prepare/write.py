@@ -19,13 +19,12 @@ from ...storage import (
     AnyPath,
     RemotePath,
     atomic_write_text,
-    is_no_room,
     local_scratch,
     local_view,
-    no_room_error,
     remove_scratch,
+    remove_own_temporaries,
+    reporting_no_room,
     replace_with,
-    temporary_name,
 )
 from ..media_metadata import MediaFilter, MediaIndexWriter, MediaScan
 from ..metadata import INDEX_SQLITE, INDEX_UUID, DatasetInfo, write_info
@@ -33,7 +32,7 @@ from ..process_pool import scan_in_order
 from ..split_cache import write_split_cache
 from ..sqlite_index import DuplicateKey, DuplicateSampleKeyError, IndexMismatchError, SqliteIndexWriter
 from ..tar_index import INDEX_DTYPE, index_name, write_tar_index
-from .incremental import _pending_index, _update_in_place, _write_prepare_state
+from .incremental import _update_in_place, _write_prepare_state
 from .scan import _Scanned, _scan_task
 from .splits import _write_splits
 
@@ -64,13 +63,6 @@ def _in_shard_order(duplicates: list[DuplicateKey]) -> list[DuplicateKey]:
         first, *later = sorted(found)
         ordered.extend(DuplicateKey(key, first, again) for again in later)
     return sorted(ordered, key=lambda duplicate: duplicate.again)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _sync_files(paths: Sequence[str]) -> None:
@@ -139,6 +131,7 @@ class _Built:
     counts: dict[str, int]  # samples per shard, in shard order
     index_data: dict[str, bytes] = field(default_factory=dict)  # remote: .tar.idx of each scanned shard
     index_stamps: dict[str, list] = field(default_factory=dict)  # local: stamp of each new temporary .tar.idx
+    index_temporaries: dict[str, str] = field(default_factory=dict)  # local: where each was written
     tar_stamps: dict[str, list] = field(default_factory=dict)  # local: stamp of each scanned tar
     media_entries: int = 0
     media_failures: list[str] = field(default_factory=list)
@@ -168,13 +161,13 @@ def _build_and_install(
     base = os.fspath(root) if local else ""
     owner = os.getpid() if local else None
     pending: set[str] = set()  # shards whose temporary .tar.idx may exist
-    scratch, owned = local_scratch(meta)
+    scratch = local_scratch(meta / INDEX_SQLITE)
     done = False
     try:
-        tmp_index = temporary_name(scratch / INDEX_SQLITE)
+        tmp_index = scratch / INDEX_SQLITE
         previous_index = local_view(meta / INDEX_SQLITE) if unchanged or media_filter is not None else None
         build = dict(num_workers=num_workers, progress=progress, media_filter=media_filter, owner=owner, pending=pending)
-        try:
+        with reporting_no_room(meta / INDEX_SQLITE):
             try:
                 in_place = _update_in_place(names, unchanged, state)
                 built = _build_index(tmp_index, previous_index, root, names, unchanged, in_place=in_place, **build)
@@ -182,29 +175,23 @@ def _build_and_install(
                 logger.warning("%s", exc)
                 unchanged = {}
                 built = _build_index(tmp_index, previous_index, root, names, unchanged, **build)
-        except (OSError, sqlite3.OperationalError) as exc:
-            if is_no_room(exc):
-                raise no_room_error(tmp_index, exc) from None
-            raise
-        _install_tar_indexes(root, base, owner, built, pending)
+        _install_tar_indexes(root, base, built, pending)
         replace_with(meta / INDEX_SQLITE, tmp_index)
         done = True
     finally:
-        if not done and pending:
-            for name in pending:
-                _unlink_quietly(_pending_index(base, name, owner))
-        remove_scratch(scratch, owned)
+        if not done and pending:  # the workers' temporary .tar.idx files
+            remove_own_temporaries({os.path.dirname(os.path.join(base, index_name(name))) for name in pending}, owner)
+        remove_scratch(scratch)
     return built, unchanged
 
 
-def _install_tar_indexes(root: AnyPath, base: str, owner: int | None, built: _Built, pending: set[str]) -> None:
+def _install_tar_indexes(root: AnyPath, base: str, built: _Built, pending: set[str]) -> None:
     """Puts the scanned shards' new ``.tar.idx`` files in place: locally the temporaries the
     workers wrote, made durable and renamed (each leaves ``pending`` once renamed); remotely
     uploaded from the bytes the workers sent back."""
     if not isinstance(root, RemotePath):
-        written = {name: _pending_index(base, name, owner) for name in built.index_stamps}
-        _sync_files(list(written.values()))
-        for name, temporary in written.items():
+        _sync_files(list(built.index_temporaries.values()))
+        for name, temporary in built.index_temporaries.items():
             os.replace(temporary, os.path.join(base, index_name(name)))
             pending.discard(name)
     else:
@@ -356,6 +343,7 @@ def _write_index(
                     built.index_data[name] = scan.index
                 else:
                     built.index_stamps[name] = scan.index_stamp
+                    built.index_temporaries[name] = scan.temporary
                     built.tar_stamps[name] = scan.tar_stamp
                 if scan.media is not None:
                     media[name] = scan.media
