@@ -328,7 +328,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         check_nesting(state, "the loader state passed to restore_state_rank", StateError)
-        check_saved_data(state, self.savable_dataset.data_record())
+        check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config())
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
@@ -381,7 +381,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         from .elastic import elastic_rank_state
 
         for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
-            check_saved_data(state, self.savable_dataset.data_record(), where=f"rank {rank}'s state")
+            check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state")
         self._restore(elastic_rank_state(states, self.savable_dataset, wc))
 
     def restore_sample(self, restore_key: tuple) -> Any:

@@ -164,16 +164,23 @@ def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = ()
         )
 
 
-def check_saved_data(state: Any, current: list | None, *, where: str = "the state") -> None:
+def check_saved_data(state: Any, current: list | None, config: dict, *, where: str = "the state") -> None:
     """Refuses a state saved against other data than the loader reads now: shards added,
     removed or resized, or other sample excludes (a re-prepared dataset), which would repeat
     and lose samples silently. A redistributed state is checked through the states it holds.
-    A state of a version before :data:`DATA_RECORD_VERSION` is restored unchecked (a note says so)."""
+    A state of a version before :data:`DATA_RECORD_VERSION` is restored unchecked (a note says so).
+    A state of another configuration (``config``: the loader's) is left to
+    :func:`check_same_config`, which names what differs (another window length changes the
+    sample counts too)."""
     if current is None or not isinstance(state, dict):
         return
     if isinstance(state.get(REDISTRIBUTED_FROM), list):
         for rank, saved in enumerate(state[REDISTRIBUTED_FROM]):
-            check_saved_data(saved, current, where=f"rank {rank}'s state")
+            check_saved_data(saved, current, config, where=f"rank {rank}'s state")
+        return
+    free = (*TOPOLOGY_KEYS, *_ENERGON_DOES_NOT_CHECK)
+    saved_config = state.get("config")
+    if not isinstance(saved_config, dict) or any(saved_config.get(k, "<missing>") != config.get(k, "<missing>") for k in set(saved_config) | set(config) if k not in free):
         return
     saved, version = state.get("data"), state.get("version")
     if version not in READABLE_VERSIONS:
