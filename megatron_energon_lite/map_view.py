@@ -319,7 +319,7 @@ class MapStyleDataset(torch.utils.data.Dataset):
         loader, cooking = self._reader(k)
         te, hooks = self.task_encoder, self._hooks
         try:
-            sample = loader.load(split_index)
+            sample = loader.load(split_index, check_key=True)
             if sample is None:
                 raise DatasetError(
                     format_message(

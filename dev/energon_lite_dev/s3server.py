@@ -541,7 +541,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
     def _upstream_response(self, body: bytes) -> http.client.HTTPResponse:
         proxy = self.server.proxy
-        headers = [(k, v) for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP]
+        dropped = _HOP_BY_HOP | ({"range"} if proxy.ignore_range else set())
+        headers = [(k, v) for k, v in self.headers.items() if k.lower() not in dropped]
         for attempt in range(2):  # a kept-alive upstream connection may have been closed meanwhile
             fresh = self._upstream is None
             if fresh:
@@ -664,6 +665,7 @@ class FaultProxy:
         faults_only_for: FaultFilter = None,
         reset_mode: str = "rst",
         port: int = 0,
+        ignore_range: bool = False,
     ) -> None:
         if reset_mode not in ("rst", "close"):
             raise ValueError(f"reset_mode must be 'rst' or 'close', got {reset_mode!r}")
@@ -680,6 +682,7 @@ class FaultProxy:
         self.seed = seed
         self.faults_only_for = faults_only_for
         self.reset_mode = reset_mode
+        self.ignore_range = ignore_range  # forward GETs without Range: 200 and the whole object
         self._requested_port = port
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = {}

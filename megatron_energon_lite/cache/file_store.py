@@ -26,7 +26,8 @@ from ..decode import SampleDecoder
 from ..errors import AuxFileNotFoundError, DatasetError, format_message
 from ..format.media_metadata import open_index
 from ..format.metadata import INDEX_SQLITE, meta_dir, read_info
-from ..format.tar_reader import split_name
+from ..format.recorded_keys import check_read_key
+from ..format.tar_reader import BLOCK, TarFormatError, header_name, iter_members, split_name
 from ..format.media_types import MediaMetadataBase, deserialize_media_metadata
 from ..source_info import SourceInfo
 from ..storage import AnyPath, RemotePath, as_path, file_pool, file_stat
@@ -217,7 +218,7 @@ class WebdatasetFileStore(_PooledReads, FileStore[bytes]):
     def get_path(self) -> str:
         return str(self.base_path)
 
-    def _locate(self, key: str) -> tuple[str, int, int]:
+    def _locate(self, key: str) -> tuple[str, int, int, int]:
         parts = split_name(key) if isinstance(key, str) else None
         if parts is None:
             raise AuxFileNotFoundError(
@@ -230,7 +231,7 @@ class WebdatasetFileStore(_PooledReads, FileStore[bytes]):
             )
         sample_key, part = parts
         rows = self._index.query(
-            "SELECT p.tar_file_id, p.content_byte_offset, p.content_byte_size FROM sample_parts p "
+            "SELECT p.tar_file_id, p.content_byte_offset, p.content_byte_size, s.byte_offset FROM sample_parts p "
             "JOIN samples s ON p.tar_file_id = s.tar_file_id AND p.sample_index = s.sample_index "
             "WHERE s.sample_key = ? AND p.part_name = ?",
             (sample_key, part),
@@ -246,15 +247,33 @@ class WebdatasetFileStore(_PooledReads, FileStore[bytes]):
                     fix="check the key the cooker builds (energon-lite info lists the dataset's parts)",
                 )
             )
-        tar_id, offset, size = rows[0]
-        if not 0 <= tar_id < len(self._shards):
-            raise self._index.damaged(ValueError(f"tar_file_id {tar_id} is not one of the {len(self._shards)} shards of .info.json"))
-        return self._shards[tar_id], offset, size
+        tar_id, offset, size, sample_offset = rows[0]
+        if not (type(tar_id) is int and 0 <= tar_id < len(self._shards)):
+            raise self._index.damaged(ValueError(f"tar_file_id {tar_id!r} is not one of the {len(self._shards)} shards of .info.json"))
+        if not all(type(v) is int for v in (offset, size, sample_offset)) or not BLOCK <= offset or size < 0 or not 0 <= sample_offset <= offset - BLOCK:
+            raise self._index.damaged(ValueError(f"impossible byte range for {key!r}: member data at {offset!r} ({size!r} bytes), sample at {sample_offset!r}"))
+        return self._shards[tar_id], offset, size, sample_offset
 
     def __getitem__(self, key: str) -> tuple[bytes, SourceInfo]:
-        shard, offset, size = self._locate(key)
-        data = self._read(self.base_path, self.base_path / shard, offset, size)
-        return data, SourceInfo(dataset_path=self.get_path(), index=key, shard_name=shard, file_names=(key,))
+        shard, offset, size, sample_offset = self._locate(key)
+        path = self.base_path / shard
+        # The member's header with its data, in one read: its name must be the one asked for
+        # (an index whose shard was rewritten after prepare points at another member).
+        block = self._read(self.base_path, path, offset - BLOCK, BLOCK + size)
+        if header_name(block) != key:
+            self._check_member_name(key, path, sample_offset, offset, size)
+        return block[BLOCK:], SourceInfo(dataset_path=self.get_path(), index=key, shard_name=shard, file_names=(key,))
+
+    def _check_member_name(self, key: str, path: AnyPath, sample_offset: int, offset: int, size: int) -> None:
+        """The member name by a full parse from the sample's first header (long names and PAX
+        headers sit in blocks of their own before the member's header)."""
+        where = f"{path} member data at byte {offset}"
+        data = self._read(self.base_path, path, sample_offset, offset + size - sample_offset)
+        try:
+            found = next((m.name for m in iter_members(data, base_offset=sample_offset, where=str(path)) if m.data_offset == offset), None)
+        except TarFormatError as exc:
+            found = f"no readable tar member ({str(exc).splitlines()[0]})"
+        check_read_key(str(found), key, self.base_path, where=where, kind="tar member")
 
     def get_media_metadata(self, key: str) -> MediaMetadataBase:
         return _media_metadata(self._index, key, self, _PREPARE_DATASET_MEDIA.format(path=self.base_path))

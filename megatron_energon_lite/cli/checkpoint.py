@@ -83,12 +83,36 @@ def _is_state(value: object) -> bool:
     return isinstance(value, dict) and "worker_states" in value and isinstance(value["worker_states"], list)
 
 
+def _shape_problem(state: dict) -> str | None:
+    """What is wrong with the fields ``info`` and ``redist`` read of a rank state (a damaged
+    file), or None; the pipeline states inside are checked by the loader when it restores them."""
+    config = state.get("config", {})
+    if not isinstance(config, dict):
+        return f"config is {type(config).__name__}, not an object"
+    for key in ("worker_config.rank", "worker_config.world_size", "worker_config.num_workers"):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            return f"config.{key} is {value!r}, not a count"
+    if REDISTRIBUTED_FROM in state:
+        source = state[REDISTRIBUTED_FROM]
+        bad = next((i for i, s in enumerate(source) if not _is_state(s) or _shape_problem(s)), None)
+        return None if bad is None else f"{REDISTRIBUTED_FROM}[{bad}] is not a loader state"
+    bad = next((i for i, w in enumerate(state["worker_states"]) if w is not None and not isinstance(w, dict)), None)
+    if bad is not None:
+        return f"worker_states[{bad}] is {type(state['worker_states'][bad]).__name__}, not a pipeline state or null"
+    return None
+
+
 def read_rank_states(files: tuple[Path, ...]) -> tuple[bool, list[SavedRank]]:
     """(whether it is one global checkpoint, every rank's state in rank order)."""
     states: list[SavedRank] = []
     is_global = False
     for file in files:
         data = _load(file)
+        for i, state in enumerate(data if isinstance(data, list) else [data]):
+            problem = _is_state(state) and _shape_problem(state)
+            if problem:
+                raise ValueProblem(format_message("a damaged loader state", where=f"{file}" + (f", rank entry {i}" if isinstance(data, list) else ""), found=problem, fix="use an intact checkpoint (an older one of the same run may be)"))
         if isinstance(data, list) and data and all(_is_state(s) for s in data):
             is_global = True
             states += [SavedRank(file, i, s) for i, s in enumerate(data)]
@@ -114,7 +138,7 @@ def describe_pipeline(state: object) -> list[str]:
     lines: list[str] = []
     node = state
     while isinstance(node, dict):
-        lines.append(_describe_stage(node))
+        lines.append(_describe_checked(node))
         if isinstance(node.get("sources"), list):
             for i, source in enumerate(node["sources"]):
                 lines += [f"dataset {i}: " + line for line in describe_pipeline(source)]
@@ -127,6 +151,16 @@ def _samples(keys: list) -> str:
     """A few buffered restore keys as sample indices: ``Webdataset 12, 40, ...``."""
     shown = [str(key[-1]) if isinstance(key, list) and key else repr(key) for key in keys[:6]]
     return ", ".join(shown) + (", ..." if len(keys) > 6 else "")
+
+
+def _describe_checked(node: dict) -> str:
+    """:func:`_describe_stage`, or the raw fields of a stage state whose values are not what a
+    stage saves (a damaged file: ``info`` shows it; restoring it gives the StateError)."""
+    try:
+        return _describe_stage(node)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+        fields = {k: v for k, v in node.items() if k not in ("source", "sources")}
+        return f"{node.get('stage', '?')}: damaged state {repr(fields)[:200]}"
 
 
 def _describe_stage(node: dict) -> str:

@@ -80,7 +80,7 @@ def _split_keys(member: JoinMember) -> tuple[list[str | None], list[int]]:
     starts, start = {}, 0
     shard_starts = [0]
     for shard in split.shards:
-        starts[info_position[shard.name]] = (start, shard.name)
+        starts[info_position[shard.name]] = (start, shard.count, shard.name)
         start += shard.count
         shard_starts.append(start)
     database = meta_dir(root) / INDEX_SQLITE
@@ -100,14 +100,32 @@ def _split_keys(member: JoinMember) -> tuple[list[str | None], list[int]]:
         for tar_file_id, key, sample_index in db.execute("SELECT tar_file_id, sample_key, sample_index FROM samples"):
             found = starts.get(tar_file_id)
             if found is not None:
-                first, shard_name = found
-                if key not in split.excluded_keys.get(shard_name, ()):
-                    keys[first + sample_index] = key
+                position = _split_position(found, sample_index, (tar_file_id, key, sample_index), database, root)
+                if key not in split.excluded_keys.get(found[2], ()):
+                    keys[position] = key
     except sqlite3.Error as exc:
         raise DatasetError(format_message("cannot read the sample index", where=str(database), found=str(exc), fix=f"re-run `energon-lite prepare {root}`")) from None
     finally:
         db.close()
     return keys, shard_starts
+
+
+def _split_position(shard: tuple[int, int, str], sample_index: object, row: tuple, database: AnyPath, root: AnyPath) -> int:
+    """The split index of an ``index.sqlite`` row of ``shard`` (its first split index, sample
+    count and name): a row whose ``sample_index`` is not one of the shard's samples would
+    overwrite another sample's entry (a negative one from the end), so it stops the read."""
+    first, count, name = shard
+    if type(sample_index) is not int or not 0 <= sample_index < count:
+        raise DatasetError(
+            format_message(
+                "a row of the sample index points outside its shard",
+                where=f"{database}, table samples, row {row!r}"[:400],
+                expected=f"sample_index 0..{count - 1} ({name} holds {count} samples per .nv-meta/.info.json)",
+                found=f"sample_index {sample_index!r}"[:200],
+                fix=f"re-run `energon-lite prepare {root}` (the index does not match the shards)",
+            )
+        )
+    return first + sample_index
 
 
 def _stamp(member: JoinMember) -> tuple:
@@ -202,10 +220,12 @@ def _member_locations(member: JoinMember) -> np.ndarray:
     split = resolve_split(root, member.split_part, split_config=member.split_config, info=info)
     listed = {name: i for i, name in reversed(list(enumerate(config.expanded_split(member.split_part))))}
     info_position = {name: i for i, name in enumerate(info.shard_counts)}
-    first: dict[int, tuple[int, int]] = {}  # tar_file_id -> (first split index, listed position)
+    first: dict[int, tuple[int, int, str]] = {}  # tar_file_id -> (first split index, count, name)
+    shard_listed: dict[int, int] = {}  # tar_file_id -> position in the split's list
     start = 0
     for shard in split.shards:
-        first[info_position[shard.name]] = (start, listed[shard.name])
+        first[info_position[shard.name]] = (start, shard.count, shard.name)
+        shard_listed[info_position[shard.name]] = listed[shard.name]
         start += shard.count
     out = np.full((start, 3), -1, dtype=np.int64)
     db = sqlite3.connect(f"file:{_index_database(member)}?mode=ro", uri=True)
@@ -213,7 +233,8 @@ def _member_locations(member: JoinMember) -> np.ndarray:
         for tar_file_id, sample_index, offset, size in db.execute("SELECT tar_file_id, sample_index, byte_offset, byte_size FROM samples"):
             found = first.get(tar_file_id)
             if found is not None:
-                out[found[0] + sample_index] = (found[1], offset, size)
+                position = _split_position(found, sample_index, (tar_file_id, sample_index), meta_dir(root) / INDEX_SQLITE, root)
+                out[position] = (shard_listed[tar_file_id], offset, size)
     except sqlite3.Error as exc:
         raise DatasetError(format_message("cannot read the sample index", where=str(meta_dir(root) / INDEX_SQLITE), found=str(exc), fix=f"re-run `energon-lite prepare {root}`")) from None
     finally:

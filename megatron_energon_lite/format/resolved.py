@@ -9,8 +9,10 @@ and every sample loader come from it. Forked workers inherit it and read no meta
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..samples import CrudeSample, TokensSample
 from .dataset_config import DatasetConfig, load_dataset_config
@@ -22,7 +24,10 @@ from .metadata import ResolvedSplit, require_prepared, resolve_split
 from .metadataset import LeafDataset
 from .split_cache import cached_split
 
-__all__ = ["ResolvedDataset", "resolve_dataset", "resolve_datasets"]
+__all__ = ["ResolvedDataset", "data_record", "resolve_dataset", "resolve_datasets"]
+
+#: A data record lists shard names and counts up to this many shards (beyond: totals and the digest).
+RECORDED_SHARDS = 1000
 
 
 @dataclass(frozen=True)
@@ -84,3 +89,22 @@ def resolve_datasets(leaves: Iterable[LeafDataset], *, dataset_config: str | Non
             seen[key] = resolve_dataset(leaf, dataset_config=dataset_config, split_config=split_config, trust_dataset_code=trust_dataset_code)
         resolved.append(seen[key])
     return tuple(resolved)
+
+
+def data_record(path: str, split_part: str, resolved: ResolvedDataset) -> dict[str, Any]:
+    """What a loader state records of one dataset it was saved against: the split's shards with
+    their sample counts (listed up to :data:`RECORDED_SHARDS`), the total, and a digest of the
+    shard list, counts and sample excludes: everything that fixes which sample a split index is.
+    A restore compares it with the data it finds (``loader/rank_state.check_saved_data``)."""
+    split = resolved.split
+    if split is None:  # a join, a JSONL file, a .bin/.idx dataset: its positions are its boundaries
+        shards: list[list[Any]] = [[f"part {i}", end - start] for i, (start, end) in enumerate(zip(resolved.shard_starts, resolved.shard_starts[1:]))]
+        excluded: list[Any] = []
+    else:
+        shards = [[name, count] for name, count in zip(split.names, split.counts)]
+        excluded = sorted([name, sorted(keys)] for name, keys in split.excluded_keys.items())
+    digest = hashlib.sha256(json.dumps([shards, excluded], separators=(",", ":")).encode()).hexdigest()[:32]
+    record: dict[str, Any] = {"path": str(path), "split_part": split_part, "samples": resolved.total, "shards": len(shards), "digest": digest}
+    if len(shards) <= RECORDED_SHARDS:
+        record["shard_counts"] = shards
+    return record

@@ -31,6 +31,7 @@ from .metadata import (
     read_info,
     resolve_split,
 )
+from .recorded_keys import RecordedKeys
 from .tar_index import read_tar_index
 from .tar_reader import parse_sample
 
@@ -75,6 +76,7 @@ class SplitReader:
         self._indexes: list[np.ndarray | None] = [None] * len(self.split.names)
         self._paths: dict[int, AnyPath] = {}  # made on first use: a split may have 10,000s of shards
         self._pool = pool or file_pool(self.root)
+        self._recorded_keys = RecordedKeys(self.root)
         self._reads_ahead = isinstance(self._pool, RemoteFilePool)  # local: the page cache does
 
     def __len__(self) -> int:
@@ -127,11 +129,13 @@ class SplitReader:
         excluded = self.split.excluded_keys.get(self.split.names[shard])
         return excluded is not None and key in excluded
 
-    def read(self, index: int, *, wanted: frozenset[str] | None = None, read_until: int | None = None) -> RawSample | None:
+    def read(self, index: int, *, wanted: frozenset[str] | None = None, read_until: int | None = None, check_key: bool = False) -> RawSample | None:
         """Reads sample ``index``; None when ``split.yaml`` excludes it by key.
 
         ``read_until`` (a split index) says the caller will read the samples up to it next, so
-        a remote read may fetch their bytes in the same request.
+        a remote read may fetch their bytes in the same request. ``check_key``: a read by
+        position that must get the sample the index recorded there (a restore, a map view), not
+        whatever a rewritten shard holds now.
         """
         shard, start, end = self.byte_range(index)
         name = self.split.names[shard]
@@ -142,10 +146,13 @@ class SplitReader:
             readahead_end = int(self._index(shard)[last])
         data = self._pool.read(self.shard_path(shard), start, end - start, readahead_end)
         key, parts = parse_sample(data, where=where, wanted=wanted, base_offset=start)
+        if check_key:
+            self._recorded_keys.check(name, index - self._starts[shard], key, where=where)
         if self.is_excluded(shard, key):
             return None
         return RawSample(key=key, shard=name, index=index, parts=parts)
 
     def close(self) -> None:
         self._pool.close()
+        self._recorded_keys.close()
 

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from ..errors import DatasetError, format_message
+from ..errors import DatasetError, DecodeError, format_message
 
 BLOCK = 512
 
@@ -297,6 +297,19 @@ def _iter_view(view: memoryview, base_offset: int, where: str, verify_checksums:
     return base_offset + pos
 
 
+def header_name(block: bytes) -> str | None:
+    """The member name a single ustar header block holds (name, with its prefix), or None for a
+    block that is not a regular file's header. A GNU long name or a PAX path sits in blocks
+    before it: then this is not the whole name, and a caller that must know parses from there."""
+    if len(block) < BLOCK or block[156:157] not in _REGULAR_TYPES or not _checksum_ok(block[:BLOCK]):
+        return None
+    name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    prefix = block[345:500].split(b"\0", 1)[0]
+    if prefix and block[257:265] == b"ustar\x0000":  # POSIX ustar; GNU keeps other fields there
+        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+    return name
+
+
 def split_name(name: str) -> tuple[str, str] | None:
     """``"a/b.c/d.e.f"`` -> ``("a/b.c/d", "e.f")``; None for members that are not sample parts."""
     if _META_NAME.match(name):
@@ -345,12 +358,26 @@ def parse_sample(
             return plain
     key: str | None = None
     parts: dict[str, bytes] = {}
+    seen: set[str] = set()
     view = memoryview(buf)
     for member in iter_members(view, base_offset=base_offset, where=where):
         split = split_name(member.name)
         if split is None:
             continue
         member_key, part = split
+        if part in seen and member_key == key:
+            # One sample's problem, not the shard's: a DecodeError, which the error policy handles.
+            raise DecodeError(
+                format_message(
+                    "a sample holds the same member twice: one copy would be lost",
+                    where=f"{where}, member {member.name!r} at byte {member.header_offset}",
+                    expected=f"each part of sample {key!r} once",
+                    found=f"a second {member.name!r}",
+                    fix="re-create the shard with each KEY.PART once (which copy is right cannot be told from the tar), "
+                    "then run `energon-lite prepare` again",
+                )
+            )
+        seen.add(part)
         if key is None:
             key = member_key
         elif member_key != key:
@@ -392,6 +419,7 @@ def _parse_plain_sample(buf: bytes, wanted: frozenset[str] | None) -> tuple[str,
     pos = 0
     key: str | None = None
     parts: dict[str, bytes] = {}
+    seen: set[str] = set()  # every part, wanted or not: a repeated one is the general parser's error
     unpack = _PLAIN_HEADER.unpack_from
     while pos < end:
         if pos + BLOCK > end:
@@ -414,8 +442,9 @@ def _parse_plain_sample(buf: bytes, wanted: frozenset[str] | None) -> tuple[str,
             member_key, part = split
             if key is None:
                 key = member_key
-            elif member_key != key:
+            elif member_key != key or part in seen:
                 return None
+            seen.add(part)
             if wanted is None or part in wanted:
                 parts[part] = buf[data_start:data_end]
         pos = data_start + -(-size // BLOCK) * BLOCK

@@ -40,7 +40,7 @@ from .handover.bundles import (
 )
 from .handover.queues import DirectForkContext, direct_queues_from_env
 from .handover.slabs import SlabRing, slab_bytes_from_env
-from .rank_state import REDISTRIBUTED_FROM, RankState
+from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data
 from .skip_report import SkipLedger
 from .stall import StageTimes, StallClock, StallReport
 from .streams import (
@@ -201,6 +201,16 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             except RuntimeError as exc:
                 self._raise_if_stuck(exc)
                 raise
+            except (ConnectionError, EOFError) as exc:
+                # A worker killed while the main process fetched a batch too large for a slab
+                # (its tensors come over the worker's socket): name the dead worker, as torch does
+                # when it sees the death first.
+                dead = self._dead_workers()
+                if not dead:
+                    raise
+                error = RuntimeError(f"DataLoader worker (pid(s) {', '.join(dead)}) exited unexpectedly while its batch was being received")
+                self._raise_if_stuck(error)
+                raise error from exc
             except StopIteration:
                 self._stream = None
                 self._pass_ended = True
@@ -235,6 +245,18 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if self._iterator is not None:  # persistent workers hold the rotated pipelines
             self._iterator._shutdown_workers()
             self._iterator = None
+
+    def _dead_workers(self, grace_s: float = 5.0) -> list[str]:
+        """``"PID (exit code or signal)"`` of this loader's workers that have exited, waiting up to
+        ``grace_s`` for a death the kernel has not reported yet (a broken connection to a worker
+        comes before its exit status)."""
+        workers = list(getattr(self._iterator, "_workers", None) or ())
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = [w for w in workers if w.exitcode is not None]
+            if dead or not workers or time.monotonic() >= deadline:
+                return [f"{w.pid} ({f'killed by signal {-w.exitcode}' if w.exitcode < 0 else f'exit code {w.exitcode}'})" for w in dead]
+            time.sleep(0.05)
 
     def _raise_if_stuck(self, exc: RuntimeError) -> None:
         """A worker that did not start and was stopped (``worker_start.py``), or that exited after
@@ -293,6 +315,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             next_worker=self._next_worker,
             pass_ended=self._pass_ended,
             config=self.savable_dataset.config(),
+            data=self.savable_dataset.data_record(),
         ).to_json()
 
     def _current_worker_states(self) -> tuple[dict | None, ...]:
@@ -305,6 +328,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         check_nesting(state, "the loader state passed to restore_state_rank", StateError)
+        check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config())
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
@@ -347,7 +371,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         check_nesting(states, "the loader states passed to restore_state_global", StateError)
         wc = self.worker_config
-        saved = [s.get("config", {}) if isinstance(s, dict) else {} for s in states] if isinstance(states, (list, tuple)) else []
+        saved = [s.get("config") if isinstance(s, dict) and isinstance(s.get("config"), dict) else {} for s in states] if isinstance(states, (list, tuple)) else []
         same_topology = len(states) == wc.world_size and all(
             c.get("worker_config.world_size") == wc.world_size and c.get("worker_config.num_workers") == wc.num_workers for c in saved
         )
@@ -356,6 +380,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         from .elastic import elastic_rank_state
 
+        for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
+            check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state")
         self._restore(elastic_rank_state(states, self.savable_dataset, wc))
 
     def restore_sample(self, restore_key: tuple) -> Any:

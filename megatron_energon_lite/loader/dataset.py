@@ -59,6 +59,7 @@ class PipelineDataset(Recipe):
             )
         # Saved with every state: computed once.
         self._config = spec.fingerprint() if not self.composed else {**spec.fingerprint(), "composition": self.recipe.config()}
+        self._data_record = spec.data_record()
         if self.composed:
             _warn_unmovable(self.recipe)
 
@@ -75,6 +76,9 @@ class PipelineDataset(Recipe):
 
     def config(self) -> dict[str, Any]:
         return self._config
+
+    def data_record(self) -> list[dict[str, Any]]:
+        return self._data_record
 
     def with_topology(self, worker_config: WorkerConfig) -> PipelineDataset:
         spec = self.spec.with_topology(worker_config)

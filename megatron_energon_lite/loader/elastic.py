@@ -35,6 +35,7 @@ from ..pipeline.blend import BlendNode
 from ..pipeline.node import BlendCursor, Elastic, Node, Remainder, find_stage, samples_between, stages
 from ..pipeline.passes import on_top
 from ..pipeline.recipe import Recipe, passes_continue
+from ..pipeline.state_check import check_count, invalid, nested
 from ..worker import WorkerConfig
 from .rank_state import (
     MOVED_FROM,
@@ -75,6 +76,13 @@ def topology_of(states: Sequence[Any]) -> Topology:
     that it holds every rank once, in order."""
     if not isinstance(states, (list, tuple)) or not states or not all(isinstance(s, dict) for s in states):
         raise StateError(format_message("not a global loader state", expected="the list save_state_global() returns, one state per rank", found=type(states).__name__))
+    for rank, state in enumerate(states):
+        with nested(rank):
+            config = state.get("config", {})
+            if not isinstance(config, dict):
+                raise invalid(("config",), "the loader's configuration (an object)", config)
+            check_count(config.get("worker_config.num_workers"), "config", "worker_config.num_workers")
+            check_count(config.get("worker_config.world_size"), "config", "worker_config.world_size")
     worlds = {s.get("config", {}).get("worker_config.world_size") for s in states}
     workers = {s.get("config", {}).get("worker_config.num_workers") for s in states}
     ranks = [s.get("config", {}).get("worker_config.rank") for s in states]
@@ -195,6 +203,7 @@ def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> l
                     next_worker=ahead.index(False) if False in ahead else 0,
                     pass_ended=ended.pop(),
                     config=_config_on(config, rank, world_size, num_workers),
+                    data=parsed[0].data,
                 ).to_json(),
                 MOVED_FROM: {"world_size": saved.world_size, "num_workers": saved.num_workers},
             }

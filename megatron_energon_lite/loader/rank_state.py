@@ -3,11 +3,15 @@
 Plain JSON on disk, a checked :class:`RankState` in memory: the loader builds one from its own
 counters to save, and parses (and checks) one to restore, so no other class's fields are written
 from outside.  Version 2 (this one) puts a ``Pass`` stage (``pipeline/passes.py``) on top of every
-worker pipeline that had none; version 1 states are upgraded on load.
+worker pipeline that had none; version 1 states are upgraded on load.  Version 3 (this one) adds
+``data``: per dataset, the shards, sample counts and a digest the state was saved against
+(``format/resolved.data_record``), which a restore compares with the data it finds
+(:func:`check_saved_data`); older states restore unchecked, with a logged note.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +22,15 @@ from ..pipeline.passes import upgrade_v1_worker_state
 from ..pipeline.state_check import check_bool, check_index, invalid
 from ..worker import WorkerConfig
 
-__all__ = ["MOVED_FROM", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config"]
+__all__ = ["MOVED_FROM", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 #: Versions this one reads (older ones are upgraded).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+#: The first version that records the data it was saved against.
+DATA_RECORD_VERSION = 3
+
+logger = logging.getLogger("megatron_energon_lite.loader")
 #: The key of a redistributed rank state (``energon-lite checkpoint redist``, ``elastic.redistribute``):
 #: the saved global state it was made from; the rest of the epoch is divided when it is restored.
 REDISTRIBUTED_FROM = "redistributed_from"
@@ -47,6 +55,8 @@ class RankState:
     pass_ended: bool
     #: The loader's configuration fingerprint (``SavableDataset.config()``).
     config: dict
+    #: The data it was saved against (``Recipe.data_record()``), None when not known.
+    data: list | None = None
 
     def to_json(self) -> dict:
         return {
@@ -58,6 +68,7 @@ class RankState:
             "worker_states": list(self.worker_states),
             "next_worker": self.next_worker,
             "pass_ended": self.pass_ended,
+            **({"data": self.data} if self.data is not None else {}),
         }
 
     @classmethod
@@ -88,9 +99,10 @@ class RankState:
             states = [None if s is None else upgrade_v1_worker_state(s) for s in states]
         return cls(
             worker_states=tuple(states),
-            next_worker=check_index(state["next_worker"], workers, "next_worker", of="workers on this rank"),
+            next_worker=check_index(state.get("next_worker"), workers, "next_worker", of="workers on this rank"),
             pass_ended=check_bool(state.get("pass_ended", True), "pass_ended"),
             config=config,
+            data=state.get("data"),
         )
 
 
@@ -150,3 +162,61 @@ def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = ()
                 else "build the loader with the saved values",
             )
         )
+
+
+def check_saved_data(state: Any, current: list | None, config: dict, *, where: str = "the state") -> None:
+    """Refuses a state saved against other data than the loader reads now: shards added,
+    removed or resized, or other sample excludes (a re-prepared dataset), which would repeat
+    and lose samples silently. A redistributed state is checked through the states it holds.
+    A state of a version before :data:`DATA_RECORD_VERSION` is restored unchecked (a note says so).
+    A state of another configuration (``config``: the loader's) is left to
+    :func:`check_same_config`, which names what differs (another window length changes the
+    sample counts too)."""
+    if current is None or not isinstance(state, dict):
+        return
+    if isinstance(state.get(REDISTRIBUTED_FROM), list):
+        for rank, saved in enumerate(state[REDISTRIBUTED_FROM]):
+            check_saved_data(saved, current, config, where=f"rank {rank}'s state")
+        return
+    free = (*TOPOLOGY_KEYS, *_ENERGON_DOES_NOT_CHECK)
+    saved_config = state.get("config")
+    if not isinstance(saved_config, dict) or any(saved_config.get(k, "<missing>") != config.get(k, "<missing>") for k in set(saved_config) | set(config) if k not in free):
+        return
+    saved, version = state.get("data"), state.get("version")
+    if version not in READABLE_VERSIONS:
+        return  # RankState.from_json refuses it, saying which versions it reads
+    if saved is None:
+        if version < DATA_RECORD_VERSION:
+            logger.warning("%s was saved by a loader version that did not record its data (state version %s): "
+                           "it restores, but whether the dataset changed since (shards added or re-prepared) cannot be checked", where, version)
+            return
+        raise invalid(("data",), "the data record of a version 3 state (a list, one entry per dataset)", saved)
+    if not isinstance(saved, list) or len(saved) != len(current) or not all(isinstance(entry, dict) for entry in saved):
+        raise invalid(("data",), f"a list of {len(current)} dataset record(s)", saved)
+    changes = [line for i, (old, new) in enumerate(zip(saved, current)) for line in _dataset_changes(i, old, new)]
+    if changes:
+        raise StateError(
+            format_message(
+                "the data changed since the state was saved: restoring it would repeat and lose samples",
+                where=where,
+                found="\n" + "\n".join(f"    {line}" for line in changes[:20]) + (f"\n    ... and {len(changes) - 20} more" if len(changes) > 20 else ""),
+                fix="restore the state into the data it was saved against (the same shards, the same prepare); "
+                "for data that changed on purpose, start its epoch anew without this state",
+            )
+        )
+
+
+def _dataset_changes(i: int, old: dict, new: dict) -> list[str]:
+    """Lines describing how dataset ``i``'s data differs from its record (none: unchanged)."""
+    if old.get("digest") == new["digest"] and old.get("samples") == new["samples"]:
+        return []
+    name = f"dataset {i} ({new['path']}, split {new['split_part']})"
+    lines = []
+    before, after = old.get("shard_counts"), new.get("shard_counts")
+    if isinstance(before, list) and after is not None and all(isinstance(e, list) and len(e) == 2 for e in before):
+        was, now = {str(n): c for n, c in before}, dict(after)
+        lines += [f"{name}: shard {n} added ({now[n]} samples)" for n in now if n not in was]
+        lines += [f"{name}: shard {n} removed ({was[n]} samples)" for n in was if n not in now]
+        lines += [f"{name}: shard {n} resized: {was[n]} -> {now[n]} samples" for n in now if n in was and was[n] != now[n]]
+    lines.append(f"{name}: {old.get('shards')!r} shards, {old.get('samples')!r} samples (digest {old.get('digest')!r}) when saved; now {new['shards']} shards, {new['samples']} samples (digest {new['digest']})")
+    return lines

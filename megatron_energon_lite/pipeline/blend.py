@@ -72,6 +72,7 @@ from .node import (
     as_key,
     get_restore_key,
     set_restore_key,
+    tagged_key_problem,
 )
 from .state_check import (
     check_bool,
@@ -525,6 +526,9 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
                 )
             )
         return value
+
+    def restore_key_problem(self, key: tuple) -> str | None:
+        return tagged_key_problem(key, self.tag, self.sources)
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

@@ -30,7 +30,7 @@ from ..format.metadataset import (
     combine_shuffle_over_epochs,
     repeated_length,
 )
-from ..format.resolved import ResolvedDataset, resolve_datasets
+from ..format.resolved import ResolvedDataset, data_record, resolve_datasets
 from ..rng import dataset_seed
 from ..storage import configure_storage
 from ..samples import CrudeSample
@@ -104,6 +104,10 @@ class PipelineSpec:
             **({"sequence_length": self.plan.leaves[0].sequence_length} if self.plan.kind == "single" and self.plan.leaves[0].sequence_length is not None else {}),
             **{f"worker_config.{k}": v for k, v in self.worker_config.fingerprint().items()},
         }
+
+    def data_record(self) -> list[dict[str, Any]]:
+        """Per dataset of the plan, the data the loader was made for (:func:`data_record`)."""
+        return [data_record(leaf.path, leaf.split_part, resolved) for leaf, resolved in zip(self.plan.leaves, self.datasets)]
 
     def with_topology(self, worker_config: WorkerConfig) -> PipelineSpec:
         """The same plan for another rank or topology (elastic resume), sharing the datasets
@@ -331,6 +335,9 @@ class Source(Recipe):
     @property
     def leaf(self) -> LeafDataset:
         return self.spec.plan.leaves[self.index]
+
+    def data_record(self) -> list[dict[str, Any]]:
+        return [self.spec.data_record()[self.index]]
 
     @property
     def subflavors(self) -> dict[str, Any]:

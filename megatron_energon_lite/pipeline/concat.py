@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ConfigError, StateError, format_message
-from .node import Node, State, as_key, get_restore_key, set_restore_key
+from .node import Node, State, as_key, get_restore_key, set_restore_key, tagged_key_problem
 from .state_check import check_count, check_stage, nested
 
 __all__ = ["ConcatNode"]
@@ -68,6 +68,9 @@ class ConcatNode(Node[Any]):
             with nested("sources", i):
                 source.reset(source_state)
         self._current = current
+
+    def restore_key_problem(self, key: tuple) -> str | None:
+        return tagged_key_problem(key, self.tag, self.sources)
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

@@ -31,6 +31,7 @@ from ..format.join import join_index
 from ..format.jsonl import JsonlReader
 from ..format.metadata import require_prepared
 from ..format.metadataset import JoinSpec
+from ..format.recorded_keys import key_mismatch_error
 from ..format.resolved import ResolvedDataset
 from ..format.split_reader import SplitReader
 from ..samples import CrudeSample, Sample, SourceInfo, TokensSample
@@ -156,20 +157,21 @@ class SampleLoader:
     def reader(self) -> SplitReader | None:
         return self._reader
 
-    def load(self, index: int, read_until: int | None = None, about: dict | None = None) -> Sample | CrudeSample | None:
+    def load(self, index: int, read_until: int | None = None, about: dict | None = None, *, check_key: bool = False) -> Sample | CrudeSample | None:
         """The sample at split index ``index``; None if ``split.yaml`` excludes its key.
 
         ``read_until``: the caller reads the samples up to this split index next (a hint that
         lets a remote read fetch them in the same request).  ``about``: filled with the sample's
         ``__key__`` and ``__sources__`` once its parts are read, so that an error handler told of
         a failure after that (a part that does not decode) can name the sample and its shard.
+        ``check_key``: a read by random access, which must find the key the index recorded.
         """
         if self._jsonl is not None:
             return self._load_jsonl(index)
         if self._tokens is not None:
             return self._load_tokens(index, read_until, about)
         config = self.config
-        raw = self._reader.read(index, wanted=config.wanted_parts, read_until=read_until)
+        raw = self._reader.read(index, wanted=config.wanted_parts, read_until=read_until, check_key=check_key)
         if raw is None:
             return None
         parts = raw.parts if config.wanted_parts is not None else {p: v for p, v in raw.parts.items() if config.keep_part(p)}
@@ -301,10 +303,10 @@ class JoinLoader:
     def __len__(self) -> int:
         return len(self.index)
 
-    def load(self, row: int, read_until: int | None = None, about: dict | None = None) -> Sample | None:
+    def load(self, row: int, read_until: int | None = None, about: dict | None = None, *, check_key: bool = False) -> Sample | None:
         samples = []  # rows map to scattered samples of each member: no read-ahead hint
         for m, (loader, index) in enumerate(zip(self.loaders, self.index.rows[row])):
-            sample = loader.load(int(index), about=about if m == 0 else None) if index >= 0 else None
+            sample = loader.load(int(index), about=about if m == 0 else None, check_key=check_key) if index >= 0 else None
             if sample is None and m == 0:
                 return None  # the primary sample is excluded by key
             if sample is not None and m > 0:
@@ -323,14 +325,12 @@ class JoinLoader:
         if found != expected:
             member = self.spec.members[m]
             source = (getattr(sample, "__sources__", None) or (None,))[0]
-            raise DatasetError(
-                format_message(
-                    "a joined dataset's sample does not have the primary sample's key: its index no longer matches its shards",
-                    where=f"{member.where}: {member.path}" + (f" shard {source.shard_name}" if source is not None else ""),
-                    expected=f"key {expected!r}",
-                    found=f"key {found!r}",
-                    fix=f"run `energon-lite prepare {member.path}` again (a shard was rewritten after prepare)",
-                )
+            raise key_mismatch_error(
+                member.path,
+                what="a joined dataset's sample does not have the primary sample's key: its index no longer matches its shards",
+                where=f"{member.where}: {member.path}" + (f" shard {source.shard_name}" if source is not None else ""),
+                expected=f"key {expected!r}",
+                found=f"key {found!r}",
             )
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from .node import (
     State,
     as_key,
     get_restore_key,
+    key_problem_of,
     key_to_json,
     set_restore_key,
 )
@@ -179,6 +180,12 @@ class MapNode(OneSourceNode[Any], ForwardsEpochs, ForwardsElastic):
                 )
             )
         return self.source.undelivered()
+
+    def restore_key_problem(self, key: tuple) -> str | None:
+        if len(key) < 2 or key[0] != self.tag or not isinstance(key[1], int) or isinstance(key[1], bool):
+            return f"[{self.tag!r}, index, [sub_index,] *input key]"
+        inner = key[2:]
+        return key_problem_of(self.source, inner[1:] if inner and isinstance(inner[0], int) else inner)
 
     def restore(self, restore_key: tuple) -> Any:
         key = as_key(restore_key)

@@ -319,6 +319,18 @@ def set_restore_key(item: Any, key: tuple) -> Any:
     return item
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def tagged_key_problem(key: tuple, tag: str, sources: Sequence[Node[Any]]) -> str | None:
+    """:meth:`Node.restore_key_problem` of a stage whose keys are ``(tag, source index, *key of
+    that source's item)`` (a blend, a concatenation)."""
+    if len(key) < 2 or key[0] != tag or not _is_int(key[1]) or not 0 <= key[1] < len(sources):
+        return f"[{tag!r}, source index < {len(sources)}, *item key]"
+    return key_problem_of(sources[key[1]], key[2:])
+
+
 def as_key(value: Any) -> tuple:
     """A restore key from its JSON form (lists back to tuples, at every depth)."""
     return tuple(as_key(v) if isinstance(v, (list, tuple)) else v for v in value)
@@ -339,6 +351,23 @@ def stages(node: Node[Any]) -> Iterator[Node[Any]]:
         current = stack.pop()
         yield current
         stack.extend(reversed(current.inputs()))
+
+
+def key_problem_of(node: Node[Any], key: tuple) -> str | None:
+    """What a restore key of ``node``'s items must look like, when ``key`` (from a saved state)
+    cannot be one; None when it can, or when no stage can tell without rebuilding the item.
+    Opt-in: a stage that can tell has ``restore_key_problem(key)``; a pass-through stage's keys
+    are its source's. Checked before a restore trusts a key (a shuffle buffer's)."""
+    check = getattr(node, "restore_key_problem", None)
+    if check is not None:
+        return check(key)
+    return key_problem_of(node.source, key) if isinstance(node, PassThroughNode) else None
+
+
+def draws_with_replacement(node: Node[Any]) -> bool:
+    """Whether one epoch of ``node`` may yield a sample more than once (a source drawing its
+    slices with replacement: opt-in ``draws_with_replacement()`` of a stage)."""
+    return any(getattr(stage, "draws_with_replacement", bool)() for stage in stages(node))
 
 
 def find_stage(node: Node[Any], kind: type[N]) -> N | None:

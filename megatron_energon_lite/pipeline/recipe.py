@@ -96,6 +96,12 @@ class Recipe(torch.utils.data.IterableDataset, Generic[T]):
         """Plain JSON describing what this dataset yields, saved with states and checked on restore."""
         raise NotImplementedError
 
+    def data_record(self) -> list[dict[str, Any]] | None:
+        """What the data looked like when the dataset was made (per dataset: its shards, their
+        sample counts, a digest of them), saved with states so that a restore can say what
+        changed since; None: this dataset does not say."""
+        return None
+
     def with_topology(self, worker_config: WorkerConfig) -> Recipe[T]:
         """The same dataset for another rank or topology (elastic resume, ``loader/elastic.py``)."""
         raise NotSupportedError(
@@ -164,6 +170,11 @@ class StageRecipe(Recipe[T]):
     def own_config(self) -> dict[str, Any]:
         """This stage's own settings for :meth:`config` (plain JSON)."""
         return {}
+
+    def data_record(self) -> list[dict[str, Any]] | None:
+        """Its inputs' records, one after the other (None if one of them does not say)."""
+        records = [d.data_record() for d in self.inputs]
+        return None if any(r is None for r in records) else [entry for r in records for entry in r]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(repr(d) for d in self.inputs)})"

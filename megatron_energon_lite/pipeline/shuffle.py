@@ -10,6 +10,7 @@ State keys: ``buffer`` (restore keys, in buffer order), ``draws`` (draw counter)
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..rng import UniformStream
@@ -21,10 +22,28 @@ from .node import (
     Remainder,
     State,
     as_key,
+    draws_with_replacement,
     get_restore_key,
+    key_problem_of,
     key_to_json,
 )
 from .state_check import check_count, check_list, check_stage, invalid, nested
+
+
+def epochs_begun(state: Any) -> int:
+    """How many epochs the stages of a (checked) state have begun: one more than the largest
+    ``epoch`` counter below it (a blend's sources each count their own)."""
+    largest, stack = 0, [state]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            epoch = node.get("epoch")
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                largest = max(largest, epoch)
+            stack.append(node.get("source"))
+            sources = node.get("sources")
+            stack.extend(sources if isinstance(sources, list) else ())
+    return largest + 1
 
 
 class _Pending:
@@ -61,10 +80,30 @@ class ShuffleBufferNode(PassThroughNode, ForwardsElastic):
             draws = check_count(state["draws"], "draws", stage=self.tag)
             with nested("source"):
                 self.source.reset(state["source"])
+            self._check_buffer(keys, None if draws_with_replacement(self.source) else epochs_begun(state["source"]))
             self._keys = keys
             self._items = [_Pending(as_key(k)) for k in self._keys]
             self._draws = draws
         self._source_done = False
+
+    def _check_buffer(self, keys: list[list], epochs: int | None) -> None:
+        """Every entry must be a key the source can restore, and no sample may wait more often
+        than the epochs begun so far allow (one copy per epoch; ``epochs`` None: no bound, slices
+        are drawn with replacement): a repeated entry would deliver its sample twice."""
+        seen: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            problem = key_problem_of(self.source, as_key(key))
+            if problem is not None:
+                raise invalid(("buffer", i), f"a restore key of the stage below: {problem}", key, stage=self.tag)
+            text = json.dumps(key)
+            seen[text] = seen.get(text, 0) + 1
+            if epochs is not None and seen[text] > epochs:
+                raise invalid(
+                    ("buffer", i),
+                    f"each sample at most once per epoch begun ({epochs}) in the buffer; this one is held {seen[text]} times",
+                    key,
+                    stage=self.tag,
+                )
 
     def get_state(self) -> State:
         return {"stage": self.tag, "buffer": list(self._keys), "draws": self._draws, "source": self.source.get_state()}

@@ -211,7 +211,15 @@ class SliceSource(Node, OwnsEpochs, Elastic):
             self.guard.passed()
         return sample
 
+    def draws_with_replacement(self) -> bool:
+        return isinstance(self._order, SliceDraws)
+
+    def restore_key_problem(self, key: tuple) -> str | None:
+        if len(key) != 2 or key[0] != RESTORE_TAG or not isinstance(key[1], int) or isinstance(key[1], bool) or not 0 <= key[1] < len(self.loader):
+            return f"[{RESTORE_TAG!r}, sample index from 0 to {len(self.loader) - 1}]"
+        return None
+
     def restore(self, restore_key: tuple):
         if len(restore_key) != 2 or restore_key[0] != RESTORE_TAG:
             raise ValueError(f"not a {RESTORE_TAG} restore key: {restore_key!r}")
-        return self.loader.load(int(restore_key[1]))
+        return self.loader.load(int(restore_key[1]), check_key=True)

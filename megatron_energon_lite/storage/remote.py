@@ -454,8 +454,8 @@ def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
                 raise
             data, last_error = b"", f"{type(exc).__name__}: {exc}"
         else:
-            if len(data) > end - position:  # a server that ignored the range
-                data = data[: end - position]
+            if len(data) > end - position:
+                data = _whole_object_range(data, path, position, end)
             if len(data) < end - position:
                 last_error = f"short body: {len(data)} of {end - position} bytes"
         if data:
@@ -477,6 +477,32 @@ def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
             )
         time.sleep(backoff_delay(failures, settings))
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _whole_object_range(body: bytes, path: RemotePath, position: int, end: int) -> bytes:
+    """``[position, end)`` of a body longer than the range asked for: a server that ignores
+    ``Range`` answers 200 with the whole object (RFC 9110), so the bytes asked for are at their
+    own offsets in it. A longer body that cannot be the whole object is refused: keeping its
+    first bytes would hand out another part of the object silently."""
+    if len(body) >= end:
+        bucket = path.url.split("/", 3)[2]
+        if bucket not in _ignored_range_warned:
+            _ignored_range_warned.add(bucket)
+            logger.warning("%s: the server ignored a Range header and sent the whole object (%d bytes); reads stay correct but cost the whole object", path.url, len(body))
+        return body[position:end]
+    raise StorageError(
+        format_message(
+            "object storage answered a ranged read with more bytes than asked, but not the whole object",
+            where=f"{path.url} bytes {position}..{end}",
+            expected=f"{end - position} bytes (a 206 reply), or the whole object from byte 0 (at least {end} bytes)",
+            found=f"{len(body)} bytes",
+            fix="the endpoint does not implement HTTP Range requests correctly; use an S3-compatible server or proxy that does",
+        )
+    )
+
+
+#: Buckets whose server was seen ignoring Range (warned once each).
+_ignored_range_warned: set[str] = set()
 
 
 def fetch_object(path: RemotePath) -> bytes:

@@ -3,7 +3,10 @@
 A few hundred generated corruptions of small valid tars (byte flips, truncations, header-field
 mutations, hand-made PAX records), of ``.tar.idx`` files, of ``.nv-meta`` files, of
 ``index.sqlite``, of the split cache (which must never serve other shards than ``split.yaml``
-names) and of metadataset YAML (generated blend trees, alias bombs, deep nesting, byte flips).  Whatever the damage, reading must finish and either succeed or raise one of
+names), of metadataset YAML (generated blend trees, alias bombs, deep nesting, byte flips), of
+the ``index.sqlite`` rows ``aux:`` member reads go by, and of saved loader states (JSON values
+replaced or removed anywhere, restored with ``restore_state_rank`` / ``restore_state_global``).
+Whatever the damage, reading must finish and either succeed or raise one of
 our own errors (an :class:`EnergonLiteError`) whose message names the file; never hang, never
 raise a bare ``ValueError``/``MemoryError``/``sqlite3`` error, never take the machine's memory.
 
@@ -109,6 +112,18 @@ def _fix_checksum(data: bytearray, offset: int) -> None:
     if len(header) == 512:
         header[148:156] = b" " * 8
         data[offset + 148 : offset + 156] = b"%06o\0 " % sum(header)
+
+
+def json_places(value, prefix: tuple = ()) -> list[tuple]:
+    """Every place in a JSON value, as a path of keys and indexes."""
+    found = [prefix]
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            found += json_places(inner, (*prefix, key))
+    elif isinstance(value, list):
+        for i, inner in enumerate(value):
+            found += json_places(inner, (*prefix, i))
+    return found
 
 
 def _check_error(exc: BaseException, names: tuple[str, ...]) -> None:
@@ -218,6 +233,7 @@ def _run_targets(workdir: Path) -> None:
     for shard, fmt in enumerate(["ustar", "pax"]):
         write_tar(root / f"shards/{shard}.tar", [(f"s{shard}_{i}", {"txt": b"t" * (100 * i), "json": b"{}"}) for i in range(5)], tar_format=fmt)
     prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1)
+    (root / ".nv-meta/dataset.yaml").write_text("sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n")
     pristine = {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
     pristine_names = [p.relative_to(root).as_posix() for p in pristine if p.suffix == ".tar"]
     mtimes = {p: p.stat().st_mtime_ns for p in pristine}
@@ -394,7 +410,96 @@ def _run_targets(workdir: Path) -> None:
 
         guarded(read, (str(yaml_path), str(root)))
 
-    for target in (fuzz_tar_bytes, fuzz_pax, fuzz_index_and_tar, fuzz_meta_files, fuzz_sqlite, fuzz_split_cache, fuzz_metadataset_yaml):
+    # --- 6. aux: reads by member name through a damaged index.sqlite or a rewritten tar ---------------
+    from megatron_energon_lite.cache import WebdatasetFileStore
+
+    restore()
+    members = [f"s{shard}_{i}.{part}" for shard in range(2) for i in range(5) for part in ("txt", "json")]
+    columns = ["p.content_byte_offset", "p.content_byte_size", "p.tar_file_id", "p.part_name", "s.sample_key", "s.byte_offset"]
+    column_values = st.integers(-(2**63), 2**63 - 1) | st.integers(-2, 9000) | st.sampled_from(["txt", "json", "", "s0_1", None, 1.5])
+
+    @fuzz_settings(120)
+    @given(data=st.data())
+    def fuzz_aux_store(data) -> None:
+        restore()
+        import sqlite3
+
+        db = sqlite3.connect(sqlite_path)
+        try:
+            for _ in range(data.draw(st.integers(0, 3), label="row changes")):
+                column = data.draw(st.sampled_from(columns), label="column")
+                table, name = ("sample_parts", column[2:]) if column.startswith("p.") else ("samples", column[2:])
+                db.execute(f"UPDATE {table} SET {name} = ? WHERE rowid = ?", (data.draw(column_values, label="value"), data.draw(st.integers(1, 20), label="row")))
+            db.commit()
+        finally:
+            db.close()
+        tar = root / "shards/0.tar"
+        content = bytearray(pristine[tar])
+        for position, xor in data.draw(st.lists(st.tuples(st.integers(0, len(content) - 1), st.integers(1, 255)), max_size=3), label="tar flips"):
+            content[position] ^= xor
+        tar.write_bytes(bytes(content))
+        names = data.draw(st.lists(st.sampled_from(members) | st.text(max_size=12), min_size=1, max_size=6), label="names")
+
+        def read_members() -> None:
+            store = WebdatasetFileStore(root)
+            for name in names:
+                try:
+                    store[name]
+                except KeyError as exc:  # AuxFileNotFoundError: one sample's problem; also ours
+                    _check_error(exc, (str(root),))
+
+        guarded(read_members, (str(root),))
+
+    # --- 7. checkpoints: hypothesis-made JSON states fed to restore_state_rank / _global ---------------
+    from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
+
+    restore()
+
+    def make_loader():
+        config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+        return get_savable_loader(get_train_dataset(root, worker_config=config, batch_size=2, shuffle_buffer_size=3, max_samples_per_sequence=2))
+
+    running = make_loader()
+    for _, _batch in zip(range(3), running):
+        pass
+    saved_state = json.loads(json.dumps(running.save_state_rank()))
+    del running
+    places = json_places(saved_state)
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+        max_leaves=10,
+    )
+
+    @fuzz_settings(150)
+    @given(data=st.data())
+    def fuzz_states(data) -> None:
+        state = json.loads(json.dumps(saved_state))
+        for _ in range(data.draw(st.integers(1, 3), label="changes")):
+            path = data.draw(st.sampled_from(places), label="place")
+            target = state
+            for part in path[:-1]:
+                target = target[part] if isinstance(target, (dict, list)) and (part in target if isinstance(target, dict) else part < len(target)) else None
+            if not path or not isinstance(target, (dict, list)) or (isinstance(target, list) and path[-1] >= len(target)):
+                continue
+            if data.draw(st.booleans(), label="delete") and isinstance(target, dict):
+                target.pop(path[-1], None)
+            else:
+                target[path[-1]] = data.draw(json_values, label="value")
+        as_global = data.draw(st.booleans(), label="global")
+
+        def restore_and_read() -> None:
+            loader = make_loader()
+            if as_global:
+                loader.restore_state_global([state])
+            else:
+                loader.restore_state_rank(state)
+            for _, _batch in zip(range(3), loader):
+                pass
+
+        guarded(restore_and_read, ("$", "state", "restore"))
+
+    for target in (fuzz_tar_bytes, fuzz_pax, fuzz_index_and_tar, fuzz_meta_files, fuzz_sqlite, fuzz_split_cache, fuzz_metadataset_yaml, fuzz_aux_store, fuzz_states):
         started = time.monotonic()
         target()
         print(f"{target.__name__}: ok in {time.monotonic() - started:.1f} s", flush=True)
@@ -409,6 +514,7 @@ def main(workdir: Path) -> None:
 
     import megatron_energon_lite.cli.lint  # noqa: F401
     import megatron_energon_lite.format.prepare  # noqa: F401
+    import megatron_energon_lite.loader.api  # noqa: F401 - the checkpoint target's loader (torch)
 
     print(_cap_memory(), flush=True)
     signal.signal(signal.SIGALRM, _alarm)

@@ -4,6 +4,8 @@ pair different keys silently (issue: 4 of 10 rows paired wrong keys)."""
 from __future__ import annotations
 
 import io
+import re
+import sqlite3
 import tarfile
 from pathlib import Path
 
@@ -99,3 +101,15 @@ def test_a_trusted_metadataset_may_name_any_joiner(joined: Path) -> None:
     samples = list(get_loader(get_val_dataset(joined / "join.yaml", split_part="train", worker_config=config, batch_size=None, trust_dataset_code=True)))
     assert len(samples) == 10
     assert all(set(row) == {"primary", "other"} and row["primary"].__key__ == row["other"].__key__ for row in samples)
+
+
+@pytest.mark.parametrize("sample_index", [99, -1, 10])
+def test_a_join_member_index_row_outside_its_shard_names_the_file_and_row(joined: Path, sample_index: int) -> None:
+    """A row past the shard's end was a bare IndexError naming no file; a negative one silently
+    overwrote another sample's key."""
+    database = joined / "other" / ".nv-meta" / "index.sqlite"
+    with sqlite3.connect(database) as db:
+        db.execute("UPDATE samples SET sample_index = ? WHERE sample_key = 'k003'", (sample_index,))
+    db.close()
+    with pytest.raises(DatasetError, match=rf"(?s)points outside its shard.*{re.escape(str(database))}.*k003.*0\.\.9.*sample_index {sample_index}.*energon-lite prepare"):
+        rows(joined)
