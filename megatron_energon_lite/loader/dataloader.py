@@ -27,9 +27,9 @@ from ..errors import (
     format_message,
 )
 from ..format.safe_parse import check_nesting
-from ..pipeline.aux_sources import activate_cache_pool
 from ..pipeline.node import as_key, get_restore_key, set_restore_key, unkeyed
 from ..pipeline.recipe import Recipe
+from ..pipeline.runtime import Runtime
 from ..pipeline.watchdog import StuckReports
 from .dataset import PipelineDataset
 from .handover.bundles import (
@@ -364,8 +364,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         key = as_key(restore_key)
         if len(key) < 2 or key[0] != WORKER_TAG or not isinstance(key[1], int):
             raise StateError(format_message("not a restore key of this loader", expected=f"({WORKER_TAG!r}, worker id, ...)", found=repr(restore_key)[:200]))
-        pipeline = self.savable_dataset.build_worker(key[1])
-        activate_cache_pool(self.cache_pool)
+        pipeline = self.savable_dataset.build_worker(key[1], Runtime(cache_pool=self.cache_pool))
         return unkeyed(set_restore_key(pipeline.restore(key[2:]), key))
 
     def blend_report(self) -> list[dict[str, Any]]:

@@ -1,39 +1,25 @@
-"""The ``aux:`` sources of a crude dataset as the file stores its cooker reads, and the cache
-pool that the loader lends to cookers.
+"""The ``aux:`` sources of a crude dataset as the file stores its cooker reads.
 
 Stores are opened once per worker pipeline (in the worker process) and wrapped in the task
 encoder's decoder; ``primary`` (the dataset itself) is added when the cooker asks for it. The
-loader's pool is *active* in the process that runs the pipeline, the main process included (so
-``restore_sample`` works with cookers that need it), and is what ``TaskEncoder.cache`` returns.
+loader's cache pool reaches cookers through the pipeline's runtime (``pipeline/runtime.py``):
+``TaskEncoder.cache`` returns it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..cache.base import CachePool, FileStore
+from ..cache.base import FileStore
 from ..cache.file_store import DecodeFileStore, SystemFileStore, WebdatasetFileStore
 from ..errors import ConfigError, DatasetError, format_message
 from ..format.metadataset import AuxSource, LeafDataset
 from ..storage import RemotePath, as_path
 
-__all__ = ["PRIMARY", "active_cache_pool", "activate_cache_pool", "aux_stores", "decoded"]
+__all__ = ["PRIMARY", "aux_stores", "decoded"]
 
 #: The cooker argument naming the sample's own dataset.
 PRIMARY = "primary"
-
-_active_pool: CachePool | None = None
-
-
-def activate_cache_pool(pool: CachePool | None) -> None:
-    """Makes ``pool`` the one cookers of this process get (``TaskEncoder.cache``)."""
-    global _active_pool
-    _active_pool = pool
-
-
-def active_cache_pool() -> CachePool | None:
-    return _active_pool
-
 
 def decoded(stores: Mapping[str, FileStore], decoder: Any) -> dict[str, FileStore]:
     """``stores`` wrapped in ``decoder`` (as they are when ``decoder`` is None)."""

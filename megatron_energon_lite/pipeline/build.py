@@ -43,6 +43,7 @@ from .load import JoinLoader, SampleLoader
 from .map import MapNode
 from .node import Node
 from .recipe import Batch, Blend, Concat, GroupBatch, Map, Pack, Pass, Recipe, Repeat, Shuffle
+from .runtime import Runtime
 from .sharding import Slices, check_shuffle_over_epochs, epoch_slice_order, rotation_offset_for, worker_slices
 from .source import SliceSource
 from .task_hooks import Hooks, fingerprint_name
@@ -271,12 +272,12 @@ def _slice_order(seed: int, multiplier: int, num_slices: int, epoch: int) -> lis
     return epoch_slice_order(num_slices, seed=seed, epoch=epoch, shuffle_over_epochs=multiplier)
 
 
-def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, hook, cook: bool = True) -> Node:
+def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, hook, cook: bool = True, runtime: Runtime | None = None) -> Node:
     """Dataset ``k``'s stages: source -> [cook] (crude datasets and JSONL; ``cook=False``: raw)."""
     leaf = spec.plan.leaves[k]
     te = spec.task_encoder
     hooks = hook_spec(te)
-    loader = leaf_loader(spec, k)
+    loader = leaf_loader(spec, k, runtime)
     multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
     order = partial(_slice_order, seed, multiplier) if spec.training else None
     node: Node = SliceSource(
@@ -346,13 +347,13 @@ class Source(Recipe):
     def cooked(self) -> Source:
         return Source(self.spec, self.index, cook=True)
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         spec, wc = self.spec, self.worker_config
         seed = wc.worker_seed(local_worker_id)
-        guard = partial(SampleGuard, wc.global_error_handler)
-        hook = partial(stage_hook, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
+        guard = partial(SampleGuard, wc.global_error_handler, runtime=runtime)
+        hook = partial(stage_hook, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank, runtime=runtime)
         slices = spec.slices[self.index][local_worker_id]
-        return _dataset_pipeline(spec, self.index, slices, seed=dataset_seed(seed, self.index), guard=guard, hook=hook, cook=self.cook)
+        return _dataset_pipeline(spec, self.index, slices, seed=dataset_seed(seed, self.index), guard=guard, hook=hook, cook=self.cook, runtime=runtime)
 
     def worker_length(self, local_worker_id: int) -> int:
         return self.spec.slices[self.index][local_worker_id].samples
@@ -476,17 +477,19 @@ def default_recipe(spec: PipelineSpec) -> Recipe:
     return passes_recipe(spec, recipe)
 
 
-def build_worker_pipeline(spec: PipelineSpec, recipe: Recipe, local_worker_id: int) -> Node:
+def build_worker_pipeline(spec: PipelineSpec, recipe: Recipe, local_worker_id: int, runtime: Runtime | None = None) -> Node:
     """The stages of worker ``local_worker_id`` of this rank (0 when there are no workers) that
     ``recipe`` (:func:`default_recipe`, or a task encoder's composition) makes of ``spec``'s
-    datasets, with the spec's storage settings applied in this process."""
+    datasets, with the spec's storage settings applied in this process; ``runtime``: the one the
+    loader lends this worker's pipeline."""
     for protocol, (options, settings) in spec.storage.items():  # a spawned worker starts empty
         configure_storage(protocol, storage_options=options, settings=settings)
-    return recipe.build_worker(local_worker_id)
+    return recipe.build_worker(local_worker_id, runtime)
 
 
-def leaf_loader(spec: PipelineSpec, k: int) -> SampleLoader | JoinLoader:
-    """The loader of dataset ``k`` of the plan, by split index (its pipeline's and the map view's)."""
+def leaf_loader(spec: PipelineSpec, k: int, runtime: Runtime | None = None) -> SampleLoader | JoinLoader:
+    """The loader of dataset ``k`` of the plan, by split index (its pipeline's, with the worker
+    pipeline's ``runtime``, and the map view's)."""
     leaf = spec.plan.leaves[k]
     te = spec.task_encoder
     if leaf.join is not None:
@@ -502,6 +505,7 @@ def leaf_loader(spec: PipelineSpec, k: int) -> SampleLoader | JoinLoader:
         factory_arguments=factory_arguments(spec, leaf),
         resolved=spec.datasets[k],
         sequence_length=leaf.sequence_length,
+        runtime=runtime,
     )
 
 

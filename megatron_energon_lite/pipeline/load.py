@@ -36,8 +36,8 @@ from ..format.split_reader import SplitReader
 from ..samples import CrudeSample, Sample, SourceInfo, TokensSample
 from ..storage import as_path
 from ..worker import WorkerConfig
-from . import stage_clock
 from .node import set_restore_key
+from .runtime import Runtime
 
 RESTORE_TAG = "Webdataset"  # Energon's tag for a raw sample's restore key
 #: The tag a blend puts before its source index in an item's restore key (BlendNode.tag).
@@ -96,13 +96,16 @@ class SampleLoader:
         factory_arguments: Mapping[str, Any] | None = None,
         resolved: ResolvedDataset | None = None,
         sequence_length: int | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
         """``sample_factory``: a dataset factory whose ``load_sample`` builds the samples (one the
         user constructed). Without it, a ``dataset.yaml`` that names the user's own factory class
         gets an instance, made with ``factory_arguments`` (the loader's ``training``,
         ``worker_config`` ...; default: not training, one process). ``resolved``: the dataset's
         metadata as the loader read it (then none is read here). ``sequence_length``: a ``.bin/.idx``
-        dataset's samples are token windows of this length (plus one) instead of documents."""
+        dataset's samples are token windows of this length (plus one) instead of documents.
+        ``runtime``: the worker pipeline's (its clock times the decode apart from the read)."""
+        self.runtime = Runtime() if runtime is None else runtime
         self.path = as_path(path)
         self.split_part = split_part
         self.decoder = decoder
@@ -184,7 +187,7 @@ class SampleLoader:
         if self.sample_factory is not None:  # Energon's raw sample dict, parts undecoded
             raw_sample = {"__key__": raw.key, "__shard__": raw.shard, "__restore_key__": (RESTORE_TAG, index), "__sources__": (source,), **parts}
             return set_restore_key(self.sample_factory.load_sample(raw_sample), (RESTORE_TAG, index))
-        clock = stage_clock.active_clock  # the loader's stall report is on: time the decode apart from the read
+        clock = self.runtime.clock  # the loader's stall report times this item: time the decode apart from the read
         decoded = self._decode(parts, raw.key, raw.shard) if clock is None else clock.run("decode", None, self._decode, parts, raw.key, raw.shard)
         return make_sample(config, key=raw.key, decoded=decoded, restore_key=(RESTORE_TAG, index), source=source, subflavors=self.subflavors)
 
