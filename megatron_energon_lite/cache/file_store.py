@@ -27,6 +27,7 @@ from ..errors import AuxFileNotFoundError, DatasetError, format_message
 from ..format.media_metadata import open_index
 from ..format.metadata import INDEX_SQLITE, meta_dir, read_info
 from ..format.tar_reader import split_name
+from ..policy import PLAIN, Policy
 from ..format.media_types import MediaMetadataBase, deserialize_media_metadata
 from ..source_info import SourceInfo
 from ..storage import AnyPath, RemotePath, as_path, file_pool, file_stat
@@ -198,7 +199,8 @@ class WebdatasetFileStore(_PooledReads, FileStore[bytes]):
     Each read is one lookup in ``index.sqlite`` and one byte range of the shard.
     """
 
-    def __init__(self, dataset_path: Any) -> None:
+    def __init__(self, dataset_path: Any, *, policy: Policy = PLAIN) -> None:
+        """``policy``: the loader's (shards outside the dataset folder, see ``check_shard_name``)."""
         self.base_path = as_path(dataset_path)
         index = meta_dir(self.base_path) / INDEX_SQLITE
         if file_stat(index) is None:
@@ -211,7 +213,7 @@ class WebdatasetFileStore(_PooledReads, FileStore[bytes]):
                     "filesystem://<folder> in the aux: entry instead",
                 )
             )
-        self._shards = list(read_info(self.base_path).shard_counts)
+        self._shards = list(read_info(self.base_path, policy=policy).shard_counts)
         self._index = _IndexReader(index, what=f"dataset {self.base_path}")
 
     def get_path(self) -> str:

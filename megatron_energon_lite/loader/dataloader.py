@@ -30,6 +30,7 @@ from ..format.safe_parse import check_nesting
 from ..pipeline.node import as_key, get_restore_key, set_restore_key, unkeyed
 from ..pipeline.recipe import Recipe
 from ..pipeline.runtime import Runtime
+from ..policy import PLAIN, Policy
 from ..pipeline.watchdog import StuckReports
 from .dataset import PipelineDataset
 from .handover.bundles import (
@@ -108,11 +109,14 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         cache_pool: CachePool | None = None,
         stall_report: bool = False,
         stall_report_every_s: float | None = None,
+        policy: Policy = PLAIN,
     ) -> None:
         if not isinstance(dataset, Recipe):
             raise ConfigError(format_message("get_loader expects the result of get_train_dataset, get_val_dataset or a dataset wrapper", found=type(dataset).__name__))
         self.savable_dataset = dataset
         self.worker_config = dataset.worker_config
+        #: Ours, or Energon's (``policy.py``): which configuration changes a restore accepts.
+        self.policy = policy
         num_workers = self.worker_config.num_workers
         extra: dict[str, Any] = {}
         if num_workers > 0:
@@ -308,9 +312,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
-            self._restore(redistributed_rank_state(state, self.savable_dataset, self.worker_config))
+            self._restore(redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy))
             return
-        self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config))
+        self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config, policy=self.policy))
 
     def _restore(self, restored: RankState) -> None:
         if self._started:
@@ -356,7 +360,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         from .elastic import elastic_rank_state
 
-        self._restore(elastic_rank_state(states, self.savable_dataset, wc))
+        self._restore(elastic_rank_state(states, self.savable_dataset, wc, self.policy))
 
     def restore_sample(self, restore_key: tuple) -> Any:
         """Rebuilds a sample or batch from its ``__restore_key__`` (for a plain dict, which has none:

@@ -14,6 +14,7 @@ from ..cache.base import FileStore
 from ..cache.file_store import DecodeFileStore, SystemFileStore, WebdatasetFileStore
 from ..errors import ConfigError, DatasetError, format_message
 from ..format.metadataset import AuxSource, LeafDataset
+from ..policy import PLAIN, Policy
 from ..storage import RemotePath, as_path
 
 __all__ = ["PRIMARY", "aux_stores", "decoded"]
@@ -28,19 +29,19 @@ def decoded(stores: Mapping[str, FileStore], decoder: Any) -> dict[str, FileStor
     return {name: DecodeFileStore(store, decoder=decoder) for name, store in stores.items()}
 
 
-def aux_stores(leaf: LeafDataset, decoder: Any, *, primary: bool) -> dict[str, FileStore]:
+def aux_stores(leaf: LeafDataset, decoder: Any, *, primary: bool, policy: Policy = PLAIN) -> dict[str, FileStore]:
     """The stores a cooker of ``leaf`` gets as keyword arguments: one per ``aux:`` name, plus
     ``primary`` when asked for (an ``aux:`` source named ``primary`` wins, as in Energon)."""
-    stores = {name: _open(source) for name, source in leaf.aux.items()}
+    stores = {name: _open(source, policy) for name, source in leaf.aux.items()}
     if primary and PRIMARY not in stores:
-        stores[PRIMARY] = _open(AuxSource(kind="dataset", path=leaf.path, where=f"{leaf.where} (the primary dataset)"))
+        stores[PRIMARY] = _open(AuxSource(kind="dataset", path=leaf.path, where=f"{leaf.where} (the primary dataset)"), policy)
     return decoded(stores, decoder)
 
 
-def _open(source: AuxSource) -> FileStore:
+def _open(source: AuxSource, policy: Policy) -> FileStore:
     if source.kind == "dataset":
         try:
-            return WebdatasetFileStore(source.path)
+            return WebdatasetFileStore(source.path, policy=policy)
         except DatasetError as exc:
             raise DatasetError(f"{exc}\n  in: {source.where}") from None
     path = as_path(source.path)

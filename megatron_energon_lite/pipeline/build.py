@@ -22,6 +22,7 @@ import dataclasses
 from functools import cached_property, partial
 from typing import Any
 
+from ..decode import SampleDecoder
 from ..errors import ConfigError, format_message
 from ..format.metadataset import (
     BLEND_MODES,
@@ -31,6 +32,7 @@ from ..format.metadataset import (
     repeated_length,
 )
 from ..format.resolved import ResolvedDataset, resolve_datasets
+from ..policy import PLAIN, Policy
 from ..rng import dataset_seed
 from ..storage import configure_storage
 from ..samples import CrudeSample
@@ -78,6 +80,9 @@ class PipelineSpec:
     #: Storage options per protocol (``configure_storage``), re-applied in each worker; holds
     #: credentials, so it is never part of the fingerprint or the state.
     storage: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    #: Ours, or Energon's where they differ on principle (``policy.py``): decided when the spec
+    #: is planned (``loader/api.py``, from ``as_energon``); not part of the fingerprint.
+    policy: Policy = dataclasses.field(default=PLAIN, compare=False)
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain JSON describing the config, saved with every state and checked on restore."""
@@ -134,7 +139,7 @@ class PipelineSpec:
     def datasets(self) -> tuple[ResolvedDataset, ...]:
         """Each dataset of the plan as its metadata describes it, read once: in the process that
         made the spec (the loader builds it up front); forked workers inherit it."""
-        return resolve_datasets(self.plan.leaves, dataset_config=self.dataset_config, split_config=self.split_config, trust_dataset_code=self.trust_dataset_code)
+        return resolve_datasets(self.plan.leaves, dataset_config=self.dataset_config, split_config=self.split_config, trust_dataset_code=self.trust_dataset_code, policy=self.policy)
 
     @cached_property
     def slices(self) -> list[list[Slices]]:
@@ -487,20 +492,28 @@ def build_worker_pipeline(spec: PipelineSpec, recipe: Recipe, local_worker_id: i
     return recipe.build_worker(local_worker_id, runtime)
 
 
+def spec_decoder(spec: PipelineSpec) -> Any:
+    """The task encoder's decoder under the spec's policy (whether pickles may be unpickled
+    without the decoder's ``allow_pickle``, as Energon does)."""
+    decoder = spec.task_encoder.decoder
+    return decoder.under(spec.policy) if isinstance(decoder, SampleDecoder) else decoder
+
+
 def leaf_loader(spec: PipelineSpec, k: int, runtime: Runtime | None = None) -> SampleLoader | JoinLoader:
     """The loader of dataset ``k`` of the plan, by split index (its pipeline's, with the worker
     pipeline's ``runtime``, and the map view's)."""
     leaf = spec.plan.leaves[k]
-    te = spec.task_encoder
+    decoder = spec_decoder(spec)
     if leaf.join is not None:
-        return JoinLoader(leaf.join, where=leaf.where, decoder=te.decoder, subflavors=leaf.subflavors, trust_dataset_code=spec.trust_dataset_code)
+        return JoinLoader(leaf.join, where=leaf.where, decoder=decoder, subflavors=leaf.subflavors, trust_dataset_code=spec.trust_dataset_code, policy=spec.policy)
     return SampleLoader(
         leaf.path,
         leaf.split_part,
         dataset_config=leaf.dataset_config or spec.dataset_config,  # a user's factory is told it
-        decoder=te.decoder,
+        decoder=decoder,
         subflavors=leaf.subflavors,
         trust_dataset_code=spec.trust_dataset_code,
+        policy=spec.policy,
         sample_factory=leaf.sample_factory,
         factory_arguments=factory_arguments(spec, leaf),
         resolved=spec.datasets[k],
@@ -519,5 +532,5 @@ def leaf_cooking(spec: PipelineSpec, k: int, loader: SampleLoader | JoinLoader) 
     te = spec.task_encoder
     subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
     cooker = None if hook_spec(te).overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
-    stores = aux_stores(leaf, te.decoder, primary=cooker is not None and cooker.need_primary)
+    stores = aux_stores(leaf, spec_decoder(spec), primary=cooker is not None and cooker.need_primary, policy=spec.policy)
     return cooker, stores

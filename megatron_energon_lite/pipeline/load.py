@@ -33,6 +33,7 @@ from ..format.metadata import require_prepared
 from ..format.metadataset import JoinSpec
 from ..format.resolved import ResolvedDataset
 from ..format.split_reader import SplitReader
+from ..policy import PLAIN, Policy
 from ..samples import CrudeSample, Sample, SourceInfo, TokensSample
 from ..storage import as_path
 from ..worker import WorkerConfig
@@ -92,6 +93,7 @@ class SampleLoader:
         decoder: SampleDecoder | None = None,
         subflavors: dict[str, Any] | None = None,
         trust_dataset_code: bool = False,
+        policy: Policy = PLAIN,
         sample_factory: Any = None,
         factory_arguments: Mapping[str, Any] | None = None,
         resolved: ResolvedDataset | None = None,
@@ -104,7 +106,9 @@ class SampleLoader:
         ``worker_config`` ...; default: not training, one process). ``resolved``: the dataset's
         metadata as the loader read it (then none is read here). ``sequence_length``: a ``.bin/.idx``
         dataset's samples are token windows of this length (plus one) instead of documents.
-        ``runtime``: the worker pipeline's (its clock times the decode apart from the read)."""
+        ``policy``: the loader's (``policy.py``: dataset code and shards outside the folder as
+        Energon allows them). ``runtime``: the worker pipeline's (its clock times the decode
+        apart from the read)."""
         self.runtime = Runtime() if runtime is None else runtime
         self.path = as_path(path)
         self.split_part = split_part
@@ -131,7 +135,7 @@ class SampleLoader:
             )
         if resolved is None:
             require_prepared(self.path)
-            config = load_dataset_config(self.path, dataset_config, trust_dataset_code=trust_dataset_code)
+            config = load_dataset_config(self.path, dataset_config, trust_dataset_code=trust_dataset_code, policy=policy)
             split_config = split_config or config.loader_options.get("split_config")
             split = None
         else:
@@ -143,7 +147,7 @@ class SampleLoader:
             arguments = dict(factory_arguments or {"training": False, "worker_config": WorkerConfig(rank=0, world_size=1, num_workers=0)})
             sample_factory = self.config.make_factory(self.path, subflavors=self.subflavors, split_part=split_part, split_config=split_config, dataset_config=dataset_config, decoder=decoder, trust_dataset_code=trust_dataset_code, **arguments)
         self.sample_factory = sample_factory
-        self._reader = SplitReader(self.path, split_part, split_config=split_config, split=split)
+        self._reader = SplitReader(self.path, split_part, split_config=split_config, split=split, policy=policy)
 
     def __len__(self) -> int:
         if self._jsonl is not None:
@@ -227,7 +231,7 @@ class SampleLoader:
             self._tokens.close()
 
 
-def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = False) -> Callable[..., Any]:
+def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = False, policy: Policy = PLAIN) -> Callable[..., Any]:
     """The join's ``joiner``: a Sample type (its ``from_joined``) or a function.
 
     As for sample types in dataset.yaml, a module other than ours must already be imported by
@@ -240,7 +244,7 @@ def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = Fal
         return sample_class(module, name, where=f"{where}.joiner").from_joined
     function = getattr(sys.modules.get(module), name, None)
     library = _library_module(module) if callable(function) else None
-    if library is not None and not dataset_code_trusted(trust_dataset_code, dataset=where):
+    if library is not None and not dataset_code_trusted(trust_dataset_code, dataset=where, policy=policy):
         raise ConfigError(
             format_message(
                 f"joiner function {module}.{name} comes from {'the standard library' if library == 'stdlib' else 'an installed package'}",
@@ -288,18 +292,27 @@ class JoinLoader:
     #: Its samples are its joiner's, never crude (crude members are refused).
     crude = False
 
-    def __init__(self, spec: JoinSpec, *, where: str, decoder: SampleDecoder | None = None, subflavors: dict[str, Any] | None = None, trust_dataset_code: bool = False) -> None:
+    def __init__(
+        self,
+        spec: JoinSpec,
+        *,
+        where: str,
+        decoder: SampleDecoder | None = None,
+        subflavors: dict[str, Any] | None = None,
+        trust_dataset_code: bool = False,
+        policy: Policy = PLAIN,
+    ) -> None:
         self.spec = spec
-        self.index = join_index(spec)
+        self.index = join_index(spec, policy=policy)
         self.loaders = [
-            SampleLoader(m.path, m.split_part, dataset_config=m.dataset_config, split_config=m.split_config, decoder=decoder, subflavors=m.sample_subflavors(subflavors), trust_dataset_code=trust_dataset_code)
+            SampleLoader(m.path, m.split_part, dataset_config=m.dataset_config, split_config=m.split_config, decoder=decoder, subflavors=m.sample_subflavors(subflavors), trust_dataset_code=trust_dataset_code, policy=policy)
             for m in spec.members
         ]
         for member, loader in zip(spec.members, self.loaders):
             if loader.crude:
                 raise ConfigError(format_message("crude datasets cannot be joined", where=member.where, expected="datasets with a typed dataset.yaml (sample_type and field_map)", fix="join typed datasets, or combine the parts in your cooker"))
         self.config = self.loaders[0].config
-        self.joiner = resolve_joiner(spec, where, trust_dataset_code=trust_dataset_code)
+        self.joiner = resolve_joiner(spec, where, trust_dataset_code=trust_dataset_code, policy=policy)
 
     def __len__(self) -> int:
         return len(self.index)
