@@ -25,6 +25,7 @@ from .marks import (
     stateless_spec,
 )
 from .guard import describe_item
+from .runtime import Runtime
 from .task_hooks import DefaultHooks, Hooks
 
 __all__ = ["HOOK_NAMES", "HookInfo", "HookSpec", "call_hook", "hook_seed", "hook_spec", "stage_hook"]  # hook_seed: re-exported for tests
@@ -45,7 +46,7 @@ HOOK_NAMES: tuple[str, ...] = (
 )
 
 
-def call_hook(fn: Callable[..., Any], *args: Any, sample_index: int, worker_seed: int, runtime: Any = None) -> Any:
+def call_hook(fn: Callable[..., Any], *args: Any, sample_index: int, worker_seed: int, runtime: Runtime | None = None) -> Any:
     """Calls hook ``fn(*args)`` as the loader does.
 
     Inside, ``current_sample_index`` is ``sample_index`` (``current_batch_index`` is inherited
@@ -263,7 +264,7 @@ def batch_member_context(*, local_worker_id: int, workers: int):
     return context
 
 
-def stage_hook(hook, *args, worker_seed: int, local_worker_id: int, workers: int, batch: bool = False, runtime: Any = None):
+def stage_hook(hook, *args, worker_seed: int, local_worker_id: int, workers: int, batch: bool = False, runtime: Runtime | None = None):
     """Adapts a task-encoder hook to a stage's ``fn(item, index)``.
 
     The index a hook sees is unique over this rank's workers, as in Energon:

@@ -21,6 +21,7 @@ import numpy
 
 from ..errors import ConfigError, format_message
 from ..rng import rng_for
+from .runtime import Runtime
 
 __all__ = [
     "HOOK_STATE",
@@ -154,7 +155,7 @@ class HookState:
     rngs: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     #: The runtime of the worker pipeline whose stage calls the hook (``pipeline/runtime.py``;
     #: ``TaskEncoder.cache`` reads its cache pool); None outside a pipeline.
-    runtime: Any = dataclasses.field(default=None, compare=False, repr=False)
+    runtime: Runtime | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 HOOK_STATE: ContextVar[HookState] = ContextVar("megatron_energon_lite_hook_state", default=HookState())
@@ -167,7 +168,8 @@ class hook_context:  # noqa: N801 - used like a function: `with hook_context(bat
     Values left None keep those of the enclosing context. :func:`call_hook` sets the sample index
     and worker seed itself; a batch stage wraps its hook calls in
     ``hook_context(batch_index=...)``; ``rng_key`` replaces ``(worker_seed, sample_index)`` as
-    what ``current_rng`` is seeded from. Enter and exit in the same thread.
+    what ``current_rng`` is seeded from; ``runtime``: the pipeline runtime whose cache pool
+    ``TaskEncoder.cache`` returns (``pipeline/runtime.py``). Enter and exit in the same thread.
     """
 
     __slots__ = ("_state", "_token")
@@ -179,7 +181,7 @@ class hook_context:  # noqa: N801 - used like a function: `with hook_context(bat
         batch_index: int | None = None,
         worker_seed: int | None = None,
         rng_key: tuple[int, ...] | None = None,
-        runtime: Any = None,
+        runtime: Runtime | None = None,
     ) -> None:
         outer = HOOK_STATE.get()
         self._state = HookState(
