@@ -48,12 +48,14 @@ __all__ = [
     "SampleIndexError",
     "SkipRecord",
     "SkipSample",
+    "SkipSink",
     "StateError",
     "StorageError",
     "WatchdogTimeoutError",
     "WorkerStartTimeoutError",
     "format_message",
     "log_exception",
+    "report_skip",
     "reraise_exception",
 ]
 
@@ -199,42 +201,38 @@ class SkipRecord(NamedTuple):
     places: tuple[tuple[str | None, str | None, int], ...] = ()
 
 
-#: Skips of the default handler waiting to be sent to the loader's main process (None: not
-#: collecting, the handler logs here). A worker's own log may not reach the training job's
-#: logging, so the loader's worker stream collects them and the main process logs and counts them.
-_skip_reports: list[SkipRecord] | None = None
-_skip_overflow = 0
-#: Skips kept between two items; more are only counted (bounded memory on a bad stretch).
+#: Skips a :class:`SkipSink` keeps between two items; more are only counted (bounded memory on
+#: a bad stretch).
 SKIP_REPORT_LIMIT = 1000
-#: The stage whose guard is calling the error handler (set by the guard, for the skip record).
-_failing_stage: str | None = None
 
 
-def set_failing_stage(stage: str | None) -> None:
-    global _failing_stage
-    _failing_stage = stage
+class SkipSink:
+    """Where the default error handler's skips go while a loader's worker pipeline runs, for its
+    main process to log and list: a worker's own log may not reach the training job's logging.
 
+    One per worker pipeline (its runtime, ``pipeline/runtime.py``); the pipeline's guards add to
+    it and the loader's worker stream takes what was added after each item."""
 
-def collect_skip_reports(on: bool = True) -> None:
-    """From now on (``on``), the default handler collects its skips for :func:`take_skip_reports`
-    instead of logging them: in a loader's worker processes for good, in the main process while
-    a loader's pipeline runs (off: once what was collected has been taken)."""
-    global _skip_reports
-    if on and _skip_reports is None:
-        _skip_reports = []
-    elif not on and _skip_reports is not None and not _skip_reports and not _skip_overflow:
-        _skip_reports = None
+    __slots__ = ("_records", "_overflow")
 
+    def __init__(self) -> None:
+        self._records: list[SkipRecord] = []
+        self._overflow = 0
 
-def take_skip_reports() -> tuple[tuple[SkipRecord, ...], int]:
-    """The collected skips and how many more were only counted; empties the collection."""
-    global _skip_overflow
-    if not _skip_reports and not _skip_overflow:
-        return (), 0
-    taken, overflow = tuple(_skip_reports or ()), _skip_overflow
-    _skip_reports.clear()
-    _skip_overflow = 0
-    return taken, overflow
+    def add(self, record: SkipRecord) -> None:
+        if len(self._records) < SKIP_REPORT_LIMIT:
+            self._records.append(record)
+        else:
+            self._overflow += 1
+
+    def take(self) -> tuple[tuple[SkipRecord, ...], int]:
+        """The collected skips and how many more were only counted; empties the sink."""
+        if not self._records and not self._overflow:
+            return (), 0
+        taken, overflow = tuple(self._records), self._overflow
+        self._records.clear()
+        self._overflow = 0
+        return taken, overflow
 
 
 def _first_source(sources: Any) -> Any:
@@ -282,10 +280,16 @@ def _places(firsts: list[Any]) -> tuple[tuple[str | None, str | None, int], ...]
 
 
 def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -> None:
-    """The default error handler: logs the failure with the sample's key (the sample is skipped);
-    inside a loader's worker stream, the main process logs it. A failure that drops several
-    samples (a batch, a packing buffer) counts each, where it came from."""
-    global _skip_overflow
+    """The default error handler: logs the failure with the sample's key (the sample is skipped).
+    Inside a loader's pipeline its guards call :func:`report_skip` instead, which also names the
+    failing stage and, in a loader's worker stream, lets the main process log it."""
+    report_skip(exc, sample, sources)
+
+
+def report_skip(exc: BaseException, sample: Any = None, sources: Any = None, *, stage: str | None = None, sink: SkipSink | None = None) -> None:
+    """What :func:`log_exception` does for a failure at ``stage``: logs the skip, or adds its
+    record to ``sink`` (the loader's main process logs it). A failure that drops several samples
+    (a batch, a packing buffer) counts each, where it came from."""
     several = _skipped_samples(sample, sources)
     if several is None:
         keys, firsts = [_sample_key(sample)], [_first_source(sources)]
@@ -294,26 +298,24 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Any = None) -
         keys, firsts = several
         shown = ", ".join(map(str, keys[:8])) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
         what = f"{len(keys)} samples [{shown}]"
-    stage = _failing_stage
     reason = f"{type(exc).__name__}: {exc}"
     message = f"skipping {what}{f' at {stage}' if stage else ''} (sources {sources}): {reason}"
-    first = next((source for source in firsts if source is not None), None)
-    record = SkipRecord(
-        key=keys[0] if keys else None,
-        samples=len(keys),
-        dataset=getattr(first, "dataset_path", None),
-        shard=getattr(first, "shard_name", None),
-        stage=stage,
-        reason=reason,
-        message=message,
-        places=_places(firsts),
-    )
-    if _skip_reports is None:
+    if sink is None:
         logger.warning("%s", message)
-    elif len(_skip_reports) < SKIP_REPORT_LIMIT:
-        _skip_reports.append(record)
-    else:
-        _skip_overflow += 1
+        return
+    first = next((source for source in firsts if source is not None), None)
+    sink.add(
+        SkipRecord(
+            key=keys[0] if keys else None,
+            samples=len(keys),
+            dataset=getattr(first, "dataset_path", None),
+            shard=getattr(first, "shard_name", None),
+            stage=stage,
+            reason=reason,
+            message=message,
+            places=_places(firsts),
+        )
+    )
 
 
 def _sample_key(sample: Any) -> Any:

@@ -24,6 +24,8 @@ import pytest
 from energon_lite_dev.prepared import build_prepared_blend, build_prepared_captioning, build_prepared_text
 from energon_lite_dev.synthetic import write_tar
 
+from megatron_energon_lite import policy
+
 
 def tar_members(path: Path) -> list[tarfile.TarInfo]:
     """What Python's tarfile sees in a tar: the oracle for offsets and names."""
@@ -76,6 +78,13 @@ def _files(root: Path) -> dict[str, tuple]:
 def _shared(root: Path) -> Path:
     _SHARED[root] = _files(root)
     return root
+
+
+@pytest.fixture(autouse=True)
+def _log_once_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages logged once per process are logged once per test: a test that checks one does
+    not depend on which test ran before it."""
+    monkeypatch.setattr(policy, "_logged", set())
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ import pytest
 from golden_pipeline import make_data
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
-from megatron_energon_lite.errors import NotSupportedError
+from megatron_energon_lite.errors import ConfigError, NotSupportedError
 from megatron_energon_lite.pipeline.node import Node, PassThroughNode
 from megatron_energon_lite.energon.task_encoder import DefaultTaskEncoder
 from megatron_energon_lite.energon.wrappers import MapDataset, SavableDataset
@@ -62,8 +62,8 @@ class Opaque(SavableDataset):
         self.inner = inner
         self.worker_config = inner.worker_config
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return self.inner.build_worker(local_worker_id)
+    def build_worker(self, local_worker_id: int, runtime: Any = None) -> Node:
+        return self.inner.build_worker(local_worker_id, runtime)
 
     def worker_length(self, local_worker_id: int) -> int:
         return self.inner.worker_length(local_worker_id)
@@ -103,8 +103,8 @@ class TallyNode(PassThroughNode[Any]):
 class Tallied(Opaque):
     """The composed pipeline under a TallyNode; the recipe moves to another topology."""
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return TallyNode(self.inner.build_worker(local_worker_id))
+    def build_worker(self, local_worker_id: int, runtime: Any = None) -> Node:
+        return TallyNode(self.inner.build_worker(local_worker_id, runtime))
 
     def with_topology(self, worker_config: WorkerConfig) -> Tallied:
         return Tallied(self.inner.with_topology(worker_config))
@@ -209,3 +209,22 @@ def test_a_node_without_the_elastic_protocol_is_named_when_moved_to_another_topo
     """Its recipe moves, but its stage holds state of its own that elastic resume cannot divide:
     refused, naming the stage (a pass-through stage is not elastic unless it says so)."""
     _restored_here_but_refused_on_another_topology(data, TalliedWrapper, r"Tally stage \(TallyNode\)")
+
+
+class WithoutRuntime(Opaque):
+    """A dataset class of the user's own written before pipelines got their runtime."""
+
+    def build_worker(self, local_worker_id: int) -> Node:  # type: ignore[override]
+        return self.inner.build_worker(local_worker_id)
+
+
+class WithoutRuntimeWrapper(DefaultTaskEncoder):
+    def build_batch(self, dataset, **kwargs):
+        return WithoutRuntime(super().build_batch(dataset, **kwargs))
+
+
+def test_a_stage_of_the_users_own_that_drops_the_runtime_is_refused_at_build_time(data: Path) -> None:
+    """Its inputs would run without the loader's skip sink, clock and cache pool: said at once,
+    naming the class, instead of a TypeError in a worker."""
+    with pytest.raises(ConfigError, match=r"(?s)WithoutRuntime\.build_worker does not take the worker pipeline's runtime.*runtime=None"):
+        _loader(data, WithoutRuntimeWrapper())

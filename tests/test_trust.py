@@ -21,6 +21,7 @@ from megatron_energon_lite import (
     WorkerConfig,
     energon_mode,
     get_loader,
+    policy,
     get_train_dataset,
 )
 from megatron_energon_lite.decode import TRUST_PICKLE_ENV, UntrustedDataError
@@ -40,7 +41,7 @@ def plain_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TRUST_PICKLE_ENV, raising=False)
     monkeypatch.delenv(TRUST_DATASET_CODE_ENV, raising=False)
     monkeypatch.setattr(energon_mode, "_enabled", False)
-    monkeypatch.setattr(energon_mode, "_logged", set())
+    monkeypatch.setattr(policy, "_logged", set())
 
 
 def _dataset(root: Path, dataset_yaml: str, parts) -> Path:
@@ -152,8 +153,8 @@ def test_dataset_code_in_energon_mode_logs_once_per_dataset(with_code: Path, tmp
         (other / ".nv-meta" / name).write_text((with_code / ".nv-meta" / name).read_text())
     with caplog.at_level(logging.WARNING):
         assert _texts(with_code) == [f"TEXT {i}" for i in range(SAMPLES)]
-        load_dataset_config(with_code)
-        assert load_dataset_config(other).sample_loader({"txt": "a"}) == {"text": "A"}
+        load_dataset_config(with_code, policy=policy.ENERGON)  # what a spec planned under the switch passes
+        assert load_dataset_config(other, policy=policy.ENERGON).sample_loader({"txt": "a"}) == {"text": "A"}
     logs = _energon_logs(caplog)
     assert len(logs) == 2 and all("as Energon does" in line for line in logs)
     assert str(with_code) in logs[0] and str(other) in logs[1]

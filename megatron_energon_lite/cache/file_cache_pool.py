@@ -81,6 +81,7 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 _WAIT_SLICE_SECONDS = 1.0
 _serials = itertools.count()
 #: Set when the interpreter (or a multiprocessing child) starts to exit: fetches stop at once.
+#: Process-wide, not per run: the exit stops every pool.
 _exiting = False
 _live_pools: weakref.WeakSet[FileStoreCachePool] = weakref.WeakSet()
 

@@ -28,6 +28,7 @@ from ..format.media_metadata import open_index
 from ..format.metadata import INDEX_SQLITE, meta_dir, read_info
 from ..format.recorded_keys import check_read_key
 from ..format.tar_reader import BLOCK, TarFormatError, header_name, iter_members, split_name
+from ..policy import PLAIN, Policy
 from ..format.media_types import MediaMetadataBase, deserialize_media_metadata
 from ..source_info import SourceInfo
 from ..storage import AnyPath, RemotePath, as_path, file_pool, file_stat
@@ -199,7 +200,8 @@ class WebdatasetFileStore(_PooledReads, FileStore[bytes]):
     Each read is one lookup in ``index.sqlite`` and one byte range of the shard.
     """
 
-    def __init__(self, dataset_path: Any) -> None:
+    def __init__(self, dataset_path: Any, *, policy: Policy = PLAIN) -> None:
+        """``policy``: the loader's (shards outside the dataset folder, see ``check_shard_name``)."""
         self.base_path = as_path(dataset_path)
         index = meta_dir(self.base_path) / INDEX_SQLITE
         if file_stat(index) is None:
@@ -212,7 +214,7 @@ class WebdatasetFileStore(_PooledReads, FileStore[bytes]):
                     "filesystem://<folder> in the aux: entry instead",
                 )
             )
-        self._shards = list(read_info(self.base_path).shard_counts)
+        self._shards = list(read_info(self.base_path, policy=policy).shard_counts)
         self._index = _IndexReader(index, what=f"dataset {self.base_path}")
 
     def get_path(self) -> str:

@@ -33,12 +33,12 @@ imported on first use, and nothing writes temporary files.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .. import energon_mode
 from ..errors import (
     ConfigError,
     DecodeError,
@@ -47,6 +47,7 @@ from ..errors import (
     format_message,
 )
 from ..format.tar_reader import split_name
+from ..policy import PLAIN, Policy
 from . import av, basic, image
 from .basic import DEFAULT_MAX_DECOMPRESSED_BYTES, TRUST_PICKLE_ENV, UntrustedDataError
 from .image import (
@@ -223,7 +224,8 @@ class SampleDecoder:
         allow_pickle: unpickle ``pkl pickle pyd`` parts, numpy object arrays and arbitrary
             ``pth`` files. Off by default: unpickling runs code from the dataset, so such a part
             raises :class:`UntrustedDataError` (a ``DecodeError`` that stops the run) unless
-            ``ENERGON_LITE_TRUST_PICKLE=1`` is set or the process runs as Energon.
+            ``ENERGON_LITE_TRUST_PICKLE=1`` is set or the loader runs as Energon (its policy,
+            :meth:`under`).
         untrusted_pickle: what an untrusted ``pkl pickle pyd`` part becomes: ``"error"`` (the
             default) or ``"bytes"`` (left undecoded, e.g. for a linter).
         image_max_size: off by default. When set, JPEGs are decoded at 1/2, 1/4 or 1/8 scale
@@ -331,6 +333,18 @@ class SampleDecoder:
             raise ConfigError(format_message("av_byte_budget must be a positive number of bytes", found=repr(av_byte_budget)))
         self.av_byte_budget = av_byte_budget
 
+    #: Ours, or Energon's (``policy.py``): a loader decodes with :meth:`under` its policy.
+    policy: Policy = PLAIN
+
+    def under(self, policy: Policy) -> SampleDecoder:
+        """This decoder under ``policy`` (a copy, unless it is this one's): what a loader planned
+        under ``as_energon`` decodes with, which unpickles as Energon does (logged once)."""
+        if policy == self.policy:
+            return self
+        decoder = copy.copy(self)
+        decoder.policy = policy
+        return decoder
+
     def config(self) -> dict[str, Any]:
         """The settings as plain JSON, for the config fingerprint."""
         return {
@@ -422,7 +436,7 @@ class SampleDecoder:
         if self.allow_pickle:
             return True
         where = f"{dataset}: sample {key!r}, part {part_name!r}" if dataset else f"sample {key!r}, part {part_name!r}"
-        if energon_mode.opted_in(TRUST_PICKLE_ENV, f"pickle:{dataset}", f"unpickling pickle parts, first {where}"):
+        if self.policy.opted_in(TRUST_PICKLE_ENV, f"pickle:{dataset}", f"unpickling pickle parts, first {where}"):
             return True
         if self.untrusted_pickle == "bytes":
             return False

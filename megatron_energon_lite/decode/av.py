@@ -79,7 +79,7 @@ AV_EXTENSIONS = ("mp4", "avi", "mov", "webm", "mkv", "flac", "mp3", "wav", "ogg"
 _AUDIO_ONLY = ("flac", "mp3", "wav", "ogg", "m4a", "opus", "aac")
 #: Most bytes one request may decode into (frames or samples kept): 1 GiB.
 DEFAULT_BYTE_BUDGET = 1 << 30
-_reported = False
+_reported = False  # process-wide, not per run: the backend's version is logged once per process
 
 
 def _av():
@@ -122,7 +122,7 @@ def _installed_backend() -> str:
 
 
 _UNSET: Any = object()
-_soundfile_module: Any = _UNSET
+_soundfile_module: Any = _UNSET  # process-wide, not per run: an optional module, imported once
 
 
 def _soundfile():

@@ -4,8 +4,8 @@ Each decoder is ``fn(data: bytes, decoder: SampleDecoder) -> value`` and is regi
 extension in :mod:`megatron_energon_lite.decode`. Unpickling runs code stored in the data, so
 nothing here unpickles unless :func:`pickle_allowed` says so: the decoder was built with
 ``allow_pickle=True``, the environment sets ``ENERGON_LITE_TRUST_PICKLE=1`` (for programs you
-cannot edit), or the process runs as Energon (``import megatron_energon_lite.as_energon``),
-which unpickles like Energon does. Otherwise:
+cannot edit), or its loader runs as Energon (``import megatron_energon_lite.as_energon``: the
+decoder's policy), which unpickles like Energon does. Otherwise:
 
 * a ``pkl pickle pyd`` part is refused with :class:`UntrustedDataError` naming the opt-ins
   (``SampleDecoder`` checks this before calling :func:`decode_pickle`);
@@ -46,7 +46,6 @@ import zipfile
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from .. import energon_mode
 from ..errors import ConfigError, DecodeError, DecompressionBombError, format_message
 
 if TYPE_CHECKING:
@@ -255,8 +254,8 @@ def decode_json(data: bytes, decoder: SampleDecoder) -> Any:
 
 def pickle_allowed(decoder: SampleDecoder) -> bool:
     """Whether ``decoder`` may unpickle: ``allow_pickle=True``, ``ENERGON_LITE_TRUST_PICKLE=1`` or
-    Energon mode (read on every call, so setting the variable after import works)."""
-    return decoder.allow_pickle or energon_mode.opted_in(TRUST_PICKLE_ENV)
+    Energon's policy (read on every call, so setting the variable after import works)."""
+    return decoder.allow_pickle or decoder.policy.opted_in(TRUST_PICKLE_ENV)
 
 
 def decode_npy(data: bytes, decoder: SampleDecoder) -> Any:

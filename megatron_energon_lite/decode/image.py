@@ -370,7 +370,7 @@ def rgbx_planes(rgbx: Any) -> Any:
     return out
 
 
-_SIMPLEJPEG: Any = None  # the module once imported, False when it is not installed
+_SIMPLEJPEG: Any = None  # process-wide, not per run: the module once imported, False when it is not installed
 # libjpeg-turbo's own colour conversion gives Pillow's pixels exactly for these (tested);
 # CMYK/YCCK JPEGs differ by rounding, so they go through Pillow.
 _SAME_AS_PILLOW = ("YCbCr", "Gray")

@@ -10,6 +10,7 @@ from .flavors.base_dataset import BaseCoreDatasetFactory
 from .flavors.crude import CrudeWebdataset
 from .flavors.jsonl import DefaultCrudeJsonlDatasetFactory
 from .flavors.webdataset.standard_webdataset import StandardWebdatasetFactory
+from ..energon_mode import current_policy
 from ..format.dataset_config import load_dataset_config, require_sample_type
 from ..samples import CrudeSample
 from ..worker import WorkerConfig
@@ -41,7 +42,7 @@ def get_dataset_from_config(
     """
     common = dict(split_part=split_part or "train", training=training, worker_config=worker_config, split_config=split_config, **kwargs)
     jsonl = str(path).endswith(".jsonl")
-    config = None if jsonl else load_dataset_config(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")))
+    config = None if jsonl else load_dataset_config(path, dataset_config, trust_dataset_code=bool(kwargs.get("trust_dataset_code")), policy=current_policy())
     found = CrudeSample if config is None else config.yields
     if sample_type is not None:
         require_sample_type(found, sample_type, where=str(path))

@@ -37,8 +37,8 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 import yaml
 
-from .. import energon_mode
 from ..errors import ConfigError, DecodeError, format_message
+from ..policy import PLAIN, Policy
 from ..samples import (
     CrudeSample,
     Sample,
@@ -244,8 +244,10 @@ def load_dataset_config(
     name: str | None = None,
     *,
     trust_dataset_code: bool = False,
+    policy: Policy = PLAIN,
 ) -> DatasetConfig:
-    """Parses ``.nv-meta/<name or dataset.yaml>`` of the dataset at ``root``."""
+    """Parses ``.nv-meta/<name or dataset.yaml>`` of the dataset at ``root`` (``policy``: whether
+    dataset code may also run as Energon runs it, see :func:`dataset_code_trusted`)."""
     path = meta_dir(root) / (name or DATASET_YAML)
     raw = load_structured(path)
     file = str(path)
@@ -258,11 +260,11 @@ def load_dataset_config(
             path=path,
             kind="crude",
             subflavors=_subflavors(raw, file),
-            part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code),
+            part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code, policy),
             loader_options=_loader_options(raw),
         )
     if factory is not None and not _is_ours(factory_module):
-        return _user_factory_config(raw, path, factory_module, str(factory), trust_dataset_code)
+        return _user_factory_config(raw, path, factory_module, str(factory), trust_dataset_code, policy)
     if factory is not None and factory not in _STANDARD_FACTORIES and factory not in _LEGACY_FACTORIES:
         raise ConfigError(
             format_message(
@@ -280,7 +282,7 @@ def load_dataset_config(
         check_mapping(raw, file=file, key_path="", allowed=allowed, required=("sample_type",))
         module, name_ = resolve_class(raw["sample_type"], file=file, key_path="sample_type")
         sample_type = sample_class(module, name_, where=f"{file}: sample_type")
-    return sample_fields_config(raw, sample_type, path, trust_dataset_code=trust_dataset_code)
+    return sample_fields_config(raw, sample_type, path, trust_dataset_code=trust_dataset_code, policy=policy)
 
 
 def sample_fields_config(
@@ -290,6 +292,7 @@ def sample_fields_config(
     *,
     trust_dataset_code: bool = False,
     optional: bool = False,
+    policy: Policy = PLAIN,
 ) -> DatasetConfig:
     """How to fill ``sample_type`` from a sample's parts: exactly one of ``raw["field_map"]`` and
     ``raw["sample_loader"]`` (a ``FILE.py:FUNCTION`` in ``.nv-meta/``, or a function given in code),
@@ -300,7 +303,7 @@ def sample_fields_config(
     has_map, has_loader = raw.get("field_map") is not None, raw.get("sample_loader") is not None
     common = dict(path=path, sample_type=sample_type, subflavors=_subflavors(raw, file), loader_options=_loader_options(raw))
     if optional and not has_map and not has_loader:
-        return DatasetConfig(kind="custom", part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code), **common)
+        return DatasetConfig(kind="custom", part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code, policy), **common)
     if has_map == has_loader:
         raise ConfigError(
             format_message(
@@ -325,8 +328,8 @@ def sample_fields_config(
     loader = raw["sample_loader"]
     return DatasetConfig(
         kind="sample_loader",
-        sample_loader=loader if callable(loader) else _load_function(loader, path, trust_dataset_code, "sample_loader"),
-        part_filter=_part_filter(raw["part_filter"], path, trust_dataset_code),
+        sample_loader=loader if callable(loader) else _load_function(loader, path, trust_dataset_code, "sample_loader", policy),
+        part_filter=_part_filter(raw["part_filter"], path, trust_dataset_code, policy),
         **common,
     )
 
@@ -335,12 +338,12 @@ def _is_ours(module: str) -> bool:
     return module in _OUR_MODULES or module.startswith(tuple(m + "." for m in _OUR_MODULES))
 
 
-def _user_factory_config(raw: Mapping[str, Any], path: Path, module: str, name: str, trust_dataset_code: bool) -> DatasetConfig:
+def _user_factory_config(raw: Mapping[str, Any], path: Path, module: str, name: str, trust_dataset_code: bool, policy: Policy) -> DatasetConfig:
     """``__module__: my.pkg`` / ``__class__: MyWebdataset``: the user's factory class, taken from a
     module the program imported (or imported here when the caller trusts the dataset's code)."""
     file = str(path)
     where = f"{file}: __class__"
-    if module not in sys.modules and dataset_code_trusted(trust_dataset_code, dataset=str(path.parent.parent)):
+    if module not in sys.modules and dataset_code_trusted(trust_dataset_code, dataset=str(path.parent.parent), policy=policy):
         try:
             importlib.import_module(module)
         except ImportError as exc:
@@ -359,12 +362,12 @@ def _user_factory_config(raw: Mapping[str, Any], path: Path, module: str, name: 
         )
     kwargs = {k: v for k, v in raw.items() if k not in ("__module__", "__class__")}
     if cls.yields_crude_samples:
-        config = DatasetConfig(path=path, kind="crude", subflavors=_subflavors(raw, file), part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code), loader_options=_loader_options(raw))
+        config = DatasetConfig(path=path, kind="crude", subflavors=_subflavors(raw, file), part_filter=_part_filter(raw.get("part_filter"), path, trust_dataset_code, policy), loader_options=_loader_options(raw))
     else:
         sample_type = getattr(cls, "__sample_type__", None)
         if raw.get("field_map") is not None and not dataclasses.is_dataclass(sample_type):
             raise ConfigError(format_message(f"{module}.{name} has a field_map but no sample type", where=f"{file}: field_map", expected="__sample_type__ = a Sample dataclass on the factory class", found=repr(sample_type)))
-        config = sample_fields_config(raw, sample_type, path, trust_dataset_code=trust_dataset_code, optional=True)
+        config = sample_fields_config(raw, sample_type, path, trust_dataset_code=trust_dataset_code, optional=True, policy=policy)
     config.factory_class = cls
     config.factory_kwargs = kwargs
     return config
@@ -397,13 +400,13 @@ def _field_map(raw: Any, sample_type: type, file: str) -> dict[str, FieldAccess]
     return result
 
 
-def _part_filter(value: Any, path: Path, trust: bool) -> frozenset[str] | Callable[[str], bool] | None:
+def _part_filter(value: Any, path: Path, trust: bool, policy: Policy) -> frozenset[str] | Callable[[str], bool] | None:
     if value is None:
         return None
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return frozenset(value)
     if isinstance(value, str):
-        return _load_function(value, path, trust, "part_filter")
+        return _load_function(value, path, trust, "part_filter", policy)
     if callable(value):  # given in code (a factory's argument)
         return value
     raise ConfigError(
@@ -416,18 +419,18 @@ def _part_filter(value: Any, path: Path, trust: bool) -> frozenset[str] | Callab
     )
 
 
-def dataset_code_trusted(trust_dataset_code: bool, *, dataset: str) -> bool:
+def dataset_code_trusted(trust_dataset_code: bool, *, dataset: str, policy: Policy = PLAIN) -> bool:
     """Whether a dataset's own Python code may run: the argument, ``ENERGON_LITE_TRUST_DATASET_CODE=1``
-    or Energon mode (the last two log once per dataset, since nobody asked in the call)."""
-    return trust_dataset_code or energon_mode.opted_in(TRUST_DATASET_CODE_ENV, f"dataset-code:{dataset}", f"running the Python code of dataset {dataset}")
+    or Energon's ``policy`` (the last two log once per dataset, since nobody asked in the call)."""
+    return trust_dataset_code or policy.opted_in(TRUST_DATASET_CODE_ENV, f"dataset-code:{dataset}", f"running the Python code of dataset {dataset}")
 
 
-def _load_function(spec: Any, path: Path, trust: bool, key: str) -> Callable:
+def _load_function(spec: Any, path: Path, trust: bool, key: str, policy: Policy) -> Callable:
     if not isinstance(spec, str):
         raise ConfigError(format_message(f"invalid {key}", where=f"{path}: {key}", expected="FILE.py:FUNCTION", found=repr(spec)))
     file_name, _, function = spec.partition(":")
     function = function or key
-    if not dataset_code_trusted(trust, dataset=str(path.parent.parent)):
+    if not dataset_code_trusted(trust, dataset=str(path.parent.parent), policy=policy):
         raise ConfigError(
             format_message(
                 f"dataset.yaml uses {key} from {file_name}, which runs Python code shipped with the dataset",
@@ -499,12 +502,12 @@ def make_sample(
         ) from None
 
 
-def dataset_sample_type(root: str | Path, name: str | None = None, *, trust_dataset_code: bool = False) -> type:
+def dataset_sample_type(root: str | Path, name: str | None = None, *, trust_dataset_code: bool = False, policy: Policy = PLAIN) -> type:
     """The type of the samples a dataset yields before cooking: :class:`CrudeSample` for a crude
     dataset or a ``.jsonl`` file, else the ``sample_type`` its ``dataset.yaml`` names."""
     if str(root).endswith(".jsonl"):
         return CrudeSample
-    return load_dataset_config(root, name, trust_dataset_code=trust_dataset_code).yields
+    return load_dataset_config(root, name, trust_dataset_code=trust_dataset_code, policy=policy).yields
 
 
 def require_sample_type(found: type, wanted: type, *, where: str, reader: str | None = None) -> None:

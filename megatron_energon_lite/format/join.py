@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DatasetError, format_message
+from ..policy import PLAIN, Policy
 from ..storage import AnyPath, as_path, atomic_write_bytes, file_stat, local_view
 from .metadata import (
     INDEX_SQLITE,
@@ -71,10 +72,10 @@ class JoinIndex:
         return len(self.rows)
 
 
-def _split_keys(member: JoinMember) -> tuple[list[str | None], list[int]]:
+def _split_keys(member: JoinMember, policy: Policy) -> tuple[list[str | None], list[int]]:
     """Every sample key of the member's split, in split order, and the split's shard starts."""
     root = as_path(member.path)
-    info = read_info(root)
+    info = read_info(root, policy=policy)
     split = resolve_split(root, member.split_part, split_config=member.split_config, info=info)
     info_position = {name: i for i, name in enumerate(info.shard_counts)}
     starts, start = {}, 0
@@ -133,18 +134,19 @@ def _stamp(member: JoinMember) -> tuple:
     return (member, None if stat is None else stat.version)
 
 
-def join_index(spec: JoinSpec) -> JoinIndex:
-    """The join's rows (cached per process while the members' indexes are unchanged)."""
-    return _cached_index(spec, tuple(_stamp(m) for m in spec.members))
+def join_index(spec: JoinSpec, *, policy: Policy = PLAIN) -> JoinIndex:
+    """The join's rows (cached per process while the members' indexes are unchanged);
+    ``policy``: the loader's (members' shards outside their folders, see ``check_shard_name``)."""
+    return _cached_index(spec, tuple(_stamp(m) for m in spec.members), policy)
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_index(spec: JoinSpec, stamps: tuple) -> JoinIndex:
-    primary_keys, primary_starts = _split_keys(spec.members[0])
+def _cached_index(spec: JoinSpec, stamps: tuple, policy: Policy) -> JoinIndex:
+    primary_keys, primary_starts = _split_keys(spec.members[0], policy)
     columns = [np.arange(len(primary_keys), dtype=np.int64)]
     keep = np.array([key is not None for key in primary_keys], dtype=bool)  # excluded keys drop out
     for member in spec.members[1:]:
-        keys, _ = _split_keys(member)
+        keys, _ = _split_keys(member, policy)
         position = {key: i for i, key in enumerate(keys) if key is not None}
         column = np.fromiter((position.get(key, -1) if key is not None else -1 for key in primary_keys), dtype=np.int64, count=len(primary_keys))
         missing = (column < 0) & keep
@@ -261,7 +263,7 @@ def write_energon_join_index(spec: JoinSpec, cache_dir: AnyPath) -> JoinIndexFil
     split order.
     """
     index = join_index(spec)
-    primary_keys, _ = _split_keys(spec.members[0])
+    primary_keys, _ = _split_keys(spec.members[0], PLAIN)
     primary = sum(key is not None for key in primary_keys)
     missing = tuple(int((index.rows[:, m] < 0).sum()) for m in range(len(spec.members)))
     path = energon_join_index_path(spec, cache_dir)

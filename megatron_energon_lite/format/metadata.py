@@ -18,9 +18,9 @@ from typing import Any, Collection, Iterable, Mapping, NamedTuple
 
 import yaml
 
-from .. import energon_mode
 from .._version import __version__
 from ..errors import ConfigError, DatasetError, EmptyDatasetError, format_message
+from ..policy import PLAIN, Policy
 from ..storage import (
     AnyPath,
     FileStat,
@@ -182,13 +182,13 @@ def require_prepared(root: str | os.PathLike) -> None:
         )
 
 
-def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False) -> str:
+def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False, policy: Policy = PLAIN) -> str:
     """Returns ``name`` if it is a shard path relative to the dataset folder and inside it.
 
     ``.info.json`` and ``split.yaml`` come with the data: a name that is absolute, climbs out
     with ``..`` or is a URL would make the loader read files outside the dataset, so it is
     refused unless the caller opts in with ``allow_outside_root``, the environment variable
-    :data:`SHARDS_OUTSIDE_ROOT_ENV`, or ``as_energon`` (Energon reads such paths; logged once).
+    :data:`SHARDS_OUTSIDE_ROOT_ENV`, or ``policy`` is Energon's (Energon reads such paths; logged once).
     """
     if not isinstance(name, str):
         raise ConfigError(
@@ -220,7 +220,7 @@ def check_shard_name(name: Any, *, where: str, allow_outside_root: bool = False)
                 fix="rename the shard file and run `energon-lite prepare` again",
             )
         )
-    if outside and energon_mode.opted_in(SHARDS_OUTSIDE_ROOT_ENV, f"outside-root:{where}", f"reading shard {name!r} from outside the dataset folder ({where})"):
+    if outside and policy.opted_in(SHARDS_OUTSIDE_ROOT_ENV, f"outside-root:{where}", f"reading shard {name!r} from outside the dataset folder ({where})"):
         return name
     if outside:
         raise ConfigError(
@@ -281,7 +281,7 @@ def info_path(root: str | os.PathLike) -> AnyPath:
     return meta / INFO_JSON if (meta / INFO_JSON).is_file() else meta / INFO_YAML
 
 
-def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False) -> DatasetInfo:
+def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False, policy: Policy = PLAIN) -> DatasetInfo:
     """Reads ``.info.json``; shard paths outside the dataset folder are refused (see
     :func:`check_shard_name`)."""
     require_prepared(root)
@@ -299,7 +299,7 @@ def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False) -> D
     values = list(counts.values())
     all_fine = plain_shard_names(counts) and set(map(type, values)) <= {int} and (not values or min(values) >= 0)
     for shard, count in () if all_fine else counts.items():
-        check_shard_name(shard, where=f"{path}: shard_counts", allow_outside_root=allow_outside_root)
+        check_shard_name(shard, where=f"{path}: shard_counts", allow_outside_root=allow_outside_root, policy=policy)
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ConfigError(
                 format_message(
@@ -597,6 +597,7 @@ def resolve_split(
     info: DatasetInfo | None = None,
     allow_empty: bool = False,
     allow_outside_root: bool = False,
+    policy: Policy = PLAIN,
 ) -> ResolvedSplit:
     """Lists the shards of ``split_part`` in order, with shard excludes applied.
 
@@ -605,7 +606,7 @@ def resolve_split(
     the dataset folder (unless ``allow_outside_root``), is an error.
     """
     root = as_path(root)
-    info = info or read_info(root, allow_outside_root=allow_outside_root)
+    info = info or read_info(root, allow_outside_root=allow_outside_root, policy=policy)
     config = read_split_config(root, split_config)
     resolved, unknown_excludes = resolve_unchecked(root, split_part, info, config)
     # Remotely, shards and their indexes come in one listing per folder (the reader reuses the

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from ..policy import PLAIN, Policy
 from ..samples import CrudeSample, TokensSample
 from .dataset_config import DatasetConfig, load_dataset_config
 from .indexed import indexed_prefix
@@ -56,11 +57,11 @@ class ResolvedDataset:
         return CrudeSample if self.config is None else self.config.yields
 
 
-def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_config: str | None, trust_dataset_code: bool) -> ResolvedDataset:
+def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_config: str | None, trust_dataset_code: bool, policy: Policy = PLAIN) -> ResolvedDataset:
     """Reads the metadata of ``leaf`` (``dataset_config`` / ``split_config``: the loader's
-    defaults, for leaves that do not name their own)."""
+    defaults, for leaves that do not name their own; ``policy``: the loader's)."""
     if leaf.join is not None:
-        index = join_index(leaf.join)
+        index = join_index(leaf.join, policy=policy)
         return ResolvedDataset(total=len(index), shard_starts=tuple(index.shard_starts))
     if leaf.path.endswith(".jsonl"):
         count = len(JsonlReader(leaf.path))  # a JSONL file is one shard
@@ -71,14 +72,14 @@ def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_conf
         samples.close()
         return ResolvedDataset(total=len(samples), shard_starts=(0, len(samples)), indexed_prefix=str(prefix))
     require_prepared(leaf.path)
-    config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code)
+    config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code, policy=policy)
     split_name = leaf.split_config or split_config or config.loader_options.get("split_config")
     # What prepare cached, if the files it was made from are unchanged; else the files themselves.
-    split = cached_split(leaf.path, leaf.split_part, split_name) or resolve_split(leaf.path, leaf.split_part, split_config=split_name)
+    split = cached_split(leaf.path, leaf.split_part, split_name) or resolve_split(leaf.path, leaf.split_part, split_config=split_name, policy=policy)
     return ResolvedDataset(total=split.total_samples, shard_starts=split.shard_starts, split=split, config=config, split_config=split_name)
 
 
-def resolve_datasets(leaves: Iterable[LeafDataset], *, dataset_config: str | None, split_config: str | None, trust_dataset_code: bool) -> tuple[ResolvedDataset, ...]:
+def resolve_datasets(leaves: Iterable[LeafDataset], *, dataset_config: str | None, split_config: str | None, trust_dataset_code: bool, policy: Policy = PLAIN) -> tuple[ResolvedDataset, ...]:
     """:func:`resolve_dataset` of each leaf; a dataset split named several times (a blend of
     one dataset with different subflavors or subsets) is read once."""
     seen: dict[tuple, ResolvedDataset] = {}
@@ -86,7 +87,7 @@ def resolve_datasets(leaves: Iterable[LeafDataset], *, dataset_config: str | Non
     for leaf in leaves:
         key = (leaf.path, leaf.split_part, leaf.dataset_config or dataset_config, leaf.split_config or split_config, leaf.join, leaf.sequence_length)
         if key not in seen:
-            seen[key] = resolve_dataset(leaf, dataset_config=dataset_config, split_config=split_config, trust_dataset_code=trust_dataset_code)
+            seen[key] = resolve_dataset(leaf, dataset_config=dataset_config, split_config=split_config, trust_dataset_code=trust_dataset_code, policy=policy)
         resolved.append(seen[key])
     return tuple(resolved)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..policy import PLAIN, Policy
 from ..storage import (
     AnyPath,
     LocalFilePool,
@@ -64,12 +65,14 @@ class SplitReader:
         pool: LocalFilePool | RemoteFilePool | None = None,
         allow_outside_root: bool = False,
         split: ResolvedSplit | None = None,
+        policy: Policy = PLAIN,
     ) -> None:
-        """``split``: the split as the loader resolved it (then no metadata is read here)."""
+        """``split``: the split as the loader resolved it (then no metadata is read here);
+        ``policy``: the loader's (shards outside the dataset folder, see ``check_shard_name``)."""
         self.root = as_path(root)
         self.split: ResolvedSplit = split or resolve_split(
             self.root, split_part, split_config=split_config,
-            info=info or read_info(self.root, allow_outside_root=allow_outside_root),
+            info=info or read_info(self.root, allow_outside_root=allow_outside_root, policy=policy),
             allow_empty=allow_empty, allow_outside_root=allow_outside_root,
         )
         self._starts = self.split.shard_starts

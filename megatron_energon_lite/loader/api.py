@@ -10,6 +10,7 @@ import logging
 from typing import Any, Mapping
 
 from ..cache.base import CachePool
+from ..energon_mode import current_policy
 from ..errors import ConfigError, format_message
 from ..format.metadataset import (
     Blender,
@@ -23,6 +24,7 @@ from ..format.metadataset import (
 from ..pipeline.build import PipelineSpec
 from ..pipeline.recipe import ENDLESS, Recipe, Watchdog, pass_end
 from ..pipeline.task_hooks import DefaultHooks, Hooks
+from ..policy import Policy
 from ..storage import configure_storage, configured_storage, is_remote
 from ..worker import WorkerConfig
 from .dataloader import SavableDataLoader
@@ -213,7 +215,10 @@ def plan_spec(path, *, training: bool, worker_config, task_encoder: Hooks | None
     mode = blend_mode or plan.blend_mode or "random"
     if mode == "exact" and plan.kind == "blend" and training:
         _warn_slow_exact_schedule(plan, worker_config)
-    spec = PipelineSpec(path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan, blend_mode=mode, packing_buffer_size=packing_buffer_size, storage=configured_storage(), **settings, **kwargs)
+    spec = PipelineSpec(
+        path=name, split_part=split_part, training=training, worker_config=worker_config, task_encoder=task_encoder, plan=plan,
+        blend_mode=mode, packing_buffer_size=packing_buffer_size, storage=configured_storage(), policy=current_policy(), **settings, **kwargs,
+    )
     # Checked against the datasets as the spec resolved them (their metadata is read once).
     if sample_type is not None:
         _check_sample_type(spec, sample_type)
@@ -383,7 +388,15 @@ def _make_loader(dataset: Recipe, prefetch_factor: int | None, energon_args: dic
         prefetch_factor = getattr(worker_config, "prefetch_factor", None) or 2
     if worker_config is not None and not getattr(worker_config, "persistent_workers", True):
         logger.info("WorkerConfig(persistent_workers=False) is ignored: each worker keeps its pipeline's position, so workers persist")
-    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor, cache_pool=cache_pool, **ours)
+    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor, cache_pool=cache_pool, policy=_policy_of(dataset), **ours)
+
+
+def _policy_of(dataset: Recipe) -> Policy:
+    """The policy a loader restores states under: its dataset's spec's (through the watchdog and
+    a mock), else (a dataset of the user's own) the switch's now."""
+    while not isinstance(dataset, PipelineDataset) and isinstance(getattr(dataset, "dataset", None), Recipe):
+        dataset = dataset.dataset
+    return dataset.spec.policy if isinstance(dataset, PipelineDataset) else current_policy()
 
 
 def _stall_args(stall_report: bool, stall_report_every_s: float | None) -> dict[str, Any]:

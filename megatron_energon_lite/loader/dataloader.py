@@ -27,9 +27,10 @@ from ..errors import (
     format_message,
 )
 from ..format.safe_parse import check_nesting
-from ..pipeline.aux_sources import activate_cache_pool
 from ..pipeline.node import as_key, get_restore_key, set_restore_key, unkeyed
 from ..pipeline.recipe import Recipe
+from ..pipeline.runtime import Runtime
+from ..policy import PLAIN, Policy
 from ..pipeline.watchdog import StuckReports
 from .dataset import PipelineDataset
 from .handover.bundles import (
@@ -108,11 +109,14 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         cache_pool: CachePool | None = None,
         stall_report: bool = False,
         stall_report_every_s: float | None = None,
+        policy: Policy = PLAIN,
     ) -> None:
         if not isinstance(dataset, Recipe):
             raise ConfigError(format_message("get_loader expects the result of get_train_dataset, get_val_dataset or a dataset wrapper", found=type(dataset).__name__))
         self.savable_dataset = dataset
         self.worker_config = dataset.worker_config
+        #: Ours, or Energon's (``policy.py``): which configuration changes a restore accepts.
+        self.policy = policy
         num_workers = self.worker_config.num_workers
         extra: dict[str, Any] = {}
         if num_workers > 0:
@@ -332,9 +336,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
-            self._restore(redistributed_rank_state(state, self.savable_dataset, self.worker_config))
+            self._restore(redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy))
             return
-        self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config))
+        self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config, policy=self.policy))
 
     def _restore(self, restored: RankState) -> None:
         if self._started:
@@ -382,7 +386,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
 
         for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
             check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state")
-        self._restore(elastic_rank_state(states, self.savable_dataset, wc))
+        self._restore(elastic_rank_state(states, self.savable_dataset, wc, self.policy))
 
     def restore_sample(self, restore_key: tuple) -> Any:
         """Rebuilds a sample or batch from its ``__restore_key__`` (for a plain dict, which has none:
@@ -390,8 +394,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         key = as_key(restore_key)
         if len(key) < 2 or key[0] != WORKER_TAG or not isinstance(key[1], int):
             raise StateError(format_message("not a restore key of this loader", expected=f"({WORKER_TAG!r}, worker id, ...)", found=repr(restore_key)[:200]))
-        pipeline = self.savable_dataset.build_worker(key[1])
-        activate_cache_pool(self.cache_pool)
+        pipeline = self.savable_dataset.build_worker(key[1], Runtime(cache_pool=self.cache_pool))
         return unkeyed(set_restore_key(pipeline.restore(key[2:]), key))
 
     def blend_report(self) -> list[dict[str, Any]]:

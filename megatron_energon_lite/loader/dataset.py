@@ -16,7 +16,8 @@ from ..pipeline.build import (
     worker_lengths,
 )
 from ..pipeline.node import Node
-from ..pipeline.recipe import Recipe, passes_continue, share
+from ..pipeline.recipe import Recipe, check_takes_runtime, passes_continue, share
+from ..pipeline.runtime import Runtime
 from ..worker import WorkerConfig
 
 __all__ = ["PipelineDataset"]
@@ -61,10 +62,11 @@ class PipelineDataset(Recipe):
         self._config = spec.fingerprint() if not self.composed else {**spec.fingerprint(), "composition": self.recipe.config()}
         self._data_record = spec.data_record()
         if self.composed:
+            check_takes_runtime(self.recipe)
             _warn_unmovable(self.recipe)
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return build_worker_pipeline(self.spec, self.recipe, local_worker_id)
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
+        return build_worker_pipeline(self.spec, self.recipe, local_worker_id, runtime)
 
     def worker_length(self, local_worker_id: int) -> int:
         if passes_continue(self.recipe) and not self.composed:  # virtual epochs and val limits give each worker its share

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 from .._version import __version__
 from ..errors import ConfigError, NotSupportedError, StateError, format_message
+from ..policy import PLAIN, Policy
 from ..pipeline.blend import BlendNode
 from ..pipeline.node import BlendCursor, Elastic, Node, Remainder, find_stage, samples_between, stages
 from ..pipeline.passes import on_top
@@ -142,7 +143,7 @@ def _config_on(config: dict, rank: int, world_size: int, num_workers: int) -> di
     return {**config, **dict(zip(TOPOLOGY_KEYS, (rank, world_size, num_workers)))}
 
 
-def redistributed_rank_state(state: dict, dataset: Recipe, worker_config: WorkerConfig) -> RankState:
+def redistributed_rank_state(state: dict, dataset: Recipe, worker_config: WorkerConfig, policy: Policy = PLAIN) -> RankState:
     """This rank's state from a redistributed one (:func:`redistribute`), which must be for this
     rank of this topology."""
     config = state.get("config", {}) if isinstance(state.get("config"), dict) else {}
@@ -157,7 +158,7 @@ def redistributed_rank_state(state: dict, dataset: Recipe, worker_config: Worker
                 fix="give each rank its own entry of `energon-lite checkpoint redist`'s output, made for this topology",
             )
         )
-    return elastic_rank_state(state[REDISTRIBUTED_FROM], dataset, worker_config)
+    return elastic_rank_state(state[REDISTRIBUTED_FROM], dataset, worker_config, policy)
 
 
 def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> list[dict] | None:
@@ -211,18 +212,18 @@ def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> l
     return moved
 
 
-def elastic_rank_state(states: Sequence[dict], dataset: Recipe, worker_config: WorkerConfig) -> RankState:
+def elastic_rank_state(states: Sequence[dict], dataset: Recipe, worker_config: WorkerConfig, policy: Policy = PLAIN) -> RankState:
     """This rank's state on ``worker_config``'s topology, from every rank's state of another one:
     the saved worker states moved (:func:`moved_states`) where the global worker count is the
-    same, else the rest of the running epoch divided anew."""
+    same, else the rest of the running epoch divided anew (``policy``: the loader's)."""
     saved = topology_of(states)
     current = dataset.config()
     for rank, state in enumerate(states):
-        check_same_config(state.get("config", {}), current, ignore=TOPOLOGY_KEYS, where=f"rank {rank}'s state")
+        check_same_config(state.get("config", {}), current, ignore=TOPOLOGY_KEYS, where=f"rank {rank}'s state", policy=policy)
     wc = worker_config
     moved = moved_states(states, wc.world_size, wc.num_workers)
     if moved is not None:
-        return RankState.from_json(moved[wc.rank], config=current, worker_config=wc)
+        return RankState.from_json(moved[wc.rank], config=current, worker_config=wc, policy=policy)
     restart = not passes_continue(dataset)
     remainders: list[Remainder] = []
     loop_ended = True

@@ -45,6 +45,7 @@ import torch.utils.data
 from ..errors import ConfigError, EmptyDatasetError, StateError, format_message
 from ..pipeline.node import Node, State, get_restore_key, set_restore_key
 from ..pipeline.recipe import Recipe
+from ..pipeline.runtime import Runtime
 from ..pipeline.state_check import check_count, check_stage
 
 __all__ = ["MOCK_MODES", "MockDataset", "MockNode", "mock_mode"]
@@ -152,8 +153,9 @@ class MockNode(Node[Any]):
 
     tag = "Mock"
 
-    def __init__(self, owner: MockDataset, local_worker_id: int, per_pass: int | None) -> None:
+    def __init__(self, owner: MockDataset, local_worker_id: int, per_pass: int | None, runtime: Runtime | None = None) -> None:
         self.owner = owner
+        self.runtime = runtime  # the real pipeline's, built with the first item
         self.worker = local_worker_id
         self.per_pass = per_pass
         self._offset = 0
@@ -163,7 +165,7 @@ class MockNode(Node[Any]):
 
     def _first(self) -> Any:
         if not self._built:
-            pipeline = self.owner.dataset.build_worker(self.worker)
+            pipeline = self.owner.dataset.build_worker(self.worker, self.runtime)
             try:
                 item = pipeline.next()
             except StopIteration:
@@ -256,11 +258,11 @@ class MockDataset(Recipe[Any]):
     def _hand_out(self, item: Any) -> Any:
         return copy.deepcopy(item) if self.mode == "copy" else item
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         per_pass = None if self.endless else self.dataset.worker_length(local_worker_id)
         if per_pass is None and self.dataset.worker_length(local_worker_id) == 0:
             per_pass = 0  # a worker with nothing to read ends at once, as the real one does
-        return MockNode(self, local_worker_id, per_pass)
+        return MockNode(self, local_worker_id, per_pass, runtime)
 
     def worker_length(self, local_worker_id: int) -> int:
         return self.dataset.worker_length(local_worker_id)

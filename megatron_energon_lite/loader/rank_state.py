@@ -15,9 +15,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .. import energon_mode
 from .._version import __version__
 from ..errors import StateError, format_message
+from ..policy import PLAIN, Policy, log_once
 from ..pipeline.passes import upgrade_v1_worker_state
 from ..pipeline.state_check import check_bool, check_index, invalid
 from ..worker import WorkerConfig
@@ -72,9 +72,9 @@ class RankState:
         }
 
     @classmethod
-    def from_json(cls, state: Any, *, config: dict, worker_config: WorkerConfig) -> RankState:
-        """Checks ``state`` against the loader that restores it (configuration and workers);
-        every error names the field and what was expected."""
+    def from_json(cls, state: Any, *, config: dict, worker_config: WorkerConfig, policy: Policy = PLAIN) -> RankState:
+        """Checks ``state`` against the loader that restores it (configuration and workers, under
+        the loader's ``policy``); every error names the field and what was expected."""
         if not isinstance(state, dict) or state.get("version") not in READABLE_VERSIONS or "worker_states" not in state:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise StateError(
@@ -85,7 +85,7 @@ class RankState:
                     fix="restore a state saved by megatron-energon-lite",
                 )
             )
-        check_same_config(state.get("config", {}), config)
+        check_same_config(state.get("config", {}), config, policy=policy)
         workers = worker_config.workers_per_rank
         if not isinstance(state["worker_states"], list):
             raise invalid(("worker_states",), "a list of worker states, one per worker", state["worker_states"])
@@ -106,7 +106,7 @@ class RankState:
         )
 
 
-#: Parts of the configuration Energon does not compare on restore: under ``as_energon`` a state
+#: Parts of the configuration Energon does not compare on restore: under Energon's policy a state
 #: restores into a loader with another task encoder, decoder or a smaller micro batch size (logged
 #: once; Energon's own redist tests change the batch size; a larger one is refused, see
 #: :func:`_check_energon_batch_size`); the plain import refuses, since the restored samples or
@@ -136,17 +136,18 @@ def _check_energon_batch_size(saved: Any, now: Any, where: str | None) -> None:
     )
 
 
-def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = (), where: str | None = None) -> None:
+def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = (), where: str | None = None, policy: Policy = PLAIN) -> None:
     """Refuses a state saved by a loader of another configuration, listing every difference
-    ("saved X, now Y"); keys in ``ignore`` may differ."""
+    ("saved X, now Y"); keys in ``ignore`` may differ, and under Energon's ``policy`` those
+    Energon does not compare."""
     saved = saved if isinstance(saved, dict) else {}
     keys = sorted((set(saved) | set(current)) - set(ignore))
     differences = [(k, saved.get(k, "<missing>"), current.get(k, "<missing>")) for k in keys if saved.get(k, "<missing>") != current.get(k, "<missing>")]
     allowed = [k for k, _, _ in differences if k in _ENERGON_DOES_NOT_CHECK]
-    if allowed and energon_mode.enabled():
+    if allowed and policy.as_energon:
         if "batch_size" in allowed:
             _check_energon_batch_size(saved.get("batch_size"), current.get("batch_size"), where)
-        energon_mode.log_once(f"restore-other-{'-'.join(allowed)}", "restoring a state saved with another %s, as Energon does (import megatron_energon_lite.as_energon)", " and ".join(allowed))
+        log_once(f"restore-other-{'-'.join(allowed)}", "restoring a state saved with another %s, as Energon does (import megatron_energon_lite.as_energon)", " and ".join(allowed))
         differences = [d for d in differences if d[0] not in _ENERGON_DOES_NOT_CHECK]
     if differences:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in differences)

@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import copy
 import pickle
+from functools import partial
 from typing import Any, Iterator
 
 import torch
 import torch.utils.data
 
+from .. import worker_slabs
 from ..cache.base import CachePool
-from ..errors import collect_skip_reports, format_message, take_skip_reports
-from ..pipeline.aux_sources import activate_cache_pool
+from ..errors import SkipSink, format_message
 from ..pipeline.node import Node, get_restore_key, set_restore_key
 from ..pipeline.passes import ending_pass, on_top
-from ..pipeline.recipe import Recipe, passes_continue
-from ..pipeline.stage_clock import StageClock, activate_clock, timed
+from ..pipeline.recipe import Recipe, check_takes_runtime, passes_continue
+from ..pipeline.runtime import Runtime
 from ..pipeline.state_check import nested
 from ..pipeline.watchdog import StuckReports
-from ..worker_slabs import activate_slabs
 from .handover.bundles import Bundle, BundleLimits, bundled
 from .handover.slabs import SlabRing, dump_for_main, load_from_worker
 from .rank_state import RankState
@@ -47,9 +47,11 @@ class WorkerStreams(torch.utils.data.IterableDataset):
 
     def __init__(self, dataset: Recipe) -> None:
         super().__init__()
+        check_takes_runtime(dataset)
         self.recipe = dataset
         self.worker_config = dataset.worker_config
         self._pipelines: dict[int, Node] = {}  # each ends its passes (passes.on_top)
+        self._runtimes: dict[int, Runtime] = {}  # what each of them was built with (pipeline/runtime.py)
         self._restored: RankState | None = None
         # Between passes a pipeline starts over, unless its passes continue one stream (virtual
         # epochs, limits): then the stage that cuts the stream owns the boundary.
@@ -59,7 +61,7 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         self.stuck_reports: StuckReports | None = None
         #: Set by the loader when it runs worker processes: where each tells that it started.
         self.start_watch: StartWatch | None = None
-        #: Set by the loader: the cache pool its cookers get (active while a pipeline runs).
+        #: Set by the loader: the cache pool its cookers get (through each pipeline's runtime).
         self.cache_pool: CachePool | None = None
         #: Set by the loader when it runs worker processes: the shared memory items go out through.
         self.slabs: SlabRing | None = None
@@ -78,10 +80,20 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         self._rotation = state.next_worker
         self._pipelines.clear()
 
-    def _pipeline(self, logical: int) -> Node:
+    def _runtime(self, logical: int, in_worker: bool) -> Runtime:
+        """What worker ``logical``'s pipeline gets of this loader: a skip sink whose skips go out
+        with the items, the cache pool, and in a worker process the watchdog's report channel;
+        the clock is set per item (:meth:`_entries`)."""
+        runtime = self._runtimes.get(logical)
+        if runtime is None:
+            sink = self.stuck_reports.sink() if in_worker and self.stuck_reports is not None else None
+            runtime = self._runtimes[logical] = Runtime(skips=SkipSink(), cache_pool=self.cache_pool, report_sink=sink)
+        return runtime
+
+    def _pipeline(self, logical: int, runtime: Runtime) -> Node:
         pipeline = self._pipelines.get(logical)
         if pipeline is None:
-            pipeline = on_top(self.recipe.build_worker(logical), restart=self._restart_passes)
+            pipeline = on_top(self.recipe.build_worker(logical, runtime), restart=self._restart_passes)
             restored = self._restored
             if restored is not None and restored.worker_states[logical] is not None:
                 with nested("worker_states", logical):  # names the field of a bad value (state_check)
@@ -96,56 +108,50 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         if info is not None and self.start_watch is not None:
             self.start_watch.started(info.id)
         entries = self._entries(info)  # a generator: nothing runs (or raises) before the first item is asked for
-        if info is None or self.bundles is None:
+        if info is None:
             return entries
-        limits, seconds = self.bundles
         # The worker's logical id (checked against the topology by _entries, which raises into the bundle).
         logical = (info.id + self._rotation) % self.worker_config.workers_per_rank
-        return bundled(entries, logical, _carried, _carried_size, seconds, limits, where=f"in DataLoader worker process {info.id}")
+        carry = partial(_carried, self._runtime(logical, True))  # in the worker, pickled at once (times the hand-over)
+        if self.bundles is None:
+            return map(carry, entries)
+        limits, seconds = self.bundles
+        return bundled(entries, logical, carry, _carried_size, seconds, limits, where=f"in DataLoader worker process {info.id}")
 
     def _entries(self, info: Any) -> Iterator[tuple[Any, int, dict | None, tuple]]:
         """``(item, logical worker id, state after this item, skip reports)`` until the pass ends.
 
-        Skips are collected for the main process to log and list, and with the stall report on,
-        the stages run under this process's clock.  A worker process runs nothing else, so both
-        stay on there (the hand-over after each item is timed too); in the main process they are
-        on only while this pipeline runs: another loader's may run between two items."""
+        The pipeline's skips are collected in its runtime for the main process to log and list,
+        and with the stall report on, its stages run under this process's clock for the items it
+        times (the runtime's clock; in a worker, the item's hand-over is timed too)."""
         physical = self.worker_config.current_worker_id("the loader's dataset")
         logical = (physical + self._rotation) % self.worker_config.workers_per_rank
         in_worker = info is not None
+        runtime = self._runtime(logical, in_worker)
         clock = None if self.stage_times is None else self.stage_times.clock(physical)
-        timing = None if clock is None else clock.for_next_item()  # the clock, when this item is timed
-        _enter_pipeline(timing)
+        runtime.clock = None if clock is None else clock.for_next_item()  # the clock, when this item is timed
         try:
-            activate_cache_pool(self.cache_pool)  # before a restore replays cookers
-            pipeline = self._pipeline(logical)
+            pipeline = self._pipeline(logical, runtime)  # a restore may replay cookers: after the runtime is set
             if in_worker:
-                activate_slabs(self.slabs, physical)
-                if self.stuck_reports is not None:
-                    self.stuck_reports.attach()
+                worker_slabs.use_in_this_process(self.slabs, physical)
             while True:
+                timing = runtime.clock
                 try:
                     item = pipeline.next() if timing is None else timing.run("pipeline", None, pipeline.next)
                 except StopIteration:  # this worker's pass is over; the next call begins the next
-                    skips = take_skip_reports()
+                    skips = runtime.skips.take()
                     if skips[0] or skips[1]:  # skipped after this worker's last item
-                        entry = SKIPS_ONLY, logical, None, skips
-                        if not in_worker:
-                            _leave_pipeline()
-                        yield entry
+                        yield SKIPS_ONLY, logical, None, skips
                     return
                 state = pipeline.get_state() if timing is None else timing.run("pipeline", None, pipeline.get_state)
-                entry = self._entry(item, logical, state)
+                entry = self._entry(item, logical, state, runtime.skips)
                 if clock is not None:
                     clock.publish()
-                if not in_worker:
-                    _leave_pipeline()
                 yield entry  # in a worker, a timed item's hand-over is timed too
-                timing = None if clock is None else clock.for_next_item()
-                _enter_pipeline(timing)
+                runtime.clock = None if clock is None else clock.for_next_item()
         except Exception:
-            if not in_worker:  # the run stops: its skips since the last item are logged, not left for the next loader
-                records, more = take_skip_reports()
+            if not in_worker:  # the run stops: its skips since the last item are logged, not lost
+                records, more = runtime.skips.take()
                 for record in records:
                     skip_logger.warning("%s", record.message)
                 if more:
@@ -154,25 +160,13 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         finally:
             if clock is not None:
                 clock.publish()
-            if not in_worker:
-                _leave_pipeline()
+            runtime.clock = None
 
-    def _entry(self, item: Any, logical: int, state: dict) -> tuple[Any, int, dict, tuple]:
+    def _entry(self, item: Any, logical: int, state: dict, skips: SkipSink) -> tuple[Any, int, dict, tuple]:
         item = set_restore_key(item, (WORKER_TAG, logical, *get_restore_key(item)))
         if self._debug_log is not None:
             self._debug_log.yielded(item, logical)
-        return item, logical, state, take_skip_reports()
-
-
-def _enter_pipeline(clock: StageClock | None) -> None:
-    """A loader's pipeline runs in this process now: collect its skips, time it (``clock``)."""
-    collect_skip_reports()
-    activate_clock(clock)
-
-
-def _leave_pipeline() -> None:
-    collect_skip_reports(False)
-    activate_clock(None)
+        return item, logical, state, skips.take()
 
 
 class _SkipsOnly:
@@ -266,8 +260,10 @@ def _packed(entry: tuple[Any, int, dict | None, tuple]) -> tuple[Any, int, Packe
     return item, logical, None if state is None else PackedState(pickle.dumps(state, pickle.HIGHEST_PROTOCOL)), skips
 
 
-def _carried(entry: tuple[Any, int, dict | None, tuple]) -> Carrier:
-    return timed("hand-over", _carrier_of, entry)
+def _carried(runtime: Runtime, entry: tuple[Any, int, dict | None, tuple]) -> Carrier:
+    """In a worker: ``entry`` pickled for the main process, timed when its item is."""
+    clock = runtime.clock
+    return _carrier_of(entry) if clock is None else clock.run("hand-over", None, _carrier_of, entry)
 
 
 def _carrier_of(entry: tuple[Any, int, dict | None, tuple]) -> Carrier:
@@ -279,8 +275,8 @@ def _carried_size(carrier: Carrier) -> int:
 
 
 def convert_item(entry: Any) -> Any:
-    """The DataLoader's ``collate_fn``: an entry converted (and in a worker, pickled); a bundle
-    holds its entries so already."""
-    if isinstance(entry, Bundle):
+    """The DataLoader's ``collate_fn``: an entry converted; in a worker, the stream pickled it
+    already (a carrier, or a bundle of them)."""
+    if isinstance(entry, (Bundle, Carrier)):
         return entry
-    return _converted(entry) if torch.utils.data.get_worker_info() is None else _carried(entry)
+    return _converted(entry)

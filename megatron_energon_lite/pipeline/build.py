@@ -22,6 +22,7 @@ import dataclasses
 from functools import cached_property, partial
 from typing import Any
 
+from ..decode import SampleDecoder
 from ..errors import ConfigError, format_message
 from ..format.metadataset import (
     BLEND_MODES,
@@ -31,6 +32,7 @@ from ..format.metadataset import (
     repeated_length,
 )
 from ..format.resolved import ResolvedDataset, data_record, resolve_datasets
+from ..policy import PLAIN, Policy
 from ..rng import dataset_seed
 from ..storage import configure_storage
 from ..samples import CrudeSample
@@ -43,6 +45,7 @@ from .load import JoinLoader, SampleLoader
 from .map import MapNode
 from .node import Node
 from .recipe import Batch, Blend, Concat, GroupBatch, Map, Pack, Pass, Recipe, Repeat, Shuffle
+from .runtime import Runtime
 from .sharding import Slices, check_shuffle_over_epochs, epoch_slice_order, rotation_offset_for, worker_slices
 from .source import SliceSource
 from .task_hooks import Hooks, fingerprint_name
@@ -77,6 +80,9 @@ class PipelineSpec:
     #: Storage options per protocol (``configure_storage``), re-applied in each worker; holds
     #: credentials, so it is never part of the fingerprint or the state.
     storage: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    #: Ours, or Energon's where they differ on principle (``policy.py``): decided when the spec
+    #: is planned (``loader/api.py``, from ``as_energon``); not part of the fingerprint.
+    policy: Policy = dataclasses.field(default=PLAIN, compare=False)
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain JSON describing the config, saved with every state and checked on restore."""
@@ -137,7 +143,7 @@ class PipelineSpec:
     def datasets(self) -> tuple[ResolvedDataset, ...]:
         """Each dataset of the plan as its metadata describes it, read once: in the process that
         made the spec (the loader builds it up front); forked workers inherit it."""
-        return resolve_datasets(self.plan.leaves, dataset_config=self.dataset_config, split_config=self.split_config, trust_dataset_code=self.trust_dataset_code)
+        return resolve_datasets(self.plan.leaves, dataset_config=self.dataset_config, split_config=self.split_config, trust_dataset_code=self.trust_dataset_code, policy=self.policy)
 
     @cached_property
     def slices(self) -> list[list[Slices]]:
@@ -275,12 +281,12 @@ def _slice_order(seed: int, multiplier: int, num_slices: int, epoch: int) -> lis
     return epoch_slice_order(num_slices, seed=seed, epoch=epoch, shuffle_over_epochs=multiplier)
 
 
-def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, hook, cook: bool = True) -> Node:
+def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, hook, cook: bool = True, runtime: Runtime | None = None) -> Node:
     """Dataset ``k``'s stages: source -> [cook] (crude datasets and JSONL; ``cook=False``: raw)."""
     leaf = spec.plan.leaves[k]
     te = spec.task_encoder
     hooks = hook_spec(te)
-    loader = leaf_loader(spec, k)
+    loader = leaf_loader(spec, k, runtime)
     multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
     order = partial(_slice_order, seed, multiplier) if spec.training else None
     node: Node = SliceSource(
@@ -353,13 +359,13 @@ class Source(Recipe):
     def cooked(self) -> Source:
         return Source(self.spec, self.index, cook=True)
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         spec, wc = self.spec, self.worker_config
         seed = wc.worker_seed(local_worker_id)
-        guard = partial(SampleGuard, wc.global_error_handler)
-        hook = partial(stage_hook, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank)
+        guard = partial(SampleGuard, wc.global_error_handler, runtime=runtime)
+        hook = partial(stage_hook, worker_seed=seed, local_worker_id=local_worker_id, workers=wc.workers_per_rank, runtime=runtime)
         slices = spec.slices[self.index][local_worker_id]
-        return _dataset_pipeline(spec, self.index, slices, seed=dataset_seed(seed, self.index), guard=guard, hook=hook, cook=self.cook)
+        return _dataset_pipeline(spec, self.index, slices, seed=dataset_seed(seed, self.index), guard=guard, hook=hook, cook=self.cook, runtime=runtime)
 
     def worker_length(self, local_worker_id: int) -> int:
         return self.spec.slices[self.index][local_worker_id].samples
@@ -483,32 +489,43 @@ def default_recipe(spec: PipelineSpec) -> Recipe:
     return passes_recipe(spec, recipe)
 
 
-def build_worker_pipeline(spec: PipelineSpec, recipe: Recipe, local_worker_id: int) -> Node:
+def build_worker_pipeline(spec: PipelineSpec, recipe: Recipe, local_worker_id: int, runtime: Runtime | None = None) -> Node:
     """The stages of worker ``local_worker_id`` of this rank (0 when there are no workers) that
     ``recipe`` (:func:`default_recipe`, or a task encoder's composition) makes of ``spec``'s
-    datasets, with the spec's storage settings applied in this process."""
+    datasets, with the spec's storage settings applied in this process; ``runtime``: the one the
+    loader lends this worker's pipeline."""
     for protocol, (options, settings) in spec.storage.items():  # a spawned worker starts empty
         configure_storage(protocol, storage_options=options, settings=settings)
-    return recipe.build_worker(local_worker_id)
+    return recipe.build_worker(local_worker_id, runtime)
 
 
-def leaf_loader(spec: PipelineSpec, k: int) -> SampleLoader | JoinLoader:
-    """The loader of dataset ``k`` of the plan, by split index (its pipeline's and the map view's)."""
+def spec_decoder(spec: PipelineSpec) -> Any:
+    """The task encoder's decoder under the spec's policy (whether pickles may be unpickled
+    without the decoder's ``allow_pickle``, as Energon does)."""
+    decoder = spec.task_encoder.decoder
+    return decoder.under(spec.policy) if isinstance(decoder, SampleDecoder) else decoder
+
+
+def leaf_loader(spec: PipelineSpec, k: int, runtime: Runtime | None = None) -> SampleLoader | JoinLoader:
+    """The loader of dataset ``k`` of the plan, by split index (its pipeline's, with the worker
+    pipeline's ``runtime``, and the map view's)."""
     leaf = spec.plan.leaves[k]
-    te = spec.task_encoder
+    decoder = spec_decoder(spec)
     if leaf.join is not None:
-        return JoinLoader(leaf.join, where=leaf.where, decoder=te.decoder, subflavors=leaf.subflavors, trust_dataset_code=spec.trust_dataset_code)
+        return JoinLoader(leaf.join, where=leaf.where, decoder=decoder, subflavors=leaf.subflavors, trust_dataset_code=spec.trust_dataset_code, policy=spec.policy)
     return SampleLoader(
         leaf.path,
         leaf.split_part,
         dataset_config=leaf.dataset_config or spec.dataset_config,  # a user's factory is told it
-        decoder=te.decoder,
+        decoder=decoder,
         subflavors=leaf.subflavors,
         trust_dataset_code=spec.trust_dataset_code,
+        policy=spec.policy,
         sample_factory=leaf.sample_factory,
         factory_arguments=factory_arguments(spec, leaf),
         resolved=spec.datasets[k],
         sequence_length=leaf.sequence_length,
+        runtime=runtime,
     )
 
 
@@ -522,5 +539,5 @@ def leaf_cooking(spec: PipelineSpec, k: int, loader: SampleLoader | JoinLoader) 
     te = spec.task_encoder
     subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
     cooker = None if hook_spec(te).overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
-    stores = aux_stores(leaf, te.decoder, primary=cooker is not None and cooker.need_primary)
+    stores = aux_stores(leaf, spec_decoder(spec), primary=cooker is not None and cooker.need_primary, policy=spec.policy)
     return cooker, stores

@@ -11,7 +11,8 @@ A stage runs its hook through :meth:`SampleGuard.call`:
 * ``StopIteration`` leaking out of a hook would silently end the stream, so it stops the run with a
   ``FatalSampleError``;
 * any other exception is passed to ``handler(exc, item, sources)`` (Energon's
-  ``global_error_handler`` signature; it logs by default) and the item is dropped.  After
+  ``global_error_handler`` signature; it logs by default: the default handler's skips go to the
+  pipeline's runtime, see ``errors.report_skip``) and the item is dropped.  After
   ``tolerance`` consecutive failures (0 = unlimited) the guard raises ``FatalSampleError`` naming the
   stage, the last failing samples and the last exception.  A handler that raises (Energon's
   ``reraise_exception``) stops the run with that exception, which keeps its type (as in Energon)
@@ -38,11 +39,11 @@ from ..errors import (
     SkipSample,
     StateError,
     format_message,
-    set_failing_stage,
+    report_skip,
 )
 from ..worker import ErrorHandler, log_exception
-from . import stage_clock
 from .node import get_restore_key
+from .runtime import Runtime
 
 __all__ = ["DROPPED", "SYSTEM_EXCEPTIONS", "SampleGuard", "describe_item"]
 
@@ -108,11 +109,21 @@ class SampleGuard:
         handler: called as ``handler(exc, item, sources)`` for each handled failure.
         tolerance: consecutive failures that stop the run with ``FatalSampleError``; 0 = unlimited.
         stage: the stage or hook name used in messages.
+        runtime: the worker pipeline's runtime: its clock times the hook, its skip sink gets
+            the default handler's skips (none: an empty one).
     """
 
-    __slots__ = ("handler", "tolerance", "stage", "dataset", "failures", "_last")
+    __slots__ = ("handler", "tolerance", "stage", "dataset", "runtime", "failures", "_last")
 
-    def __init__(self, handler: ErrorHandler = log_exception, *, tolerance: int = 100, stage: str = "hook", dataset: int | None = None) -> None:
+    def __init__(
+        self,
+        handler: ErrorHandler = log_exception,
+        *,
+        tolerance: int = 100,
+        stage: str = "hook",
+        dataset: int | None = None,
+        runtime: Runtime | None = None,
+    ) -> None:
         if not isinstance(tolerance, int) or isinstance(tolerance, bool) or tolerance < 0:
             raise ConfigError(
                 format_message(
@@ -126,13 +137,14 @@ class SampleGuard:
         self.stage = stage
         #: The plan's dataset whose stage this is (before the blend; None after it): for the stall report.
         self.dataset = dataset
+        self.runtime = Runtime() if runtime is None else runtime
         #: Consecutive failures so far; stages save and restore it with their state.
         self.failures = 0
         self._last: collections.deque[str] = collections.deque(maxlen=_REMEMBERED_FAILURES)
 
     def call(self, item: Any, fn: Callable[..., Any], *args: Any) -> Any:
         """Returns ``fn(*args)``, or :data:`DROPPED` when the policy dropped ``item``."""
-        clock = stage_clock.active_clock  # the loader's stall report is on: time the hook as its stage
+        clock = self.runtime.clock  # the loader's stall report times this item: time the hook as its stage
         try:
             return fn(*args) if clock is None else clock.run(self.stage, self.dataset, fn, *args)
         except SkipSample:
@@ -154,7 +166,7 @@ class SampleGuard:
     def sibling(self, stage: str, tolerance: int | None = None) -> "SampleGuard":
         """A new guard with this one's handler (and tolerance, unless given) for another hook of the
         same stage; it counts its own consecutive failures, as Energon's separate ``ErrorContext``s do."""
-        return SampleGuard(self.handler, tolerance=self.tolerance if tolerance is None else tolerance, stage=stage)
+        return SampleGuard(self.handler, tolerance=self.tolerance if tolerance is None else tolerance, stage=stage, runtime=self.runtime)
 
     def passed(self) -> None:
         """Records a successful output: the run of consecutive failures is over."""
@@ -166,16 +178,16 @@ class SampleGuard:
         self._last.clear()
 
     def _failed(self, exc: Exception, item: Any) -> None:
-        set_failing_stage(self.stage)
         try:
-            self.handler(exc, item, _sources(item))
+            if self.handler is log_exception:  # the default: to the runtime's skip sink, naming the stage
+                report_skip(exc, item, _sources(item), stage=self.stage, sink=self.runtime.skips)
+            else:
+                self.handler(exc, item, _sources(item))
         except Exception as raised:  # the policy is to stop: name where, keep the exception's type
             add_note = getattr(raised, "add_note", None)  # Python 3.11+
             if add_note is not None:
                 add_note(f"raised by {self.stage} on {describe_item(item)}; the error handler re-raised it")
             raise
-        finally:
-            set_failing_stage(None)
         self.failures += 1
         self._last.append(describe_item(item))
         if self.tolerance and self.failures >= self.tolerance:

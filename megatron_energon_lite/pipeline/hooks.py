@@ -25,6 +25,7 @@ from .marks import (
     stateless_spec,
 )
 from .guard import describe_item
+from .runtime import Runtime
 from .task_hooks import DefaultHooks, Hooks
 
 __all__ = ["HOOK_NAMES", "HookInfo", "HookSpec", "call_hook", "hook_seed", "hook_spec", "stage_hook"]  # hook_seed: re-exported for tests
@@ -45,7 +46,7 @@ HOOK_NAMES: tuple[str, ...] = (
 )
 
 
-def call_hook(fn: Callable[..., Any], *args: Any, sample_index: int, worker_seed: int) -> Any:
+def call_hook(fn: Callable[..., Any], *args: Any, sample_index: int, worker_seed: int, runtime: Runtime | None = None) -> Any:
     """Calls hook ``fn(*args)`` as the loader does.
 
     Inside, ``current_sample_index`` is ``sample_index`` (``current_batch_index`` is inherited
@@ -54,10 +55,11 @@ def call_hook(fn: Callable[..., Any], *args: Any, sample_index: int, worker_seed
     caller's RNG states restored afterwards, also when it raises. A hook that returns a generator
     gives a generator (``types.GeneratorType``) of its outputs (zero or more), each step run the
     same way, so it may be consumed lazily, interleaved with other hook calls. Exceptions
-    (``SkipSample`` included) propagate.
+    (``SkipSample`` included) propagate.  ``runtime``: the calling pipeline's
+    (``pipeline/runtime.py``), which the hook's ``TaskEncoder.cache`` reads.
     """
     outer = HOOK_STATE.get()
-    state = HookState(sample_index=sample_index, batch_index=outer.batch_index, worker_seed=worker_seed, fn=fn)
+    state = HookState(sample_index=sample_index, batch_index=outer.batch_index, worker_seed=worker_seed, fn=fn, runtime=runtime)
     return invoke(fn, args, {}, state)
 
 
@@ -262,20 +264,21 @@ def batch_member_context(*, local_worker_id: int, workers: int):
     return context
 
 
-def stage_hook(hook, *args, worker_seed: int, local_worker_id: int, workers: int, batch: bool = False):
+def stage_hook(hook, *args, worker_seed: int, local_worker_id: int, workers: int, batch: bool = False, runtime: Runtime | None = None):
     """Adapts a task-encoder hook to a stage's ``fn(item, index)``.
 
     The index a hook sees is unique over this rank's workers, as in Energon:
     ``stage counter * workers + local worker id``; it also seeds ``@stateless(restore_seeds=True)``.
+    ``runtime``: the worker pipeline's, which the hook sees (:func:`call_hook`).
     """
 
     def run(item, index):
         unique = index * workers + local_worker_id
         if batch:
             with hook_context(batch_index=unique):
-                result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
+                result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed, runtime=runtime)
         else:
-            result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed)
+            result = call_hook(hook, item, *args, sample_index=unique, worker_seed=worker_seed, runtime=runtime)
         if result is None:
             # A ConfigError stops the run: every later sample would fail the same way.
             raise ConfigError(

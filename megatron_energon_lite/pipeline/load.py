@@ -34,11 +34,12 @@ from ..format.metadataset import JoinSpec
 from ..format.recorded_keys import key_mismatch_error
 from ..format.resolved import ResolvedDataset
 from ..format.split_reader import SplitReader
+from ..policy import PLAIN, Policy
 from ..samples import CrudeSample, Sample, SourceInfo, TokensSample
 from ..storage import as_path
 from ..worker import WorkerConfig
-from . import stage_clock
 from .node import set_restore_key
+from .runtime import Runtime
 
 RESTORE_TAG = "Webdataset"  # Energon's tag for a raw sample's restore key
 #: The tag a blend puts before its source index in an item's restore key (BlendNode.tag).
@@ -93,17 +94,23 @@ class SampleLoader:
         decoder: SampleDecoder | None = None,
         subflavors: dict[str, Any] | None = None,
         trust_dataset_code: bool = False,
+        policy: Policy = PLAIN,
         sample_factory: Any = None,
         factory_arguments: Mapping[str, Any] | None = None,
         resolved: ResolvedDataset | None = None,
         sequence_length: int | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
         """``sample_factory``: a dataset factory whose ``load_sample`` builds the samples (one the
         user constructed). Without it, a ``dataset.yaml`` that names the user's own factory class
         gets an instance, made with ``factory_arguments`` (the loader's ``training``,
         ``worker_config`` ...; default: not training, one process). ``resolved``: the dataset's
         metadata as the loader read it (then none is read here). ``sequence_length``: a ``.bin/.idx``
-        dataset's samples are token windows of this length (plus one) instead of documents."""
+        dataset's samples are token windows of this length (plus one) instead of documents.
+        ``policy``: the loader's (``policy.py``: dataset code and shards outside the folder as
+        Energon allows them). ``runtime``: the worker pipeline's (its clock times the decode
+        apart from the read)."""
+        self.runtime = Runtime() if runtime is None else runtime
         self.path = as_path(path)
         self.split_part = split_part
         self.decoder = decoder
@@ -129,7 +136,7 @@ class SampleLoader:
             )
         if resolved is None:
             require_prepared(self.path)
-            config = load_dataset_config(self.path, dataset_config, trust_dataset_code=trust_dataset_code)
+            config = load_dataset_config(self.path, dataset_config, trust_dataset_code=trust_dataset_code, policy=policy)
             split_config = split_config or config.loader_options.get("split_config")
             split = None
         else:
@@ -141,7 +148,7 @@ class SampleLoader:
             arguments = dict(factory_arguments or {"training": False, "worker_config": WorkerConfig(rank=0, world_size=1, num_workers=0)})
             sample_factory = self.config.make_factory(self.path, subflavors=self.subflavors, split_part=split_part, split_config=split_config, dataset_config=dataset_config, decoder=decoder, trust_dataset_code=trust_dataset_code, **arguments)
         self.sample_factory = sample_factory
-        self._reader = SplitReader(self.path, split_part, split_config=split_config, split=split)
+        self._reader = SplitReader(self.path, split_part, split_config=split_config, split=split, policy=policy)
 
     def __len__(self) -> int:
         if self._jsonl is not None:
@@ -186,7 +193,7 @@ class SampleLoader:
         if self.sample_factory is not None:  # Energon's raw sample dict, parts undecoded
             raw_sample = {"__key__": raw.key, "__shard__": raw.shard, "__restore_key__": (RESTORE_TAG, index), "__sources__": (source,), **parts}
             return set_restore_key(self.sample_factory.load_sample(raw_sample), (RESTORE_TAG, index))
-        clock = stage_clock.active_clock  # the loader's stall report is on: time the decode apart from the read
+        clock = self.runtime.clock  # the loader's stall report times this item: time the decode apart from the read
         decoded = self._decode(parts, raw.key, raw.shard) if clock is None else clock.run("decode", None, self._decode, parts, raw.key, raw.shard)
         return make_sample(config, key=raw.key, decoded=decoded, restore_key=(RESTORE_TAG, index), source=source, subflavors=self.subflavors)
 
@@ -226,7 +233,7 @@ class SampleLoader:
             self._tokens.close()
 
 
-def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = False) -> Callable[..., Any]:
+def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = False, policy: Policy = PLAIN) -> Callable[..., Any]:
     """The join's ``joiner``: a Sample type (its ``from_joined``) or a function.
 
     As for sample types in dataset.yaml, a module other than ours must already be imported by
@@ -239,7 +246,7 @@ def resolve_joiner(spec: JoinSpec, where: str, *, trust_dataset_code: bool = Fal
         return sample_class(module, name, where=f"{where}.joiner").from_joined
     function = getattr(sys.modules.get(module), name, None)
     library = _library_module(module) if callable(function) else None
-    if library is not None and not dataset_code_trusted(trust_dataset_code, dataset=where):
+    if library is not None and not dataset_code_trusted(trust_dataset_code, dataset=where, policy=policy):
         raise ConfigError(
             format_message(
                 f"joiner function {module}.{name} comes from {'the standard library' if library == 'stdlib' else 'an installed package'}",
@@ -287,18 +294,27 @@ class JoinLoader:
     #: Its samples are its joiner's, never crude (crude members are refused).
     crude = False
 
-    def __init__(self, spec: JoinSpec, *, where: str, decoder: SampleDecoder | None = None, subflavors: dict[str, Any] | None = None, trust_dataset_code: bool = False) -> None:
+    def __init__(
+        self,
+        spec: JoinSpec,
+        *,
+        where: str,
+        decoder: SampleDecoder | None = None,
+        subflavors: dict[str, Any] | None = None,
+        trust_dataset_code: bool = False,
+        policy: Policy = PLAIN,
+    ) -> None:
         self.spec = spec
-        self.index = join_index(spec)
+        self.index = join_index(spec, policy=policy)
         self.loaders = [
-            SampleLoader(m.path, m.split_part, dataset_config=m.dataset_config, split_config=m.split_config, decoder=decoder, subflavors=m.sample_subflavors(subflavors), trust_dataset_code=trust_dataset_code)
+            SampleLoader(m.path, m.split_part, dataset_config=m.dataset_config, split_config=m.split_config, decoder=decoder, subflavors=m.sample_subflavors(subflavors), trust_dataset_code=trust_dataset_code, policy=policy)
             for m in spec.members
         ]
         for member, loader in zip(spec.members, self.loaders):
             if loader.crude:
                 raise ConfigError(format_message("crude datasets cannot be joined", where=member.where, expected="datasets with a typed dataset.yaml (sample_type and field_map)", fix="join typed datasets, or combine the parts in your cooker"))
         self.config = self.loaders[0].config
-        self.joiner = resolve_joiner(spec, where, trust_dataset_code=trust_dataset_code)
+        self.joiner = resolve_joiner(spec, where, trust_dataset_code=trust_dataset_code, policy=policy)
 
     def __len__(self) -> int:
         return len(self.index)

@@ -21,6 +21,7 @@ import numpy
 
 from ..errors import ConfigError, format_message
 from ..rng import rng_for
+from .runtime import Runtime
 
 __all__ = [
     "HOOK_STATE",
@@ -152,6 +153,9 @@ class HookState:
     fn: Any = None
     #: The generators made during this call, so that successive draws continue one stream.
     rngs: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    #: The runtime of the worker pipeline whose stage calls the hook (``pipeline/runtime.py``;
+    #: ``TaskEncoder.cache`` reads its cache pool); None outside a pipeline.
+    runtime: Runtime | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 HOOK_STATE: ContextVar[HookState] = ContextVar("megatron_energon_lite_hook_state", default=HookState())
@@ -164,7 +168,8 @@ class hook_context:  # noqa: N801 - used like a function: `with hook_context(bat
     Values left None keep those of the enclosing context. :func:`call_hook` sets the sample index
     and worker seed itself; a batch stage wraps its hook calls in
     ``hook_context(batch_index=...)``; ``rng_key`` replaces ``(worker_seed, sample_index)`` as
-    what ``current_rng`` is seeded from. Enter and exit in the same thread.
+    what ``current_rng`` is seeded from; ``runtime``: the pipeline runtime whose cache pool
+    ``TaskEncoder.cache`` returns (``pipeline/runtime.py``). Enter and exit in the same thread.
     """
 
     __slots__ = ("_state", "_token")
@@ -176,6 +181,7 @@ class hook_context:  # noqa: N801 - used like a function: `with hook_context(bat
         batch_index: int | None = None,
         worker_seed: int | None = None,
         rng_key: tuple[int, ...] | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
         outer = HOOK_STATE.get()
         self._state = HookState(
@@ -183,6 +189,7 @@ class hook_context:  # noqa: N801 - used like a function: `with hook_context(bat
             batch_index=outer.batch_index if batch_index is None else batch_index,
             worker_seed=outer.worker_seed if worker_seed is None else worker_seed,
             rng_key=outer.rng_key if rng_key is None else tuple(rng_key),
+            runtime=outer.runtime if runtime is None else runtime,
         )
         self._token: Any = None
 
@@ -320,7 +327,7 @@ def _stepped(it: Generator[Any, Any, Any], run: _HookRun) -> Generator[Any, None
 
 def invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], state: HookState) -> Any:
     if state.fn is None:  # a new call; a cooker called inside cook_crude_sample shares that call's
-        state = HookState(state.sample_index, state.batch_index, state.worker_seed, state.rng_key, fn)
+        state = HookState(state.sample_index, state.batch_index, state.worker_seed, state.rng_key, fn, runtime=state.runtime)
     spec = stateless_spec(fn)
     seeded = spec is not None and spec.restore_seeds and state.worker_seed is not None and state.sample_index is not None
     token = HOOK_STATE.set(state)

@@ -13,6 +13,7 @@ Energon's names and signatures.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 from typing import Any, Callable, Generic, Hashable, Iterator, Sequence, TypeVar
@@ -33,6 +34,7 @@ from .node import Node, unkeyed
 from .pack import PackNode
 from .passes import PassNode
 from .repeat import RepeatNode
+from .runtime import Runtime
 from .shuffle import ShuffleBufferNode
 from .watchdog import WatchdogNode
 
@@ -52,6 +54,7 @@ __all__ = [
     "Repeat",
     "Shuffle",
     "Watchdog",
+    "check_takes_runtime",
     "function_config",
     "pass_end",
     "passes_continue",
@@ -84,8 +87,12 @@ class Recipe(torch.utils.data.IterableDataset, Generic[T]):
 
     worker_config: WorkerConfig
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        """The stages of dataloader worker ``local_worker_id`` of this rank (0 without workers)."""
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
+        """The stages of dataloader worker ``local_worker_id`` of this rank (0 without workers).
+
+        ``runtime``: what the loader lends this worker's pipeline (``pipeline/runtime.py``: its
+        clock, skip sink, cache pool, report channel); a recipe hands it to every input it builds
+        and to the stages that use it.  None: the pipeline runs on its own (an empty runtime)."""
         raise NotImplementedError
 
     def worker_length(self, local_worker_id: int) -> int:
@@ -125,14 +132,14 @@ class Recipe(torch.utils.data.IterableDataset, Generic[T]):
         return map(unkeyed, self.build_worker(self.worker_config.current_worker_id(type(self).__name__)))
 
     # --- for stage recipes --------------------------------------------------------------------
-    def _stage_fn(self, fn: Callable[..., Any], local_worker_id: int, *, batch: bool = False) -> Callable[[Any, int], Any]:
+    def _stage_fn(self, fn: Callable[..., Any], local_worker_id: int, runtime: Runtime | None, *, batch: bool = False) -> Callable[[Any, int], Any]:
         """``fn`` as a stage calls it: with a sample index unique over this rank's workers, seeded
         for ``@stateless(restore_seeds=True)`` functions, None refused with a clear error."""
         wc = self.worker_config
-        return stage_hook(fn, worker_seed=wc.worker_seed(local_worker_id), local_worker_id=local_worker_id, workers=wc.workers_per_rank, batch=batch)
+        return stage_hook(fn, worker_seed=wc.worker_seed(local_worker_id), local_worker_id=local_worker_id, workers=wc.workers_per_rank, batch=batch, runtime=runtime)
 
-    def _guard(self, stage: str, tolerance: int, dataset: int | None = None) -> SampleGuard:
-        return SampleGuard(self.worker_config.global_error_handler, tolerance=tolerance, stage=stage, dataset=dataset)
+    def _guard(self, runtime: Runtime | None, stage: str, tolerance: int, dataset: int | None = None) -> SampleGuard:
+        return SampleGuard(self.worker_config.global_error_handler, tolerance=tolerance, stage=stage, dataset=dataset, runtime=runtime)
 
 
 stage_recipe = dataclasses.dataclass(eq=True, repr=False)
@@ -194,9 +201,9 @@ class Repeat(StageRecipe[T]):
     def __post_init__(self) -> None:
         RepeatNode.check_repeats(self.repeats)
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         samples = self.dataset.worker_length(local_worker_id) if self.count_samples else None
-        return RepeatNode(self.dataset.build_worker(local_worker_id), self.repeats, worker_samples=samples)
+        return RepeatNode(self.dataset.build_worker(local_worker_id, runtime), self.repeats, worker_samples=samples)
 
     def worker_length(self, local_worker_id: int) -> int:
         inner = self.dataset.worker_length(local_worker_id)
@@ -225,14 +232,14 @@ class Blend(StageRecipe[T]):
     global_batch: int | None = None
     worker_weights: bool = False
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         wc = self.worker_config
         position = None if self.global_batch is None else global_position(wc, self.global_batch, local_worker_id)
         weights = [d.worker_length(local_worker_id) for d in self.datasets] if self.worker_weights else list(self.weights)
         if sum(weights) == 0:
             weights = [1] * len(weights)  # this worker has no items at all: the blend is empty
         return BlendNode(
-            [d.build_worker(local_worker_id) for d in self.datasets],
+            [d.build_worker(local_worker_id, runtime) for d in self.datasets],
             weights,
             seed=wc.worker_seed(local_worker_id),
             mode=self.mode,
@@ -273,8 +280,8 @@ class Concat(StageRecipe[T]):
     datasets: tuple[Recipe[Any], ...]
     worker_config: WorkerConfig
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return ConcatNode([d.build_worker(local_worker_id) for d in self.datasets])
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
+        return ConcatNode([d.build_worker(local_worker_id, runtime) for d in self.datasets])
 
     def worker_length(self, local_worker_id: int) -> int:
         return sum(d.worker_length(local_worker_id) for d in self.datasets)
@@ -288,8 +295,8 @@ class Shuffle(StageRecipe[T]):
     worker_config: WorkerConfig
     size: int
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return ShuffleBufferNode(self.dataset.build_worker(local_worker_id), self.size, seed=self.worker_config.worker_seed(local_worker_id))
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
+        return ShuffleBufferNode(self.dataset.build_worker(local_worker_id, runtime), self.size, seed=self.worker_config.worker_seed(local_worker_id))
 
     def own_config(self) -> dict[str, Any]:
         return {"size": self.size}
@@ -309,11 +316,11 @@ class Map(StageRecipe[T]):
     tag: str = "Map"
     batch: bool = False
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         return MapNode(
-            self.dataset.build_worker(local_worker_id),
-            self._stage_fn(self.fn, local_worker_id, batch=self.batch),
-            guard=self._guard(self.stage, self.tolerance),
+            self.dataset.build_worker(local_worker_id, runtime),
+            self._stage_fn(self.fn, local_worker_id, runtime, batch=self.batch),
+            guard=self._guard(runtime, self.stage, self.tolerance),
             tag=self.tag,
         )
 
@@ -330,8 +337,8 @@ class Filter(StageRecipe[T]):
     predicate: Callable[[Any], bool]
     tolerance: int = 100
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return FilterNode(self.dataset.build_worker(local_worker_id), self._stage_fn(self.predicate, local_worker_id), guard=self._guard("filter", self.tolerance))
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
+        return FilterNode(self.dataset.build_worker(local_worker_id, runtime), self._stage_fn(self.predicate, local_worker_id, runtime), guard=self._guard(runtime, "filter", self.tolerance))
 
     def own_config(self) -> dict[str, Any]:
         return {"filter_fn": function_config(self.predicate)}
@@ -352,16 +359,16 @@ class Pack(StageRecipe[T]):
     tolerance: int = 100
     select_tolerance: int = 100
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         return PackNode(
-            self.dataset.build_worker(local_worker_id),
+            self.dataset.build_worker(local_worker_id, runtime),
             self.buffer_size,
-            self._stage_fn(self.select, local_worker_id),
-            self._stage_fn(self.pack, local_worker_id),
-            postencode=None if self.postencode is None else self._stage_fn(self.postencode, local_worker_id),
+            self._stage_fn(self.select, local_worker_id, runtime),
+            self._stage_fn(self.pack, local_worker_id, runtime),
+            postencode=None if self.postencode is None else self._stage_fn(self.postencode, local_worker_id, runtime),
             allow_drop=self.allow_drop,
-            guard=self._guard("pack_selected_samples", self.tolerance),
-            select_guard=self._guard("select_samples_to_pack", self.select_tolerance),
+            guard=self._guard(runtime, "pack_selected_samples", self.tolerance),
+            select_guard=self._guard(runtime, "select_samples_to_pack", self.select_tolerance),
         )
 
     def own_config(self) -> dict[str, Any]:
@@ -387,15 +394,15 @@ class GroupBatch(StageRecipe[T]):
     tolerance: int = 100
     max_buffered: int | None = None
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         return GroupBatchNode(
-            self.dataset.build_worker(local_worker_id),
-            self._stage_fn(self.criterion, local_worker_id),
-            self._stage_fn(self.batcher, local_worker_id, batch=True),
+            self.dataset.build_worker(local_worker_id, runtime),
+            self._stage_fn(self.criterion, local_worker_id, runtime),
+            self._stage_fn(self.batcher, local_worker_id, runtime, batch=True),
             batch_size=self.batch_size,
             drop_last=self.drop_last,
             max_buffered=self.max_buffered,
-            guard=self._guard("batch", self.tolerance),
+            guard=self._guard(runtime, "batch", self.tolerance),
         )
 
     def own_config(self) -> dict[str, Any]:
@@ -413,13 +420,13 @@ class Batch(StageRecipe[T]):
     drop_last: bool = False
     tolerance: int = 100
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         return BatchNode(
-            self.dataset.build_worker(local_worker_id),
+            self.dataset.build_worker(local_worker_id, runtime),
             self.batch_size,
-            self._stage_fn(self.batcher, local_worker_id, batch=True),
+            self._stage_fn(self.batcher, local_worker_id, runtime, batch=True),
             drop_last=self.drop_last,
-            guard=self._guard("batch", self.tolerance),
+            guard=self._guard(runtime, "batch", self.tolerance),
             member_context=batch_member_context(local_worker_id=local_worker_id, workers=self.worker_config.workers_per_rank),
         )
 
@@ -444,8 +451,8 @@ class Pass(StageRecipe[T]):
     capped: bool = False
     what: str = "items per pass"
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return PassNode(self.dataset.build_worker(local_worker_id), self._share(local_worker_id), restart=self.restart, what=self.what)
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
+        return PassNode(self.dataset.build_worker(local_worker_id, runtime), self._share(local_worker_id), restart=self.restart, what=self.what)
 
     def _share(self, local_worker_id: int) -> int:
         return share(self.length, self.worker_config.workers_per_rank, local_worker_id)
@@ -477,8 +484,8 @@ class Watchdog(StageRecipe[T]):
         self.initial_timeout_seconds = _check_timeout("initial_timeout_seconds", self.initial_timeout_seconds)
         self.fail_on_timeout = bool(self.fail_on_timeout)
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        inner = self.dataset.build_worker(local_worker_id)
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
+        inner = self.dataset.build_worker(local_worker_id, runtime)
         if self.timeout_seconds is None:
             return inner
         wc = self.worker_config
@@ -488,6 +495,7 @@ class Watchdog(StageRecipe[T]):
             timeout=self.timeout_seconds,
             initial_timeout=self.initial_timeout_seconds,
             where=f"rank {wc.rank}, worker {local_worker_id}",
+            runtime=runtime,
         )
 
     def __len__(self) -> int:
@@ -561,3 +569,22 @@ def passes_continue(recipe: Recipe[Any]) -> bool:
     """Whether the next of ``recipe``'s passes continues the stream where the last one was cut;
     otherwise the stream starts over (moot for an endless one, which never ends a pass)."""
     return pass_end(recipe) == CUT_FROM_STREAM
+
+
+def check_takes_runtime(recipe: Recipe[Any]) -> None:
+    """Refuses, naming the class, a recipe (or one of its inputs) whose ``build_worker`` has no
+    ``runtime`` parameter: the loader hands each worker's pipeline its runtime through it."""
+    pending = [recipe]
+    while pending:
+        current = pending.pop()
+        if "runtime" not in inspect.signature(current.build_worker).parameters:
+            raise ConfigError(
+                format_message(
+                    f"{type(current).__qualname__}.build_worker does not take the worker pipeline's runtime",
+                    expected="build_worker(self, local_worker_id, runtime=None), handing runtime to the build_worker of its inputs",
+                    found=f"build_worker{inspect.signature(current.build_worker)}",
+                    fix="add the runtime parameter and pass it on (see megatron_energon_lite.pipeline.recipe.Recipe.build_worker)",
+                )
+            )
+        pending.extend(current.input_recipes())
+

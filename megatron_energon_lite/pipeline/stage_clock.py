@@ -1,15 +1,15 @@
 """The stage clock of the stall report: the time a process spends in each stage of its pipeline.
 
 The loader's stall report (``loader/stall.py``) turns it on per loader; off, the stages pay one
-check of a module attribute per hook call.  One item (batch) in :data:`TIME_EVERY` is timed and
+check of their runtime's ``clock`` per hook call.  One item (batch) in :data:`TIME_EVERY` is timed and
 the loader scales the totals up: a sample's stages are a few microseconds of bookkeeping each,
 too much to pay for every text sample.  Each worker process (or the main process, without
 workers) times its stages with a :class:`StageClock`: the bad-sample guard that runs every hook
 (``guard.py``), the decoder (``load.py``) and the hand-over each run under the clock, which keeps
 *exclusive* times (a decode inside a read counts as decode, not as both).
 
-The loader sits above the pipeline: it makes the clocks and activates one while its pipeline runs
-(:func:`activate_clock`); the stages below read :data:`active_clock`.
+The loader sits above the pipeline: it makes the clocks and sets a worker pipeline's runtime
+(``pipeline/runtime.py``) to its clock for each item to time; the stages read the runtime's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["STAGES", "TIME_EVERY", "StageClock", "activate_clock", "active_clock", "timed"]
+__all__ = ["STAGES", "TIME_EVERY", "StageClock"]
 
 #: Report names of the stages, in pipeline order.
 STAGES: tuple[str, ...] = ("read", "decode", "cook", "encode_sample", "pack", "batch", "encode_batch", "other hooks", "pipeline", "hand-over")
@@ -97,20 +97,3 @@ class StageClock:
     def publish(self) -> None:
         self._row[:] = self._totals
         self._counts[:] = (self._made, self._timed)
-
-
-#: The clock of the pipeline running in this thread (None: not timed).
-active_clock: StageClock | None = None
-
-
-def activate_clock(clock: StageClock | None) -> None:
-    global active_clock
-    active_clock = clock
-
-
-def timed(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, timed for ``stage`` when a clock is active."""
-    clock = active_clock
-    if clock is None:
-        return fn(*args)
-    return clock.run(stage, None, fn, *args)

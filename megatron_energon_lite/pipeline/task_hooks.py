@@ -27,7 +27,7 @@ from ..cache.base import CachePool, PrimaryFileStore
 from ..decode import SampleDecoder
 from ..errors import ConfigError, format_message
 from ..samples import Sample, batch_column, generic_batch
-from .aux_sources import PRIMARY, active_cache_pool
+from .aux_sources import PRIMARY
 from .cooking import Cooker, select_cooker
 from .marks import HOOK_STATE, hook_rng, hook_torch_generator, invoke, stateless
 
@@ -308,8 +308,9 @@ class Hooks(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     @property
     def cache(self) -> CachePool:
         """The loader's cache pool (``get_loader(..., cache_pool=...)``), for cookers and hooks
-        that read auxiliary files lazily."""
-        pool = active_cache_pool()
+        that read auxiliary files lazily: the one of the loader whose pipeline calls the hook."""
+        runtime = HOOK_STATE.get().runtime
+        pool = None if runtime is None else runtime.cache_pool
         if pool is None:
             raise ConfigError(
                 format_message(

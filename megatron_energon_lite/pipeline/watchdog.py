@@ -5,7 +5,7 @@ every loader's default watchdog): a daemon thread per worker checks how long the
 taken and, when it is overdue, reports the stuck thread's stack and calls the trigger.
 
 In a dataloader worker the report goes to the main process through the loader's
-:class:`StuckReports` channel: the main process logs it (the worker's own log may go nowhere a
+:class:`StuckReports` channel (the worker pipeline's runtime holds its sink): the main process logs it (the worker's own log may go nowhere a
 person reads) and, when the worker then exits (``fail_on_timeout``), raises
 :class:`~megatron_energon_lite.errors.WatchdogTimeoutError` carrying that stack instead of
 torch's bare "worker exited unexpectedly".
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..fork_hook import ForkMixin
 from .node import ForwardsElastic, Node, PassThroughNode, State
+from .runtime import Runtime
 
 if TYPE_CHECKING:
     from .recipe import Watchdog
@@ -47,8 +48,6 @@ _REPR_LIMIT = 200
 _LOCALS_PER_FRAME = 20
 #: Frames whose locals a stack dump shows when the watched stage is not on the stack.
 _LOCALS_FRAMES = 10
-#: Where this process sends its stuck-item reports (set in dataloader workers); None: log here.
-_report_sink: Callable[[str], None] | None = None
 
 
 class WatchdogNode(ForkMixin, PassThroughNode[T], ForwardsElastic):
@@ -74,8 +73,11 @@ class WatchdogNode(ForkMixin, PassThroughNode[T], ForwardsElastic):
         timeout: float,
         initial_timeout: float | None,
         where: str,
+        runtime: Runtime | None = None,
     ) -> None:
         self.owner = owner
+        #: Its report_sink: where a report goes (a worker's channel to the main process).
+        self.runtime = Runtime() if runtime is None else runtime
         self.timeout = timeout
         self.initial_timeout = timeout if initial_timeout is None else initial_timeout
         self.where = where
@@ -169,7 +171,7 @@ class WatchdogNode(ForkMixin, PassThroughNode[T], ForwardsElastic):
             f"watchdog: item {calls} of {self.where} is not done after {limit} s; stack of the "
             f"stuck thread (pid {os.getpid()}, most recent call last):\n{stack}"
         )
-        if not _send_report(report):
+        if not _send_report(report, self.runtime.report_sink):
             logger.warning("%s", report)
         try:
             self.owner._watchdog_trigger()
@@ -181,9 +183,8 @@ class WatchdogNode(ForkMixin, PassThroughNode[T], ForwardsElastic):
             os._exit(1)
 
 
-def _send_report(report: str) -> bool:
-    """Hands ``report`` to the main process's channel; False if there is none (or it failed)."""
-    sink = _report_sink
+def _send_report(report: str, sink: Callable[[str], None] | None) -> bool:
+    """Hands ``report`` to the main process's channel ``sink``; False if there is none (or it failed)."""
     if sink is None:
         return False
     try:
@@ -197,7 +198,7 @@ class StuckReports:
     """The channel a loader's worker processes send their stuck-item reports through.
 
     Created in the main process before the workers start (they inherit it through fork);
-    :meth:`attach` in a worker routes that process's reports here. A daemon thread in the main
+    :meth:`sink` in a worker is where that worker pipeline's runtime sends its reports. A daemon thread in the main
     process logs each report as it comes and keeps the latest one per worker process, so that
     when a worker exits after its report, :meth:`report_of` gives the loader the stack to raise
     with. :meth:`close` (or garbage collection of the loader) ends the thread.
@@ -212,11 +213,10 @@ class StuckReports:
         self._arrived = threading.Condition()
         self._reader: threading.Thread | None = None
 
-    def attach(self) -> None:
-        """In a worker process: send this process's reports to the main process."""
-        global _report_sink
+    def sink(self) -> Callable[[str], None]:
+        """In a worker process: what sends a report of this process to the main process."""
         queue = self._queue
-        _report_sink = lambda report: queue.put((os.getpid(), report))  # noqa: E731
+        return lambda report: queue.put((os.getpid(), report))
 
     def start(self) -> None:
         """In the main process, once: log reports as they arrive."""

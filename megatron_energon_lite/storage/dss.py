@@ -93,7 +93,7 @@ def _from_environment() -> str | None:
     return os.environ.get(CACHE_VARIABLE) or None
 
 
-_cache_dir_lookup: Callable[[], Any] = _from_environment
+_cache_dir_lookup: Callable[[], Any] = _from_environment  # process-wide, not per run: set when epathlib is imported
 
 
 def set_dataset_cache_lookup(lookup: Callable[[], Any]) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_energon_lite import decode, energon_mode
+from megatron_energon_lite import decode, policy
 from megatron_energon_lite.decode import (
     SampleDecoder,
     UntrustedDataError,
@@ -40,11 +40,10 @@ def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def no_trust(monkeypatch: pytest.MonkeyPatch) -> set[str]:
-    """Plain mode without the environment opt-ins; a fresh once-per-process log (returned)."""
+    """Without the environment opt-ins; a fresh once-per-process log (returned)."""
     monkeypatch.delenv(basic.TRUST_PICKLE_ENV, raising=False)
-    monkeypatch.setattr(energon_mode, "_enabled", False)
     logged: set[str] = set()
-    monkeypatch.setattr(energon_mode, "_logged", logged)
+    monkeypatch.setattr(policy, "_logged", logged)
     return logged
 
 
@@ -232,11 +231,16 @@ def test_pickle_with_environment_variable(no_trust: set[str], monkeypatch: pytes
         decoder.decode_part("pkl", pickle.dumps(1))
 
 
-def test_pickle_in_energon_mode_unpickles_and_logs_once_per_dataset(no_trust: set[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(energon_mode, "_enabled", True)
+def test_pickle_under_energons_policy_unpickles_and_logs_once_per_dataset(no_trust: set[str], caplog: pytest.LogCaptureFixture) -> None:
+    """What a loader planned under as_energon decodes with (SampleDecoder.under its policy)."""
+    decoder = SampleDecoder()
+    energons = decoder.under(policy.ENERGON)
+    assert decoder.under(policy.PLAIN) is decoder and energons.config() == decoder.config()  # not part of the fingerprint
     with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.energon_mode"):
         for dataset in ("/a", "/a", "/b"):
-            assert SampleDecoder().decode_part("pickle", pickle.dumps(Payload(4)), key="k", dataset=dataset).value == 4
+            assert energons.decode_part("pickle", pickle.dumps(Payload(4)), key="k", dataset=dataset).value == 4
+        with pytest.raises(UntrustedDataError):  # the decoder it was made from keeps ours
+            decoder.decode_part("pickle", pickle.dumps(Payload(4)), key="k", dataset="/a")
     logs = [r.getMessage() for r in caplog.records]
     assert len(logs) == 2 and all("as Energon does" in line for line in logs)
     assert "/a" in logs[0] and "/b" in logs[1]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from energon_lite_dev.synthetic import write_tar
 
-from megatron_energon_lite import energon_mode
+from megatron_energon_lite import policy
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.format.metadata import (
     SHARDS_OUTSIDE_ROOT_ENV,
@@ -100,15 +100,16 @@ def test_the_environment_or_energon_mode_reads_a_shard_outside_with_a_warning(
     shutil.copy(prepared / "shards/1.tar", prepared.parent / "outside.tar")
     shutil.copy(prepared / "shards/1.tar.idx", prepared.parent / "outside.tar.idx")
     _point_outside(prepared, "../outside.tar")
-    monkeypatch.setattr(energon_mode, "_logged", set())
+    monkeypatch.setattr(policy, "_logged", set())
     with pytest.raises(ConfigError, match=f"set {SHARDS_OUTSIDE_ROOT_ENV}=1"):
         SplitReader(prepared, "train")
+    given = policy.PLAIN
     if how == "env":
         monkeypatch.setenv(SHARDS_OUTSIDE_ROOT_ENV, "1")
     else:
-        monkeypatch.setattr(energon_mode, "_enabled", True)
+        given = policy.ENERGON  # what a loader planned under the switch reads with
     with caplog.at_level(logging.WARNING, logger="megatron_energon_lite.energon_mode"):
-        assert SplitReader(prepared, "train").read(0).key == "s1_0"
+        assert SplitReader(prepared, "train", policy=given).read(0).key == "s1_0"
     assert "reading shard '../outside.tar' from outside the dataset folder" in caplog.text
 
 

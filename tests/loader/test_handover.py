@@ -49,7 +49,7 @@ from megatron_energon_lite.loader.handover.slabs import (
 )
 from megatron_energon_lite.loader.streams import Carrier
 from megatron_energon_lite.samples import batch_stack
-from megatron_energon_lite.worker_slabs import activate_slabs, slab_empty
+from megatron_energon_lite.worker_slabs import slab_empty, use_in_this_process
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -57,9 +57,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 @pytest.fixture
 def ring():
     ring = SlabRing(workers=2, slots=2, slab_bytes=1 << 16)
-    activate_slabs(ring, 1)
+    use_in_this_process(ring, 1)
     yield ring
-    activate_slabs(None, 0)
+    use_in_this_process(None, 0)
 
 
 def _states(ring: SlabRing) -> list[int]:
@@ -157,7 +157,7 @@ def test_an_allocated_slab_dropped_unsent_is_free_again(ring: SlabRing) -> None:
     del held
     gc.collect()
     assert _states(ring) == [0, 0]
-    activate_slabs(None, 0)
+    use_in_this_process(None, 0)
     assert slab_empty((8,), torch.int64) is None  # not in a worker
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Generic, TypeVar
 
+from ...energon_mode import current_policy
 from ...errors import NotSupportedError, format_message
 from ...format.dataset_config import DatasetFactory
 from ...samples import Sample
@@ -62,4 +63,4 @@ class BaseCoreDatasetFactory(Generic[T_sample], DatasetFactory, abc.ABC):
             raise NotSupportedError(
                 format_message(f"{type(self).__name__}.as_file_store: this dataset has no prepared folder to read files from")
             )
-        return WebdatasetFileStore(path)
+        return WebdatasetFileStore(path, policy=current_policy())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..epathlib import EPath
 from ...format.dataset_config import load_dataset_config
-from ...pipeline.build import PipelineSpec, factory_arguments
+from ...pipeline.build import PipelineSpec, factory_arguments, spec_decoder
 from ...samples import TokensSample
 from .base_dataset import BaseCoreDatasetFactory
 from .crude import CrudeWebdataset
@@ -34,10 +34,10 @@ def plan_factory(spec: PipelineSpec, index: int, slices: list[list[tuple[int, in
         factory.__sample_type__ = TokensSample
         return factory
     dataset_config = leaf.dataset_config or spec.dataset_config
-    config = load_dataset_config(leaf.path, dataset_config, trust_dataset_code=spec.trust_dataset_code)
+    config = load_dataset_config(leaf.path, dataset_config, trust_dataset_code=spec.trust_dataset_code, policy=spec.policy)
     if config.factory_class is not None:  # the user's own class, made as the loader's workers make it
         # dataset.yaml's own split_config (a factory key) wins over the loader's, as in Energon
-        user = config.make_factory(EPath(leaf.path), subflavors=leaf.subflavors, split_part=leaf.split_part, split_config=leaf.split_config or spec.split_config, dataset_config=dataset_config, decoder=spec.task_encoder.decoder, trust_dataset_code=spec.trust_dataset_code, **factory_arguments(spec, leaf))
+        user = config.make_factory(EPath(leaf.path), subflavors=leaf.subflavors, split_part=leaf.split_part, split_config=leaf.split_config or spec.split_config, dataset_config=dataset_config, decoder=spec_decoder(spec), trust_dataset_code=spec.trust_dataset_code, **factory_arguments(spec, leaf))
         user.bind(spec, index, slices, size)
         return user
     if config.kind == "crude":

@@ -25,7 +25,8 @@ class SavableDataset(Recipe[T], Generic[T]):
     """A dataset for :func:`~megatron_energon_lite.get_loader` under Energon's name: the core's
     :class:`~megatron_energon_lite.pipeline.recipe.Recipe` plus Energon's methods.
 
-    Subclasses implement :meth:`build_worker`, :meth:`worker_length` and :meth:`config`.
+    Subclasses implement :meth:`build_worker` (``(local_worker_id, runtime=None)``, handing
+    ``runtime`` to the ``build_worker`` of their inputs), :meth:`worker_length` and :meth:`config`.
     """
 
     def len_worker(self, worker_idx: int | None = None) -> int:

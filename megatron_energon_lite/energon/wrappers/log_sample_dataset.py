@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from ...pipeline.map import MapNode
 from ...pipeline.node import Node
+from ...pipeline.runtime import Runtime
 from ...worker import WorkerConfig
 from .base import BaseWrapperDataset, SavableDataset
 
@@ -30,11 +31,11 @@ class LogSampleDataset(BaseWrapperDataset[Any]):
         self.mode = mode
         self.get_keys_fn = get_keys_fn
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         wc = self.worker_config
         should_log = getattr(wc, "should_log", None)
         worker_log = getattr(wc, "worker_log", None)
-        inner = self.dataset.build_worker(local_worker_id)
+        inner = self.dataset.build_worker(local_worker_id, runtime)
         if should_log is None or worker_log is None or not should_log(level=1):
             return inner
 
@@ -54,7 +55,7 @@ class GcDataset(BaseWrapperDataset[Any]):
         self.every_n_iter = every_n_iter
         self.freeze = freeze
 
-    def build_worker(self, local_worker_id: int) -> Node:
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         every = self.every_n_iter
 
         def collect(item: Any, index: int) -> Any:
@@ -62,4 +63,4 @@ class GcDataset(BaseWrapperDataset[Any]):
                 gc.collect()
             return item
 
-        return MapNode(self.dataset.build_worker(local_worker_id), collect, tag="Gc")
+        return MapNode(self.dataset.build_worker(local_worker_id, runtime), collect, tag="Gc")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ...pipeline.node import Node
+from ...pipeline.runtime import Runtime
 from ...worker import WorkerConfig
 from .base import SavableDataset
 from .batch_dataset import BatchDataset
@@ -74,8 +75,8 @@ class MixBatchDataset(SavableDataset[Any]):
         self.worker_config = worker_config
         self.inner = BatchDataset(BlendDataset(*dataset_weights, worker_config=worker_config), batch_size, batch_mix_fn, worker_config=worker_config)
 
-    def build_worker(self, local_worker_id: int) -> Node:
-        return self.inner.build_worker(local_worker_id)
+    def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
+        return self.inner.build_worker(local_worker_id, runtime)
 
     def worker_length(self, local_worker_id: int) -> int:
         return self.inner.dataset.worker_length(local_worker_id)

@@ -84,10 +84,11 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux
 # Control words: who has a slab (allocated: a worker's batch was made in it and is not sent yet).
 _FREE, _IN_FLIGHT, _HELD, _ALLOCATED = 0, 1, 2, 3
 
+# Process-wide, not per run: the live rings by id (a batch's descriptor names its ring), their lock.
 _rings: weakref.WeakValueDictionary[int, SlabRing] = weakref.WeakValueDictionary()
 _ring_ids = itertools.count()
 _lock = threading.Lock()
-_logged_too_large = False
+_logged_too_large = False  # process-wide, not per run: the message is logged once per process
 
 
 def slab_bytes_from_env() -> int:
@@ -353,7 +354,8 @@ def load_pickles_from_slab(descriptor: tuple, lengths: list[int]) -> list[Any]:
         del lease  # its finalizer frees the slab (a traceback would otherwise keep it held)
 
 
-#: While :func:`load_from_worker` runs: the slabs its payload's tensors were leased from.
+#: While :func:`load_from_worker` runs: the slabs its payload's tensors were leased from (one
+#: call's, in its thread: not per run).
 _loading = threading.local()
 
 

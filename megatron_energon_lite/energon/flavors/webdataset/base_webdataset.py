@@ -19,6 +19,7 @@ import logging
 from typing import Any, Callable, Sequence, TypeVar
 
 from ....decode import SampleDecoder
+from ....energon_mode import current_policy
 from ...epathlib import EPath
 from ....errors import ConfigError, NotSupportedError, format_message
 from ....format.dataset_config import DatasetConfig, load_dataset_config
@@ -30,6 +31,7 @@ from ....pipeline.build import (
     Source,
 )
 from ....pipeline.task_hooks import DefaultHooks
+from ....policy import Policy
 from ....worker import WorkerConfig
 from ...wrappers.base import SavableDataset
 from ..base_dataset import BaseCoreDatasetFactory
@@ -137,7 +139,11 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
     def sample_config(self) -> DatasetConfig:
         """How samples are built: which parts to read and how to fill the sample (the dataset's
         ``dataset.yaml``, or ``dataset_config``)."""
-        return load_dataset_config(self.path, self.dataset_config, trust_dataset_code=self.trust_dataset_code)
+        return load_dataset_config(self.path, self.dataset_config, trust_dataset_code=self.trust_dataset_code, policy=self._policy())
+
+    def _policy(self) -> Policy:
+        """The policy of the spec this factory is part of; made on its own, the switch's now."""
+        return self._bound[0].policy if self._bound is not None else current_policy()
 
     def builds_own_samples(self) -> bool:
         """Whether the loader must call this factory's ``load_sample`` for every sample: true for
@@ -176,6 +182,7 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
             trust_dataset_code=self.trust_dataset_code,
             task_encoder=task_encoder,
             plan=with_subset(plan, self.subset),
+            policy=current_policy(),
         )
 
     def _binding(self) -> tuple[PipelineSpec, int, list[list[tuple[int, int]]], int]:

@@ -45,7 +45,7 @@ class DefaultGenericWebdatasetFactory(BaseWebdatasetFactory[T_sample]):
             else:
                 given = {"field_map": self.field_map, "sample_loader": self.sample_loader, "part_filter": self.part_filter}
                 file = meta_dir(self.path) / (self.dataset_config or DATASET_YAML)
-                self._fields = sample_fields_config(given, self.__sample_type__, file, trust_dataset_code=self.trust_dataset_code)
+                self._fields = sample_fields_config(given, self.__sample_type__, file, trust_dataset_code=self.trust_dataset_code, policy=self._policy())
         return self._fields
 
     def builds_own_samples(self) -> bool:
@@ -68,6 +68,6 @@ class DefaultGenericWebdatasetFactory(BaseWebdatasetFactory[T_sample]):
         # A class that names its sample type must read a dataset that yields it.
         wanted = getattr(self, "__sample_type__", None)
         if wanted is not None and self.field_map is None and self.sample_loader is None:
-            found = dataset_sample_type(self.path, self.dataset_config, trust_dataset_code=self.trust_dataset_code)
+            found = dataset_sample_type(self.path, self.dataset_config, trust_dataset_code=self.trust_dataset_code, policy=spec.policy)
             require_sample_type(found, wanted, where=str(self.path), reader=type(self).__name__)
         return spec
