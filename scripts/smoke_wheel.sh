@@ -23,4 +23,19 @@ tar -tzf "$sdist" | grep "megatron_energon_lite/py.typed" >/dev/null || { echo "
 # Run outside the checkout, so that only the installed package can be imported.
 cd "$work"
 "$work/venv/bin/python" "$repo/scripts/smoke_wheel.py" "$work" "$repo"
+# Every example that runs on a CPU, on the small dataset it generates (megatron_core_gpt.py needs
+# megatron-core and a GPU; tests/test_megatron_example.py covers its data path).
+example() {
+  local script=$1; shift
+  "$work/venv/bin/python" "$repo/examples/$script" "$@" >"$work/example.log" 2>&1 || { cat "$work/example.log"; echo "smoke: examples/$script failed"; exit 1; }
+}
+example text_packing.py --data-dir "$work/ex" --workers 0 --batches 12 --seq-length 512
+example aspect_ratio_grouping.py --data-dir "$work/ex" --images 30
+example blend_mix.py --data-dir "$work/ex/blend" --workers 0 --batches 20 --every 10 --mode exact
+example elastic_resume.py --data-dir "$work/ex" --samples 60
+example video_qa.py --data-dir "$work/ex" --samples 8 --workers 0
+example audio_captioning.py --data-dir "$work/ex" --samples 8 --workers 0
+example video_aux.py --data-dir "$work/ex" --samples 8 --clips 4 --batches 2 --workers 0
+example demo.py --out "$work/ex/demo" --shards 2 --samples-per-shard 10 --batches 4
+echo "smoke: the examples ran from the installed wheel"
 echo "smoke: $(basename "$wheel") installed into a fresh venv and works"
