@@ -91,7 +91,7 @@ def _shape_problem(state: dict) -> str | None:
         return f"config is {type(config).__name__}, not an object"
     for key in ("worker_config.rank", "worker_config.world_size", "worker_config.num_workers"):
         value = config.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        if key in config and (not isinstance(value, int) or isinstance(value, bool) or value < 0):  # null too: saved states hold counts
             return f"config.{key} is {value!r}, not a count"
     if REDISTRIBUTED_FROM in state:
         source = state[REDISTRIBUTED_FROM]
