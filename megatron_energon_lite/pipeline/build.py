@@ -115,6 +115,11 @@ class PipelineSpec:
         """Per dataset of the plan, the data the loader was made for (:func:`data_record`)."""
         return [data_record(leaf.path, leaf.split_part, resolved) for leaf, resolved in zip(self.plan.leaves, self.datasets)]
 
+    @cached_property
+    def hooks(self) -> HookSpec:
+        """What the task encoder overrides and how (:func:`hook_spec`), read once per plan."""
+        return hook_spec(self.task_encoder)
+
     def with_topology(self, worker_config: WorkerConfig) -> PipelineSpec:
         """The same plan for another rank or topology (elastic resume), sharing the datasets
         this spec read: nothing is read again. Asked again for the same worker config, the same
@@ -122,7 +127,8 @@ class PipelineSpec:
         made = self.__dict__.setdefault("_topologies", {})
         if id(worker_config) not in made:
             other = dataclasses.replace(self, worker_config=worker_config)
-            other.__dict__["datasets"] = self.datasets  # the cached_property's value
+            other.__dict__["datasets"] = self.datasets  # the cached_properties' values
+            other.__dict__["hooks"] = self.hooks
             made[id(worker_config)] = (worker_config, other)  # the config is kept: its id stays unique
         return made[id(worker_config)][1]
 
@@ -169,7 +175,7 @@ def validate(spec: PipelineSpec) -> None:
     # without end) or None (no shuffling); see sharding.epoch_slice_order.
     check_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, where="get_train_dataset(shuffle_over_epochs_multiplier=...)")
     # Up front also for a task encoder whose build_* never reach batch_recipe.
-    check_packing(hook_spec(spec.task_encoder), spec.packing_buffer_size)
+    check_packing(spec.hooks, spec.packing_buffer_size)
     if spec.blend_mode not in BLEND_MODES:
         raise ConfigError(format_message("invalid blend_mode", expected=" or ".join(BLEND_MODES), found=repr(spec.blend_mode)))
     if spec.blend_mode == "cost" and spec.training and spec.plan.kind != "single":
@@ -249,7 +255,7 @@ def worker_lengths(spec: PipelineSpec) -> list[int]:
     """Items (batches, or samples without batching) each worker of this rank yields per pass."""
     per_dataset = dataset_slices(spec)
     epochized = spec.training and spec.plan.kind == "blend_epochized"
-    grouping = hook_spec(spec.task_encoder).grouping
+    grouping = spec.hooks.grouping
     lengths = []
     for w in range(spec.worker_config.workers_per_rank):
         samples = sum(
@@ -285,7 +291,7 @@ def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, h
     """Dataset ``k``'s stages: source -> [cook] (crude datasets and JSONL; ``cook=False``: raw)."""
     leaf = spec.plan.leaves[k]
     te = spec.task_encoder
-    hooks = hook_spec(te)
+    hooks = spec.hooks
     loader = leaf_loader(spec, k, runtime)
     multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
     order = partial(_slice_order, seed, multiplier) if spec.training else None
@@ -538,6 +544,6 @@ def leaf_cooking(spec: PipelineSpec, k: int, loader: SampleLoader | JoinLoader) 
     leaf = spec.plan.leaves[k]
     te = spec.task_encoder
     subflavors = {**(loader.config.subflavors if loader.config is not None else {}), **leaf.subflavors}
-    cooker = None if hook_spec(te).overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
+    cooker = None if spec.hooks.overridden("cook_crude_sample") else select_cooker(te.cookers, subflavors, where=leaf.where)
     stores = aux_stores(leaf, spec_decoder(spec), primary=cooker is not None and cooker.need_primary, policy=spec.policy)
     return cooker, stores
