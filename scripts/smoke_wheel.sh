@@ -5,6 +5,9 @@
 # the dev package or Energon. Needs .venv (scripts/setup.sh) for `build` (DEV_PYTHON: another
 # Python that has it); set TORCH_SPEC as there.
 set -euo pipefail
+# Only the installed wheel may be imported: a PYTHONPATH from the calling shell (a checkout, the
+# dev package) would hide a missing file in the wheel.
+unset PYTHONPATH
 cd "$(dirname "$0")/.."
 repo=$PWD
 torch_spec=${TORCH_SPEC:-torch==2.13.0}
