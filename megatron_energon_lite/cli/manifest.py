@@ -1,0 +1,149 @@
+"""``energon-lite manifest``: read the per-step data manifest a loader wrote (``manifest.py``).
+
+``show DIR --step N [--rank R]`` lists the samples of step N on every rank (or rank R);
+``stats DIR`` prints each dataset's share over windows of steps, samples seen twice within an
+epoch of their dataset, and each dataset's coverage; ``--plot FILE`` draws the shares as a PNG
+(needs matplotlib).  Torn or damaged file tails are reported on stderr; the valid part is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..manifest import ManifestStep, RankFile, manifest_problems, read_manifest, read_rank_files
+from .params import Command
+
+_FOLDER = click.Path(exists=True, file_okay=False, path_type=Path)
+
+
+def _read(folder: Path) -> tuple[list[RankFile], list[ManifestStep]]:
+    """The folder's files and steps; torn or damaged tails are reported on stderr."""
+    files = read_rank_files(folder)
+    for problem in manifest_problems(files):
+        click.echo(f"warning: {problem}", err=True)
+    return files, list(read_manifest(folder, files=files))
+
+
+@click.command(cls=Command, name="show")
+@click.argument("folder", type=_FOLDER)
+@click.option("--step", "step_number", type=click.IntRange(min=0), required=True, help="The step (the rank's batch count, from 0).")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this rank.")
+def show(folder: Path, step_number: int, rank: int | None) -> None:
+    """The samples of step N on every rank: dataset, shard, index in the shard and restore key."""
+    steps = {s.step: s for s in _read(folder)[1]}
+    step = steps.get(step_number)
+    if step is None or (rank is not None and rank not in step.batches):
+        known = f"steps {min(steps)}..{max(steps)}" if steps else "no steps"
+        raise click.ClickException(f"{folder} has no step {step_number}{'' if rank is None else f' on rank {rank}'} (it holds {known})")
+    for r, (key, samples) in sorted(step.batches.items()):
+        if rank is not None and r != rank:
+            continue
+        click.echo(f"step {step.step} rank {r}: {len(samples)} sample(s), batch key {key[:4]}")
+        for sample in samples:
+            where = f"{sample.shard} #{sample.index_in_shard}" if sample.shard is not None else "(not one sample)"
+            click.echo(f"  dataset {sample.dataset} {sample.dataset_path} [{sample.split_part}]  {where}  key {sample.restore_key}")
+
+
+def share_windows(steps: list[ManifestStep], window: int) -> tuple[list[str], list[tuple[int, list[float]]]]:
+    """Dataset names and, per window of ``window`` steps (its first step), each dataset's share."""
+    names: dict[int, str] = {}
+    rows: list[tuple[int, list[int]]] = []
+    for step in steps:
+        first = step.step - step.step % window
+        if not rows or rows[-1][0] != first:
+            rows.append((first, []))
+        counts = rows[-1][1]
+        for sample in step.samples():
+            names.setdefault(sample.dataset, sample.dataset_path)
+            counts.extend([0] * (sample.dataset + 1 - len(counts)))
+            counts[sample.dataset] += 1
+    order = [names.get(k, f"dataset {k}") for k in range(max(names, default=-1) + 1)]
+    shares = [(first, [c / sum(counts) if sum(counts) else 0.0 for c in counts + [0] * (len(order) - len(counts))]) for first, counts in rows]
+    return order, shares
+
+
+def repeats_and_coverage(steps: list[ManifestStep], totals: dict[int, int]) -> tuple[list[tuple[int, int, int]], dict[int, int]]:
+    """``(step, dataset, split index)`` of each sample seen again within an epoch of its dataset
+    (an epoch: until as many distinct samples as the dataset holds were seen), and the distinct
+    samples seen per dataset."""
+    epoch: dict[int, set[int]] = {}
+    seen: dict[int, set[int]] = {}
+    repeats = []
+    for step in steps:
+        for sample in step.samples():
+            if sample.split_index is None:
+                continue
+            current = epoch.setdefault(sample.dataset, set())
+            if sample.split_index in current:
+                repeats.append((step.step, sample.dataset, sample.split_index))
+            current.add(sample.split_index)
+            if len(current) >= totals.get(sample.dataset, float("inf")):
+                current.clear()
+            seen.setdefault(sample.dataset, set()).add(sample.split_index)
+    return repeats, {k: len(v) for k, v in seen.items()}
+
+
+@click.command(cls=Command, name="stats")
+@click.argument("folder", type=_FOLDER)
+@click.option("--window", type=click.IntRange(min=1), default=100, show_default=True, help="Steps per window of the shares.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the shares per window as a PNG (needs matplotlib).")
+def stats(folder: Path, window: int, plot: Path | None) -> None:
+    """Each dataset's share over windows of steps, samples seen twice within an epoch, coverage."""
+    files, steps = _read(folder)
+    totals: dict[int, int] = {}
+    paths: dict[int, str] = {}
+    for rank_file in files:
+        for k, table in enumerate(rank_file.header.get("datasets") or []):
+            totals[k] = sum(table["counts"])
+            paths[k] = f"{table['path']} [{table['split_part']}]"
+    ranks = sorted({r for s in steps for r in s.batches})
+    click.echo(f"{folder}: {len(steps)} step(s) on {len(ranks)} rank(s), {sum(len(s.samples()) for s in steps)} sample(s)")
+    names, shares = share_windows(steps, window)
+    click.echo(f"shares per window of {window} steps:")
+    click.echo("  first step  " + "  ".join(f"ds{k:<5}" for k in range(len(names))))
+    for first, row in shares:
+        click.echo(f"  {first:>10}  " + "  ".join(f"{share:7.3f}" for share in row))
+    repeats, seen = repeats_and_coverage(steps, totals)
+    click.echo("coverage:")
+    for k in sorted(set(paths) | set(seen)):
+        total = totals.get(k)
+        click.echo(f"  ds{k} {paths.get(k, names[k] if k < len(names) else '?')}: {seen.get(k, 0)} of {total if total is not None else '?'} samples seen" + (f" ({seen.get(k, 0) / total:.1%})" if total else ""))
+    click.echo(f"samples seen more than once within an epoch: {len(repeats)}")
+    for step, dataset, index in repeats[:20]:
+        click.echo(f"  step {step}: ds{dataset} split index {index}")
+    if plot is not None:
+        _plot(plot, names, shares)
+
+
+def _plot(path: Path, names: list[str], shares: list[tuple[int, list[float]]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        click.echo(f"note: no plot written to {path}: matplotlib is not installed (pip install matplotlib)", err=True)
+        return
+    figure, axes = plt.subplots(figsize=(8, 4))
+    for k, name in enumerate(names):
+        axes.plot([first for first, _ in shares], [row[k] for _, row in shares], label=f"ds{k} {name}")
+    axes.set_xlabel("step")
+    axes.set_ylabel("share of samples")
+    axes.legend(fontsize="small")
+    figure.savefig(path)
+    plt.close(figure)
+    click.echo(f"plot written to {path}")
+
+
+@click.group(name="manifest", context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
+@click.pass_context
+def manifest(ctx: click.Context) -> None:
+    """Read the per-step data manifest of a run (get_savable_loader(..., manifest=DIR))."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+manifest.add_command(show)
+manifest.add_command(stats)
