@@ -47,6 +47,7 @@ __all__ = [
     "ManifestWriter",
     "read_manifest",
     "read_rank_files",
+    "read_run",
     "manifest_problems",
     "RankFile",
 ]
@@ -91,7 +92,7 @@ def run_identity(config: dict, data: list | None) -> dict[str, Any]:
     stable = {k: v for k, v in config.items() if k not in _TOPOLOGY_KEYS}
     digest = hashlib.sha256(json.dumps([stable, data], sort_keys=True, default=str).encode()).hexdigest()[:32]
     names = [f"{d.get('path')} (split {d.get('split_part')})" for d in (data or [])] or [str(config.get("path"))]
-    return {"format": "energon-lite manifest", "version": 1, "fingerprint": digest, "datasets": names}
+    return {"format": "energon-lite manifest", "version": 1, "fingerprint": digest, "datasets": names, "config": json.loads(json.dumps(stable, default=str))}
 
 
 def _claim_run(folder: Path, identity: dict[str, Any]) -> None:
@@ -112,12 +113,15 @@ def _claim_run(folder: Path, identity: dict[str, Any]) -> None:
         raise ConfigError(format_message("the manifest folder's run.json cannot be read", where=str(target), found=str(exc), fix="give the loader an empty folder for its manifest")) from exc
     if not isinstance(found, dict) or found.get("fingerprint") != identity["fingerprint"]:
         theirs = found.get("datasets") if isinstance(found, dict) else None
+        saved = found.get("config") if isinstance(found, dict) and isinstance(found.get("config"), dict) else {}
+        differences = [f"{k}: {saved.get(k, '<missing>')!r} there, {identity['config'].get(k, '<missing>')!r} here" for k in sorted(set(saved) | set(identity["config"])) if saved.get(k, "<missing>") != identity["config"].get(k, "<missing>")]
         raise ConfigError(
             format_message(
                 "the manifest folder belongs to another run or dataset",
                 where=str(folder),
                 expected=f"run {identity['fingerprint']} reading {', '.join(identity['datasets'])}",
-                found=f"run {found.get('fingerprint') if isinstance(found, dict) else '?'} reading {', '.join(map(str, theirs or ['?']))}",
+                found=f"run {found.get('fingerprint') if isinstance(found, dict) else '?'} reading {', '.join(map(str, theirs or ['?']))}"
+                + "".join(f"\n    {line}" for line in differences[:10]),
                 fix="give this run its own manifest folder (a resumed run appends to its own run's folder)",
             )
         )
@@ -356,6 +360,15 @@ def read_rank_files(folder: str | os.PathLike[str]) -> list[RankFile]:
         raise DatasetError(format_message("not a manifest folder", where=str(folder), expected=f"{RUN_FILE} and rank*.emf files written by a loader made with manifest=", found=", ".join(sorted(os.listdir(folder))[:5]) if folder.is_dir() else "no such folder"))
     files = sorted((int(m.group(1)), int(m.group(2)), folder / name) for name in os.listdir(folder) if (m := _FILE_NAME.match(name)))
     return [read_rank_file(path) for _, _, path in files]
+
+
+def read_run(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """``run.json``: the run's fingerprint, datasets and configuration ({} when unreadable)."""
+    try:
+        run = json.loads((Path(folder) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return run if isinstance(run, dict) else {}
 
 
 def manifest_problems(files: list[RankFile]) -> list[str]:

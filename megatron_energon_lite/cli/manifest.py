@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ..manifest import ManifestStep, RankFile, manifest_problems, read_manifest, read_rank_files
+from ..manifest import ManifestStep, RankFile, manifest_problems, read_manifest, read_rank_files, read_run
 from .params import Command
 
 _FOLDER = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -64,25 +64,41 @@ def share_windows(steps: list[ManifestStep], window: int) -> tuple[list[str], li
     return order, shares
 
 
-def repeats_and_coverage(steps: list[ManifestStep], totals: dict[int, int]) -> tuple[list[tuple[int, int, int]], dict[int, int]]:
-    """``(step, dataset, split index)`` of each sample seen again within an epoch of its dataset
-    (an epoch: until as many distinct samples as the dataset holds were seen), and the distinct
-    samples seen per dataset."""
-    epoch: dict[int, set[int]] = {}
-    seen: dict[int, set[int]] = {}
-    repeats = []
+def repeats_and_coverage(steps: list[ManifestStep], shuffle_buffer: int = 0) -> tuple[list[tuple[int, int, int]], dict[int, int]]:
+    """``(step, dataset, split index)`` of each sample seen again within an epoch, and the
+    distinct samples seen per dataset.  Each worker of each rank goes through its own slice of
+    each dataset epoch by epoch, so epochs are counted per (rank, worker, dataset) stream: an
+    epoch ends when the stream has delivered every sample it delivers in the whole manifest.
+    A shuffle buffer of ``shuffle_buffer`` samples lets the next epoch begin while up to that
+    many samples of the last one wait in it: those may come late without counting."""
+    streams: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
     for step in steps:
-        for sample in step.samples():
-            if sample.split_index is None:
+        for rank, (key, samples) in step.batches.items():
+            worker = key[1] if len(key) > 1 and key[0] == "Worker" and isinstance(key[1], int) else 0
+            for sample in samples:
+                if sample.split_index is not None:
+                    streams.setdefault((rank, worker, sample.dataset), []).append((step.step, sample.split_index))
+    repeats = []
+    seen: dict[int, set[int]] = {}
+    for (_, _, dataset), delivered in streams.items():
+        whole = {index for _, index in delivered}
+        seen.setdefault(dataset, set()).update(whole)
+        epoch: set[int] = set()
+        late: set[int] = set()  # the last epoch's samples still in the shuffle buffer
+        for step_number, index in delivered:
+            if index in late:
+                late.discard(index)
                 continue
-            current = epoch.setdefault(sample.dataset, set())
-            if sample.split_index in current:
-                repeats.append((step.step, sample.dataset, sample.split_index))
-            current.add(sample.split_index)
-            if len(current) >= totals.get(sample.dataset, float("inf")):
-                current.clear()
-            seen.setdefault(sample.dataset, set()).add(sample.split_index)
-    return repeats, {k: len(v) for k, v in seen.items()}
+            if index in epoch:
+                if len(whole) - len(epoch) > shuffle_buffer:
+                    repeats.append((step_number, dataset, index))
+                else:  # the next epoch began while the buffer held the rest of this one
+                    late, epoch = whole - epoch, set()
+            epoch.add(index)
+            if len(epoch) == len(whole):
+                epoch.clear()
+                late.clear()
+    return sorted(repeats), {k: len(v) for k, v in seen.items()}
 
 
 @click.command(cls=Command, name="stats")
@@ -105,7 +121,7 @@ def stats(folder: Path, window: int, plot: Path | None) -> None:
     click.echo("  first step  " + "  ".join(f"ds{k:<5}" for k in range(len(names))))
     for first, row in shares:
         click.echo(f"  {first:>10}  " + "  ".join(f"{share:7.3f}" for share in row))
-    repeats, seen = repeats_and_coverage(steps, totals)
+    repeats, seen = repeats_and_coverage(steps, read_run(folder).get("config", {}).get("shuffle_buffer_size") or 0)
     click.echo("coverage:")
     for k in sorted(set(paths) | set(seen)):
         total = totals.get(k)
@@ -140,7 +156,7 @@ def _plot(path: Path, names: list[str], shares: list[tuple[int, list[float]]]) -
 @click.group(name="manifest", context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.pass_context
 def manifest(ctx: click.Context) -> None:
-    """Read the per-step data manifest of a run (get_savable_loader(..., manifest=DIR))."""
+    """Read the per-step data manifest of a run: the samples of a step on every rank, and the realized blend."""
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
 

@@ -137,6 +137,9 @@ def test_a_folder_of_another_run_is_refused_naming_both(prepared_text: Path, pre
         get_savable_loader(_dataset(prepared_blend, 0), manifest=tmp_path / "m")
     message = str(error.value)
     assert str(prepared_text) in message and str(prepared_blend.parent / "a") in message and str(tmp_path / "m") in message
+    with pytest.raises(ConfigError, match="batch_size: 8 there, 4 here"):
+        get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")
+    get_savable_loader(_dataset(prepared_text, 2), manifest=tmp_path / "m")  # another topology: the same run
 
 
 def test_torn_tail_keeps_the_valid_prefix(prepared_text: Path, tmp_path: Path) -> None:
