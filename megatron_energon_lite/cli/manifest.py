@@ -12,7 +12,9 @@ from pathlib import Path
 
 import click
 
-from ..manifest import ManifestStep, RankFile, manifest_problems, read_manifest, read_rank_files, read_run
+from ..errors import EnergonLiteError
+from ..format.split_reader import SplitReader
+from ..manifest import ManifestSample, ManifestStep, RankFile, manifest_problems, read_manifest, read_rank_files, read_run
 from .params import Command
 
 _FOLDER = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -26,24 +28,56 @@ def _read(folder: Path) -> tuple[list[RankFile], list[ManifestStep]]:
     return files, list(read_manifest(folder, files=files))
 
 
+class SampleKeys:
+    """Looks up the ``__key__`` of listed samples in their shards (prepared WebDataset folders),
+    reading each sample's bytes by its position, checked against the shard the manifest names."""
+
+    def __init__(self) -> None:
+        self._readers: dict[tuple[str, str], SplitReader | str] = {}
+
+    def key(self, sample: ManifestSample) -> str:
+        if sample.shard is None or sample.split_index is None:
+            return "?"
+        reader = self._readers.get((sample.dataset_path, sample.split_part))
+        if reader is None:
+            try:
+                reader = SplitReader(sample.dataset_path, sample.split_part)
+            except EnergonLiteError as exc:  # a JSONL file, a token dataset, a folder now gone
+                reader = f"? ({str(exc).splitlines()[0]})"
+            self._readers[(sample.dataset_path, sample.split_part)] = reader
+        if isinstance(reader, str):
+            return reader
+        shard, _ = reader.locate(sample.split_index) if sample.split_index < len(reader) else (None, None)
+        if shard is None or reader.split.names[shard] != sample.shard:
+            return "? (the dataset's shards changed since the run)"
+        try:
+            raw = reader.read(sample.split_index, check_key=True)
+        except EnergonLiteError as exc:
+            return f"? ({str(exc).splitlines()[0]})"
+        return "? (excluded by the split)" if raw is None else raw.key
+
+
 @click.command(cls=Command, name="show")
 @click.argument("folder", type=_FOLDER)
 @click.option("--step", "step_number", type=click.IntRange(min=0), required=True, help="The step (the rank's batch count, from 0).")
 @click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this rank.")
-def show(folder: Path, step_number: int, rank: int | None) -> None:
-    """The samples of step N on every rank: dataset, shard, index in the shard and restore key."""
+@click.option("--keys/--no-keys", default=True, show_default=True, help="Read each sample's __key__ from its shard (the datasets must be readable here).")
+def show(folder: Path, step_number: int, rank: int | None, keys: bool) -> None:
+    """The samples of step N on every rank: dataset, shard, index in the shard, sample key and restore key."""
     steps = {s.step: s for s in _read(folder)[1]}
     step = steps.get(step_number)
     if step is None or (rank is not None and rank not in step.batches):
         known = f"steps {min(steps)}..{max(steps)}" if steps else "no steps"
         raise click.ClickException(f"{folder} has no step {step_number}{'' if rank is None else f' on rank {rank}'} (it holds {known})")
+    lookup = SampleKeys() if keys else None
     for r, (key, samples) in sorted(step.batches.items()):
         if rank is not None and r != rank:
             continue
         click.echo(f"step {step.step} rank {r}: {len(samples)} sample(s), batch key {key[:4]}")
         for sample in samples:
             where = f"{sample.shard} #{sample.index_in_shard}" if sample.shard is not None else "(not one sample)"
-            click.echo(f"  dataset {sample.dataset} {sample.dataset_path} [{sample.split_part}]  {where}  key {sample.restore_key}")
+            name = f"  __key__ {lookup.key(sample)}" if lookup is not None else ""
+            click.echo(f"  dataset {sample.dataset} {sample.dataset_path} [{sample.split_part}]  {where}{name}  restore key {sample.restore_key}")
 
 
 def share_windows(steps: list[ManifestStep], window: int) -> tuple[list[str], list[tuple[int, list[float]]]]:

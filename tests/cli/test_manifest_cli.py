@@ -17,44 +17,52 @@ def _dataset(yaml: Path, *, rank: int):
     return get_train_dataset(yaml, worker_config=WorkerConfig(rank=rank, world_size=2, num_workers=0), batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=3)
 
 
-def _write(yaml: Path, folder: Path, batches: int = 8) -> dict[int, list[tuple]]:
-    """Two ranks of a blend write ``folder``; returns each rank's batch restore keys."""
+def _write(yaml: Path, folder: Path, batches: int = 8, sample_keys: dict | None = None) -> dict[int, list[tuple]]:
+    """Two ranks of a blend write ``folder``; returns each rank's batch restore keys (and puts
+    their samples' ``__key__`` lists in ``sample_keys``)."""
     keys = {}
     for rank in (0, 1):
         loader = get_savable_loader(_dataset(yaml, rank=rank), manifest=folder)
         it = iter(loader)
-        keys[rank] = [next(it).__restore_key__ for _ in range(batches)]
+        batches_seen = [next(it) for _ in range(batches)]
+        keys[rank] = [batch.__restore_key__ for batch in batches_seen]
+        if sample_keys is not None:
+            sample_keys[rank] = [list(batch.__key__) for batch in batches_seen]
         loader.save_state_rank()
     return keys
 
 
 @pytest.fixture
-def written(prepared_blend: Path, tmp_path: Path) -> tuple[Path, dict[int, list[tuple]]]:
-    return tmp_path / "m", _write(prepared_blend, tmp_path / "m")
+def written(prepared_blend: Path, tmp_path: Path) -> tuple[Path, dict[int, list[tuple]], dict[int, list[list[str]]]]:
+    sample_keys: dict = {}
+    return tmp_path / "m", _write(prepared_blend, tmp_path / "m", sample_keys=sample_keys), sample_keys
 
 
 def test_show_lists_the_samples_of_a_step_on_every_rank(written, prepared_blend: Path) -> None:
-    folder, keys = written
+    folder, keys, sample_keys = written
     result = CliRunner().invoke(cli, ["manifest", "show", str(folder), "--step", "3"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert [line.split(":")[0] for line in lines if line.startswith("step")] == ["step 3 rank 0", "step 3 rank 1"]
     samples = [line for line in lines if line.startswith("  dataset")]
-    assert [line.split("key ", 1)[1] for line in samples] == [repr(k) for r in (0, 1) for k in keys[r][3][4:]]
+    assert [line.split("restore key ", 1)[1] for line in samples] == [repr(k) for r in (0, 1) for k in keys[r][3][4:]]
+    # The __key__ read from the shard is the one the batch held.
+    assert [line.split("__key__ ", 1)[1].split()[0] for line in samples] == [k for r in (0, 1) for k in sample_keys[r][3]]
     for line, sample in zip(samples, [k for r in (0, 1) for k in keys[r][3][4:]]):
         assert str(prepared_blend.parent / "ab"[sample[1]]) in line and "shards/" in line
 
 
 def test_show_one_rank_and_a_missing_step(written) -> None:
-    folder, keys = written
-    result = CliRunner().invoke(cli, ["manifest", "show", str(folder), "--step", "0", "--rank", "1"])
+    folder, keys, sample_keys = written
+    result = CliRunner().invoke(cli, ["manifest", "show", str(folder), "--step", "0", "--rank", "1", "--no-keys"])
     assert result.exit_code == 0 and "rank 0" not in result.output and "step 0 rank 1" in result.output
+    assert "__key__" not in result.output and result.output.count("restore key") == 3
     missing = CliRunner().invoke(cli, ["manifest", "show", str(folder), "--step", "99"])
     assert missing.exit_code != 0 and "no step 99" in missing.output and "steps 0..7" in missing.output
 
 
 def test_stats_shares_coverage_and_no_repeats(written) -> None:
-    folder, keys = written
+    folder, keys, sample_keys = written
     result = CliRunner().invoke(cli, ["manifest", "stats", str(folder), "--window", "4"])
     assert result.exit_code == 0, result.output
     assert "8 step(s) on 2 rank(s), 48 sample(s)" in result.output
@@ -98,7 +106,7 @@ def test_epochs_through_a_shuffle_buffer_are_not_repeats(prepared_blend: Path, t
 
 
 def test_plot_without_matplotlib_is_skipped_with_a_note(written, tmp_path: Path) -> None:
-    folder, _ = written
+    folder, _, _ = written
     result = CliRunner().invoke(cli, ["manifest", "stats", str(folder), "--plot", str(tmp_path / "shares.png")])
     assert result.exit_code == 0
     if importlib.util.find_spec("matplotlib") is None:
@@ -108,7 +116,7 @@ def test_plot_without_matplotlib_is_skipped_with_a_note(written, tmp_path: Path)
 
 
 def test_a_torn_file_is_reported_and_its_prefix_shown(written) -> None:
-    folder, _ = written
+    folder, _, _ = written
     zero = read_rank_files(folder)[0].path
     zero.write_bytes(zero.read_bytes()[:-3])
     result = CliRunner().invoke(cli, ["manifest", "show", str(folder), "--step", "2"])
