@@ -154,6 +154,9 @@ class ManifestWriter:
         self._shapes: dict[tuple[str, ...], int] = {}
         self._buffer = bytearray()
         self._pending = 0
+        # A forked DataLoader worker holds a copy of this writer and its buffer: only the
+        # process that made it writes, or a worker's exit could append the records again.
+        self._pid = os.getpid()
 
     def _open(self) -> None:
         path = self.folder / f"rank{self.rank:05d}-{self._seq:05d}.emf"
@@ -210,6 +213,8 @@ class ManifestWriter:
 
     def flush(self) -> None:
         """Appends the buffered records (one write); rotates the file when it is full."""
+        if os.getpid() != self._pid:
+            return
         if self._buffer and self._fd is not None:
             os.write(self._fd, self._buffer)
             self._size += len(self._buffer)
@@ -221,7 +226,7 @@ class ManifestWriter:
 
     def close(self) -> None:
         self.flush()
-        if self._fd is not None:
+        if self._fd is not None and os.getpid() == self._pid:
             os.close(self._fd)
             self._fd = None
 

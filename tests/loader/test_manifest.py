@@ -107,6 +107,23 @@ def test_a_resumed_run_continues_the_steps(prepared_blend: Path, tmp_path: Path,
     assert [s.batches[0][0] for s in steps[5:]] == again
 
 
+def test_an_elastic_resume_continues_the_steps(prepared_blend: Path, tmp_path: Path) -> None:
+    first = get_savable_loader(_dataset(prepared_blend, 2, batch_size=3), manifest=tmp_path / "m")
+    it = iter(first)
+    for _ in range(6):
+        next(it)
+    states = first.save_state_global(0)
+    del it, first
+    resumed = get_savable_loader(_dataset(prepared_blend, 0, batch_size=3), manifest=tmp_path / "m")  # another worker count
+    resumed.restore_state_global(states)
+    keys = [key for key, _ in _run(resumed, 3)]
+    resumed.save_state_rank()
+    steps = list(read_manifest(tmp_path / "m"))
+    assert [s.step for s in steps] == list(range(9))
+    assert [s.batches[0][0] for s in steps[6:]] == keys
+    assert read_rank_files(tmp_path / "m")[1].header["num_workers"] == 0
+
+
 def test_two_ranks_write_one_folder(prepared_blend: Path, tmp_path: Path) -> None:
     keys = {}
     for rank in (0, 1):
