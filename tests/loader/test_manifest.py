@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energon_lite import ConfigError, WorkerConfig, get_savable_loader, get_train_dataset
+from megatron_energon_lite import ConfigError, StateError, WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite import manifest as manifest_module
 from megatron_energon_lite.manifest import MANIFEST_ENV, manifest_problems, read_manifest, read_rank_files
 
@@ -212,3 +212,18 @@ def test_a_killed_writer_leaves_a_torn_tail_that_is_ignored(prepared_text: Path,
     assert "torn or damaged" in problem
     assert [repr(s.batches[0][0]) for s in read_manifest(tmp_path / "m")] == printed
     assert os.path.getsize(files[0].path) > 0
+
+
+def test_the_saved_step_is_checked_and_a_state_without_it_counts_from_zero(prepared_text: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    plain = get_savable_loader(_dataset(prepared_text, 0))
+    _run(plain, 2)
+    state = plain.save_state_rank()
+    assert "manifest_step" not in state  # loaders without a manifest keep the state's shape
+    with pytest.raises(StateError, match="manifest_step"):
+        get_savable_loader(_dataset(prepared_text, 0), manifest=tmp_path / "m").restore_state_rank({**state, "manifest_step": -1})
+    loader = get_savable_loader(_dataset(prepared_text, 0), manifest=tmp_path / "m")
+    loader.restore_state_rank(state)
+    assert "records no manifest step" in caplog.text
+    _run(loader, 1)
+    loader.save_state_rank()
+    assert [s.step for s in read_manifest(tmp_path / "m")] == [0]
