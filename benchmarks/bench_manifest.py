@@ -3,7 +3,8 @@
 
 Text shards (4 x 2500 texts), batch 32, shuffle buffer 100, at ``--workers`` (default 2).  Every
 measurement is a fresh process; the two cells of a round alternate (off, on; every other round
-on, off); medians over ``--repeats`` rounds.  Also prints the manifest's bytes per sample.
+on, off); medians over ``--repeats`` rounds.  Also prints the manifest's bytes per sample and
+the writer's CPU time per batch in the main process (a figure the machine's noise moves less).
 
     .venv/bin/python benchmarks/bench_manifest.py --data-dir /tmp/bench_manifest --repeats 3
 
@@ -59,6 +60,34 @@ def child(spec: dict) -> None:
     print(json.dumps({"samples_per_s": spec["batches"] * BATCH / elapsed, "bytes": size, "samples": (spec["warmup"] + spec["batches"]) * BATCH}))
 
 
+def writer_cost() -> tuple[float, float]:
+    """Seconds per 32-sample batch (best of 5 passes over 2000 batches) of the loop's own thread
+    in ``ManifestWriter.add`` (queueing: the manifest's cost on the hot path), and of all the
+    process's CPU time, the writer thread's encoding and writes included (done while the loop
+    waits for its next batch, when the loader has workers)."""
+    import time
+
+    from megatron_energon_lite.manifest import ManifestWriter
+
+    keys = [("Worker", b % 2, "Batch", b // 2, *[("Webdataset", (b * BATCH + i) * 7919 % 10000) for i in range(BATCH)]) for b in range(2000)]
+    loop_best = total_best = float("inf")
+    for _ in range(5):
+        folder = tempfile.mkdtemp(prefix="manifest-")
+        try:
+            writer = ManifestWriter(folder, rank=0, world_size=1, num_workers=2, config={"path": "bench"}, data=None, datasets=[])
+            total = time.process_time()
+            loop = time.thread_time()
+            for step, key in enumerate(keys):
+                writer.add(step, key)
+            loop = time.thread_time() - loop
+            writer.close()
+            total = time.process_time() - total
+        finally:
+            shutil.rmtree(folder)
+        loop_best, total_best = min(loop_best, loop / len(keys)), min(total_best, total / len(keys))
+    return loop_best, total_best
+
+
 def measure(spec: dict) -> dict:
     out = subprocess.run([sys.executable, __file__, CHILD_FLAG, json.dumps(spec)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -95,6 +124,10 @@ def main() -> None:
     print(f"off {off:,.0f}  on {on:,.0f} samples/s  on/off {on / off:.3f}")
     print("    runs: " + "  ".join(f"{label} " + ", ".join(f"{v:,.0f}" for v in values) for label, values in results.items()))
     print(f"    manifest bytes per sample (headers included): {statistics.median(per_sample):.2f}")
+    loop, total = writer_cost()
+    between = BATCH / on
+    print(f"    the loop's thread in add(): {loop * 1e6:.1f} us per batch of {BATCH} ({loop / between:.1%} of the time between batches at the 'on' median);"
+          f" all CPU with the writer thread's: {total * 1e6:.1f} us ({total / between:.1%})")
 
 
 if __name__ == "__main__":

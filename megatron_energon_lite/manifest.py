@@ -31,8 +31,10 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,8 @@ _U32 = struct.Struct("<I")
 #: Records are flushed after this many batches (and at save_state_rank and close).
 FLUSH_EVERY = 64
 DEFAULT_ROTATE_BYTES = 64 << 20
+#: Batches queued for the writer thread at most (then add() waits for it).
+QUEUE_BATCHES = 1024
 _TOPOLOGY_KEYS = ("worker_config.rank", "worker_config.world_size", "worker_config.num_workers")
 
 
@@ -138,8 +142,10 @@ def dataset_tables(spec: Any) -> list[dict[str, Any]]:
 
 
 class ManifestWriter:
-    """One rank's writer: buffers records, appends them every :data:`FLUSH_EVERY` batches and on
-    :meth:`flush`; files rotate at ``rotate_bytes``."""
+    """One rank's writer.  :meth:`add` only queues the batch's step and key (a bounded queue: a
+    slow disk slows the loop instead of growing memory); a background thread encodes the records
+    while the loop waits for its next batch, and appends them every :data:`FLUSH_EVERY` batches
+    and on :meth:`flush`; files rotate at ``rotate_bytes``."""
 
     def __init__(self, folder: str | os.PathLike[str], *, rank: int, world_size: int, num_workers: int, config: dict, data: list | None, datasets: list[dict[str, Any]], rotate_bytes: int | None = None) -> None:
         self.folder = Path(folder)
@@ -154,9 +160,86 @@ class ManifestWriter:
         self._shapes: dict[tuple[str, ...], int] = {}
         self._buffer = bytearray()
         self._pending = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_BATCHES)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         # A forked DataLoader worker holds a copy of this writer and its buffer: only the
         # process that made it writes, or a worker's exit could append the records again.
         self._pid = os.getpid()
+
+    def add(self, step: int, restore_key: tuple) -> None:
+        """Records the batch delivered at ``step`` with ``restore_key`` (its ``__restore_key__``)."""
+        self._raise_error()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._drain, name=f"manifest-writer-rank{self.rank}", daemon=True)
+            self._thread.start()
+        self._queue.put((step, restore_key))
+
+    def flush(self) -> None:
+        """Returns when every batch added so far is on disk (in the file, not yet synced)."""
+        if os.getpid() != self._pid:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            done = threading.Event()
+            self._queue.put(done)
+            done.wait()
+        else:
+            self._write()
+        self._raise_error()
+
+    def close(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._write()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._raise_error()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the os module may be gone
+            pass
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise DatasetError(format_message("the manifest could not be written", where=str(self.folder), found=f"{type(self._error).__name__}: {self._error}", fix="check the folder's disk space and permissions")) from self._error
+
+    def _drain(self) -> None:
+        """The background thread: encodes queued batches, writes on a flush or every FLUSH_EVERY."""
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if isinstance(item, threading.Event):
+                    self._write()
+                    item.set()
+                    continue
+                self.encode(*item)
+                self._pending += 1
+                if self._pending >= FLUSH_EVERY:
+                    self._write()
+            except Exception as exc:  # noqa: BLE001 - kept and raised in the loop's thread; the queue keeps draining so add() never blocks for ever
+                self._error = self._error or exc
+                self._buffer.clear()
+
+    def encode(self, step: int, restore_key: tuple) -> bytes:
+        """Appends the records of one batch to the buffer (a new key shape first); returns them."""
+        if self._fd is None:
+            self._open()
+        start = len(self._buffer)
+        payload = self._batch_payload(step, restore_key)
+        if payload is None:
+            payload = bytearray([RAW])
+            _varint(step, payload)
+            payload += json.dumps(list(restore_key), separators=(",", ":"), default=str).encode()
+        self._append(payload)
+        return bytes(self._buffer[start:])
 
     def _open(self) -> None:
         path = self.folder / f"rank{self.rank:05d}-{self._seq:05d}.emf"
@@ -167,20 +250,6 @@ class ManifestWriter:
         os.write(self._fd, blob)
         self._size = len(blob)
         self._shapes = {}  # each file defines its own shapes: it is read alone
-
-    def add(self, step: int, restore_key: tuple) -> None:
-        """Records the batch delivered at ``step`` with ``restore_key`` (its ``__restore_key__``)."""
-        if self._fd is None:
-            self._open()
-        payload = self._batch_payload(step, restore_key)
-        if payload is None:
-            payload = bytearray([RAW])
-            _varint(step, payload)
-            payload += json.dumps(list(restore_key), separators=(",", ":"), default=str).encode()
-        self._append(payload)
-        self._pending += 1
-        if self._pending >= FLUSH_EVERY:
-            self.flush()
 
     def _append(self, payload: bytearray | bytes) -> None:
         _varint(len(payload), self._buffer)
@@ -211,10 +280,8 @@ class ManifestWriter:
                 _varint(value, out)
         return out
 
-    def flush(self) -> None:
+    def _write(self) -> None:
         """Appends the buffered records (one write); rotates the file when it is full."""
-        if os.getpid() != self._pid:
-            return
         if self._buffer and self._fd is not None:
             os.write(self._fd, self._buffer)
             self._size += len(self._buffer)
@@ -223,18 +290,6 @@ class ManifestWriter:
         if self._fd is not None and self._size >= self.rotate_bytes:
             os.close(self._fd)
             self._fd = None
-
-    def close(self) -> None:
-        self.flush()
-        if self._fd is not None and os.getpid() == self._pid:
-            os.close(self._fd)
-            self._fd = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit the os module may be gone
-            pass
 
 
 def _uint(value: Any) -> bool:

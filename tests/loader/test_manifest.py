@@ -187,18 +187,17 @@ def test_torn_tail_keeps_the_valid_prefix(prepared_text: Path, tmp_path: Path) -
 _KILLED_WRITER = """
 import os, signal, sys
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
-from megatron_energon_lite import manifest
-manifest.FLUSH_EVERY = 1
 dataset = get_train_dataset(sys.argv[1], worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=3)
 loader = get_savable_loader(dataset, manifest=sys.argv[2])
 it = iter(loader)
 for _ in range(7):
-    print(repr(next(it).__restore_key__), flush=True)
-# Killed in the middle of a record: write half of the next one, as a kill mid-write leaves it.
+    key = next(it).__restore_key__
+    print(repr(key), flush=True)
+loader.save_state_rank()  # every record so far is on disk, the writer's thread is idle
+# Killed in the middle of a record: half of the next one written, as a kill mid-write leaves it.
 writer = loader._manifest
-manifest.FLUSH_EVERY = 10**9
-next(it)  # its record waits in the buffer
-os.write(writer._fd, bytes(writer._buffer[: len(writer._buffer) // 2]))
+record = writer.encode(7, key)
+os.write(writer._fd, record[: len(record) // 2])
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
