@@ -193,7 +193,8 @@ class ManifestWriter:
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
-        self._write()
+        if self._error is None:
+            self._write()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -210,22 +211,30 @@ class ManifestWriter:
             raise DatasetError(format_message("the manifest could not be written", where=str(self.folder), found=f"{type(self._error).__name__}: {self._error}", fix="check the folder's disk space and permissions")) from self._error
 
     def _drain(self) -> None:
-        """The background thread: encodes queued batches, writes on a flush or every FLUSH_EVERY."""
+        """The background thread: encodes queued batches, writes on a flush or every FLUSH_EVERY.
+        After an error it only drains the queue (and answers flushes), so add() never blocks."""
         while True:
             item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                if isinstance(item, threading.Event):
-                    self._write()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                try:
+                    if self._error is None:
+                        self._write()
+                except Exception as exc:  # noqa: BLE001 - raised in the loop's thread by flush()
+                    self._error = exc
+                finally:
                     item.set()
-                    continue
+                continue
+            if self._error is not None:
+                continue
+            try:
                 self.encode(*item)
                 self._pending += 1
                 if self._pending >= FLUSH_EVERY:
                     self._write()
-            except Exception as exc:  # noqa: BLE001 - kept and raised in the loop's thread; the queue keeps draining so add() never blocks for ever
-                self._error = self._error or exc
+            except Exception as exc:  # noqa: BLE001 - raised in the loop's thread by the next add() or flush()
+                self._error = exc
                 self._buffer.clear()
 
     def encode(self, step: int, restore_key: tuple) -> bytes:
@@ -244,10 +253,15 @@ class ManifestWriter:
     def _open(self) -> None:
         path = self.folder / f"rank{self.rank:05d}-{self._seq:05d}.emf"
         self._seq += 1
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         header = json.dumps(self._header, separators=(",", ":")).encode()
         blob = MAGIC + _U32.pack(len(header)) + header + _U32.pack(zlib.crc32(header))
-        os.write(self._fd, blob)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, blob)
+        except OSError:
+            os.close(fd)
+            raise
+        self._fd = fd
         self._size = len(blob)
         self._shapes = {}  # each file defines its own shapes: it is read alone
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energon_lite import ConfigError, StateError, WorkerConfig, get_savable_loader, get_train_dataset
+from megatron_energon_lite import ConfigError, DatasetError, StateError, WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite import manifest as manifest_module
 from megatron_energon_lite.manifest import MANIFEST_ENV, manifest_problems, read_manifest, read_rank_files
 
@@ -226,3 +226,16 @@ def test_the_saved_step_is_checked_and_a_state_without_it_counts_from_zero(prepa
     _run(loader, 1)
     loader.save_state_rank()
     assert [s.step for s in read_manifest(tmp_path / "m")] == [0]
+
+
+def test_a_full_disk_is_raised_in_the_loop_not_hung(prepared_text: Path, small_disk: Path) -> None:
+    loader = get_savable_loader(_dataset(prepared_text, 0), manifest=small_disk / "m")
+    with open(small_disk / "filler", "wb", buffering=0) as filler:  # fill the disk after run.json
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+    with pytest.raises(DatasetError, match="manifest could not be written"):
+        _run(loader, 3)
+        loader.save_state_rank()
