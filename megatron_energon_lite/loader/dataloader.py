@@ -29,7 +29,7 @@ from ..errors import (
     format_message,
 )
 from ..format.safe_parse import check_nesting
-from ..manifest import MANIFEST_ENV, ManifestWriter, dataset_tables
+from ..manifest import MANIFEST_ENV, ManifestWriter, dataset_tables, run_identity
 from ..pipeline.node import as_key, get_restore_key, set_restore_key, unkeyed
 from ..pipeline.recipe import Recipe
 from ..pipeline.runtime import Runtime
@@ -80,10 +80,15 @@ def _pipeline_dataset(dataset: Any) -> PipelineDataset | None:
 
 
 def _manifest_writer(folder: str | os.PathLike[str] | None, dataset: Recipe) -> ManifestWriter | None:
-    """The manifest of ``folder``, else of ``ENERGON_LITE_MANIFEST`` (unset or empty: none)."""
-    folder = folder if folder is not None else (os.environ.get(MANIFEST_ENV, "").strip() or None)
+    """The manifest of ``folder``, else of ``ENERGON_LITE_MANIFEST`` (unset or empty: none).  The
+    variable reaches every loader of a program (training and validation ones), so each gets a
+    subfolder named by its split and run fingerprint (a resumed run finds its own again)."""
+    config, data = dataset.config(), dataset.data_record()
     if folder is None:
-        return None
+        root = os.environ.get(MANIFEST_ENV, "").strip()
+        if not root:
+            return None
+        folder = os.path.join(root, f"{config.get('split_part', 'data')}-{run_identity(config, data)['fingerprint'][:12]}")
     wc = dataset.worker_config
     pipeline = _pipeline_dataset(dataset)
     return ManifestWriter(
@@ -91,8 +96,8 @@ def _manifest_writer(folder: str | os.PathLike[str] | None, dataset: Recipe) -> 
         rank=wc.rank,
         world_size=wc.world_size,
         num_workers=wc.num_workers,
-        config=dataset.config(),
-        data=dataset.data_record(),
+        config=config,
+        data=data,
         datasets=dataset_tables(pipeline.spec) if pipeline is not None else [],
     )
 

@@ -143,9 +143,16 @@ def test_environment_variable_and_rotation(prepared_text: Path, tmp_path: Path, 
     loader = get_savable_loader(_dataset(prepared_text, 0, batch_size=4))
     seen = _run(loader, 40)
     loader.save_state_rank()
-    files = read_rank_files(tmp_path / "env")
-    assert len(files) > 1 and not manifest_problems(files)
-    assert [s.batches[0][0] for s in read_manifest(tmp_path / "env")] == [key for key, _ in seen]
+    # Another loader of the program (another batch size): its own subfolder, not a refusal.
+    other = get_savable_loader(_dataset(prepared_text, 0, batch_size=2))
+    _run(other, 1)
+    other.save_state_rank()
+    folders = sorted((tmp_path / "env").iterdir())
+    assert len(folders) == 2 and all(f.name.startswith("train-") for f in folders)
+    (folder,) = [f for f in folders if len(read_rank_files(f)) > 1]
+    files = read_rank_files(folder)
+    assert not manifest_problems(files)
+    assert [s.batches[0][0] for s in read_manifest(folder)] == [key for key, _ in seen]
 
 
 def test_a_folder_of_another_run_is_refused_naming_both(prepared_text: Path, prepared_blend: Path, tmp_path: Path) -> None:
