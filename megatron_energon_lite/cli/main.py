@@ -37,6 +37,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "Analyze the debug logs at LOG_PATHS (folders of *.jsonl, or files): which sample keys came at which step, as counts and a heatmap PNG.",
     ),
     "checkpoint": ("checkpoint", "checkpoint", "Tools for saved loader states (checkpoints)."),
+    "manifest": ("manifest", "manifest", "Read the per-step data manifest of a run: the samples of a step on every rank, and the realized blend."),
     "bench": ("bench", "bench", "Measure the loader's throughput on DATASET_OR_YAML against its mock-data ceiling."),
 }
 

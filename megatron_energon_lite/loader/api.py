@@ -6,6 +6,7 @@ arguments shared by both dataset constructors and builds the spec; ``map_view.py
 from __future__ import annotations
 
 import dataclasses
+import os
 import logging
 from typing import Any, Mapping
 
@@ -419,12 +420,14 @@ def get_loader(dataset: Recipe, *, prefetch_factor: int | None = None, stall_rep
     return _make_loader(dataset, prefetch_factor, energon_args, _stall_args(stall_report, stall_report_every_s))
 
 
-def get_savable_loader(dataset: Recipe, *, prefetch_factor: int | None = None, stall_report: bool = False, stall_report_every_s: float | None = None, **energon_args) -> SavableDataLoader:
+def get_savable_loader(dataset: Recipe, *, prefetch_factor: int | None = None, stall_report: bool = False, stall_report_every_s: float | None = None, manifest: str | os.PathLike[str] | None = None, **energon_args) -> SavableDataLoader:
     """Energon's savable loader.  Energon's checkpoint tuning arguments (``checkpoint_every_sec``,
     ``n_checkpoints``, ...) are accepted and ignored: states travel with every batch here.
     ``prefetch_factor`` defaults to the dataset's ``WorkerConfig.prefetch_factor``, else 2.
-    The watchdog and stall report arguments work as in :func:`get_loader`."""
-    return _make_loader(dataset, prefetch_factor, energon_args, _stall_args(stall_report, stall_report_every_s))
+    The watchdog and stall report arguments work as in :func:`get_loader`.  ``manifest=DIR``
+    (default: ``ENERGON_LITE_MANIFEST``, also read by :func:`get_loader`) records which samples
+    made each step on each rank (``megatron_energon_lite.manifest``)."""
+    return _make_loader(dataset, prefetch_factor, energon_args, {**_stall_args(stall_report, stall_report_every_s), "manifest": manifest})
 
 
 def get_val_datasets(path, *, split_part: str = "val", **kwargs) -> list[tuple[Recipe, dict[str, Any]]]:

@@ -9,7 +9,9 @@ yields first.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import re
 import time
 from typing import Any, Iterator
@@ -27,6 +29,7 @@ from ..errors import (
     format_message,
 )
 from ..format.safe_parse import check_nesting
+from ..manifest import MANIFEST_ENV, ManifestWriter, dataset_tables, run_identity
 from ..pipeline.node import as_key, get_restore_key, set_restore_key, unkeyed
 from ..pipeline.recipe import Recipe
 from ..pipeline.runtime import Runtime
@@ -41,7 +44,7 @@ from .handover.bundles import (
 )
 from .handover.queues import DirectForkContext, direct_queues_from_env
 from .handover.slabs import SlabRing, slab_bytes_from_env
-from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data
+from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data, saved_manifest_step
 from .skip_report import SkipLedger
 from .stall import StageTimes, StallClock, StallReport
 from .streams import (
@@ -62,12 +65,41 @@ logger = logging.getLogger("megatron_energon_lite.loader")  # loader.py's, uncha
 
 def _dataset_names(dataset: Any) -> list[str]:
     """The plan's datasets, for the stall report (none when ``dataset`` is not our pipeline)."""
-    while not isinstance(dataset, PipelineDataset) and isinstance(getattr(dataset, "dataset", None), Recipe):
-        dataset = dataset.dataset
-    if not isinstance(dataset, PipelineDataset):
+    dataset = _pipeline_dataset(dataset)
+    if dataset is None:
         return []
     names = [str(leaf.path) for leaf in dataset.spec.plan.leaves]
     return [f"{name} (#{k})" if names.count(name) > 1 else name for k, name in enumerate(names)]
+
+
+def _pipeline_dataset(dataset: Any) -> PipelineDataset | None:
+    """The pipeline under the watchdog and mock wrappers (None: a dataset of the user's own)."""
+    while not isinstance(dataset, PipelineDataset) and isinstance(getattr(dataset, "dataset", None), Recipe):
+        dataset = dataset.dataset
+    return dataset if isinstance(dataset, PipelineDataset) else None
+
+
+def _manifest_writer(folder: str | os.PathLike[str] | None, dataset: Recipe) -> ManifestWriter | None:
+    """The manifest of ``folder``, else of ``ENERGON_LITE_MANIFEST`` (unset or empty: none).  The
+    variable reaches every loader of a program (training and validation ones), so each gets a
+    subfolder named by its split and run fingerprint (a resumed run finds its own again)."""
+    config, data = dataset.config(), dataset.data_record()
+    if folder is None:
+        root = os.environ.get(MANIFEST_ENV, "").strip()
+        if not root:
+            return None
+        folder = os.path.join(root, f"{config.get('split_part', 'data')}-{run_identity(config, data)['fingerprint'][:12]}")
+    wc = dataset.worker_config
+    pipeline = _pipeline_dataset(dataset)
+    return ManifestWriter(
+        folder,
+        rank=wc.rank,
+        world_size=wc.world_size,
+        num_workers=wc.num_workers,
+        config=config,
+        data=data,
+        datasets=dataset_tables(pipeline.spec) if pipeline is not None else [],
+    )
 
 
 def _slab_ring(num_workers: int, prefetch_factor: int, bundles: bool) -> SlabRing | None:
@@ -110,6 +142,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         stall_report: bool = False,
         stall_report_every_s: float | None = None,
         policy: Policy = PLAIN,
+        manifest: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(dataset, Recipe):
             raise ConfigError(format_message("get_loader expects the result of get_train_dataset, get_val_dataset or a dataset wrapper", found=type(dataset).__name__))
@@ -169,6 +202,10 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         from .debug_log import LoaderLog
 
         self.id = self.next_id()
+        #: Batches delivered on this rank, restored progress included: the manifest's step.
+        self.step = 0
+        #: The per-step manifest (``manifest.py``), None unless asked for.
+        self._manifest = _manifest_writer(manifest, dataset)
         self._debug_log = LoaderLog.create(self.worker_config, self.id, dataset)  # None unless worker_log_level >= 1
 
     def __len__(self) -> int:
@@ -238,6 +275,9 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             if stall is not None:
                 stall.waited_for(asked, time.perf_counter())
             self.last_restore_key = get_restore_key(item)
+            if self._manifest is not None:
+                self._manifest.add(self.step, self.last_restore_key)
+            self.step += 1
             yield unkeyed(item)
 
     def _unrotate_workers(self) -> None:
@@ -314,12 +354,15 @@ class SavableDataLoader(torch.utils.data.DataLoader):
     # --- state ---------------------------------------------------------------------------------
     def save_state_rank(self) -> dict:
         """This rank's position: plain JSON (see :class:`RankState`), small, exact at every step."""
+        if self._manifest is not None:  # a checkpoint's steps are on disk when it is
+            self._manifest.flush()
         return RankState(
             worker_states=self._current_worker_states(),
             next_worker=self._next_worker,
             pass_ended=self._pass_ended,
             config=self.savable_dataset.config(),
             data=self.savable_dataset.data_record(),
+            manifest_step=self.step if self._manifest is not None else None,
         ).to_json()
 
     def _current_worker_states(self) -> tuple[dict | None, ...]:
@@ -336,7 +379,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
-            self._restore(redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy))
+            self._restore(dataclasses.replace(redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy), manifest_step=saved_manifest_step(state)))
             return
         self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config, policy=self.policy))
 
@@ -347,6 +390,10 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self._worker_states = list(restored.worker_states)
         self._next_worker = self._first_worker = restored.next_worker
         self._pass_ended = restored.pass_ended
+        if restored.manifest_step is not None:
+            self.step = restored.manifest_step
+        elif self._manifest is not None:
+            logger.warning("the restored state records no manifest step (saved by a loader without manifest=): this run's manifest counts steps from 0")
 
     def save_state_global(self, global_dst_rank: int) -> list[dict] | None:
         """Gathers every rank's state on ``global_dst_rank`` (None on the other ranks)."""
@@ -386,7 +433,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
 
         for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
             check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state")
-        self._restore(elastic_rank_state(states, self.savable_dataset, wc, self.policy))
+        step = saved_manifest_step(states[0]) if isinstance(states, (list, tuple)) and states else None
+        self._restore(dataclasses.replace(elastic_rank_state(states, self.savable_dataset, wc, self.policy), manifest_step=step))
 
     def restore_sample(self, restore_key: tuple) -> Any:
         """Rebuilds a sample or batch from its ``__restore_key__`` (for a plain dict, which has none:

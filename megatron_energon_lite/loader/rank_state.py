@@ -22,7 +22,7 @@ from ..pipeline.passes import upgrade_v1_worker_state
 from ..pipeline.state_check import check_bool, check_index, invalid
 from ..worker import WorkerConfig
 
-__all__ = ["MOVED_FROM", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
+__all__ = ["MOVED_FROM", "saved_manifest_step", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
 
 STATE_VERSION = 3
 #: Versions this one reads (older ones are upgraded).
@@ -57,6 +57,9 @@ class RankState:
     config: dict
     #: The data it was saved against (``Recipe.data_record()``), None when not known.
     data: list | None = None
+    #: Batches the rank delivered (the step of its manifest, ``manifest.py``); only a loader
+    #: with a manifest records it, so other states keep their shape.
+    manifest_step: int | None = None
 
     def to_json(self) -> dict:
         return {
@@ -69,6 +72,7 @@ class RankState:
             "next_worker": self.next_worker,
             "pass_ended": self.pass_ended,
             **({"data": self.data} if self.data is not None else {}),
+            **({"manifest_step": self.manifest_step} if self.manifest_step is not None else {}),
         }
 
     @classmethod
@@ -103,7 +107,21 @@ class RankState:
             pass_ended=check_bool(state.get("pass_ended", True), "pass_ended"),
             config=config,
             data=state.get("data"),
+            manifest_step=saved_manifest_step(state),
         )
+
+
+def saved_manifest_step(state: Any) -> int | None:
+    """The manifest step a rank state records (None: none; a redistributed state: its first
+    saved rank's, as ranks deliver their batches in step)."""
+    if isinstance(state, dict) and isinstance(state.get(REDISTRIBUTED_FROM), list) and state[REDISTRIBUTED_FROM]:
+        state = state[REDISTRIBUTED_FROM][0]
+    if not isinstance(state, dict) or state.get("manifest_step") is None:
+        return None
+    step = state["manifest_step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise invalid(("manifest_step",), "the number of batches delivered (an integer >= 0)", step)
+    return step
 
 
 #: Parts of the configuration Energon does not compare on restore: under Energon's policy a state
