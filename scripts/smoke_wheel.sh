@@ -32,13 +32,14 @@ example() {
   local script=$1; shift
   "$work/venv/bin/python" "$repo/examples/$script" "$@" >"$work/example.log" 2>&1 || { cat "$work/example.log"; echo "smoke: examples/$script failed"; exit 1; }
 }
-example text_packing.py --data-dir "$work/ex" --workers 0 --batches 12 --seq-length 512
-example aspect_ratio_grouping.py --data-dir "$work/ex" --images 30
-example blend_mix.py --data-dir "$work/ex/blend" --workers 0 --batches 20 --every 10 --mode exact
-example elastic_resume.py --data-dir "$work/ex" --samples 60
-example video_qa.py --data-dir "$work/ex" --samples 8 --workers 0
-example audio_captioning.py --data-dir "$work/ex" --samples 8 --workers 0
-example video_aux.py --data-dir "$work/ex" --samples 8 --clips 4 --batches 2 --workers 0
+# Each example in its own folder: two that generate a folder of the same name must not share it.
+example text_packing.py --data-dir "$work/ex/text_packing" --workers 0 --batches 12 --seq-length 512
+example aspect_ratio_grouping.py --data-dir "$work/ex/aspect" --images 30
+example blend_mix.py --data-dir "$work/ex/blend_mix" --workers 0 --batches 20 --every 10 --mode exact
+example elastic_resume.py --data-dir "$work/ex/elastic_resume" --samples 60
+example video_qa.py --data-dir "$work/ex/video_qa" --samples 8 --workers 0
+example audio_captioning.py --data-dir "$work/ex/audio_captioning" --samples 8 --workers 0
+example video_aux.py --data-dir "$work/ex/video_aux" --samples 8 --clips 4 --batches 2 --workers 0
 example demo.py --out "$work/ex/demo" --shards 2 --samples-per-shard 10 --batches 4
 echo "smoke: the examples ran from the installed wheel"
 echo "smoke: $(basename "$wheel") installed into a fresh venv and works"
