@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -402,3 +403,85 @@ def test_shuffle_over_epochs_multipliers_none_and_minus_one_combine_as_energon(r
     assert inner.exists()
     with pytest.raises(ConfigError, match=r"shuffle_over_epochs_multiplier(.|\n)*-1 \(slices drawn with replacement"):
         load_blend_plan(write(root, "bad_multiplier.yaml", "splits:\n  train:\n    path: ./A\n    shuffle_over_epochs_multiplier: 0\n"), "train", training=True)
+
+
+# --- weight schedules (issue 40) ------------------------------------------------------------
+
+
+def schedule_yaml(root: Path, a: str, b: str, extra: str = "") -> Path:
+    text = f"splits:\n  train:\n{extra}    blend:\n      - weight: {a}\n        path: ./A\n      - weight: {b}\n        path: ./B\n"
+    return write(root, f"schedule_{abs(hash((a, b, extra)))}.yaml", text)
+
+
+SWITCH = 60  # global samples of A only, then B only
+SWITCHING = ("{step: {0: 1, %d: 0}}" % SWITCH, "{step: {0: 0, %d: 1}}" % SWITCH)
+
+
+@pytest.mark.parametrize(("workers", "batch_size"), [(0, None), (2, 4), (2, 7)])
+def test_a_step_schedule_switches_at_the_global_sample_count(root: Path, workers: int, batch_size) -> None:
+    """The clock is the global stream position (all workers), not any one worker's count."""
+    loader = get_loader(train(schedule_yaml(root, *SWITCHING), workers, batch_size=batch_size))
+    got = "".join(key[0] for key in keys(loader, 2 * SWITCH))
+    assert got == "A" * SWITCH + "B" * SWITCH
+
+
+def test_a_linear_schedule_moves_the_share(root: Path) -> None:
+    """A's weight falls linearly 1 -> 0 over 2,000 samples against B's constant 1: A's expected
+    count in [0, 1000) is sum(w / (w + 1)), about 426, and in [1000, 2000) about 261."""
+    loader = get_loader(train(schedule_yaml(root, "{linear: {0: 1, 2000: 0}}", "1"), 2, batch_size=4))
+    got = [key[0] for key in keys(loader, 2400)]
+    for start, stop in ((0, 1000), (1000, 2000), (2000, 2400)):
+        weights = [max(0.0, 1 - t / 2000) for t in range(start, stop)]
+        expected = sum(w / (w + 1) for w in weights)
+        spread = 4 * sum(w / (w + 1) * (1 - w / (w + 1)) for w in weights) ** 0.5 + 1
+        assert abs(got[start:stop].count("A") - expected) <= spread, (start, got[start:stop].count("A"), expected)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_inside_a_scheduled_blend_at_every_step(root: Path, workers: int) -> None:
+    path = schedule_yaml(root, "{cosine: {0: 3, 40: 0.5, 80: 2}}", "{step: {0: 1, 30: 2}}")
+    _resume_everywhere(lambda: train(path, workers, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4), 40, None if workers == 0 else (0, 1, 9, 10, 21, 39))
+
+
+def test_an_elastic_restore_keeps_the_schedules_clock(root: Path) -> None:
+    """Saved on 2 ranks x 1 worker after 3 steps of batch 2 (12 global samples), restored on one
+    rank: the switch still comes at global sample SWITCH."""
+    path = schedule_yaml(root, *SWITCHING)
+    saving = [get_savable_loader(get_train_dataset(path, worker_config=config(1, rank, 2), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)) for rank in range(2)]
+    iterators = [iter(loader) for loader in saving]
+    before = [key for _ in range(3) for it in iterators for key in next(it).__key__]
+    states = [loader.save_state_rank() for loader in saving]
+    restored = get_savable_loader(get_train_dataset(path, worker_config=config(0, 0, 1), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None))
+    restored.restore_state_global(states)
+    after = [key for batch in itertools.islice(restored, SWITCH) for key in batch.__key__]
+    assert "".join(k[0] for k in before + after)[: 2 * SWITCH] == "A" * SWITCH + "B" * SWITCH
+
+
+def test_a_state_saved_under_another_schedule_is_refused(root: Path) -> None:
+    loader = get_savable_loader(train(schedule_yaml(root, *SWITCHING), 0))
+    next(iter(loader))
+    other = get_savable_loader(train(schedule_yaml(root, "{step: {0: 1, 61: 0}}", SWITCHING[1]), 0))
+    with pytest.raises(Exception, match="weight_schedule"):
+        other.restore_state_rank(loader.save_state_rank())
+
+
+def test_constant_weights_keep_their_fingerprint(root: Path) -> None:
+    config_text = json.dumps(train(blend_yaml(root), 0).config())
+    assert "schedule" not in config_text
+
+
+@pytest.mark.parametrize("mode", ["exact", "cost"])
+def test_schedules_refuse_other_blend_modes_with_the_reason(root: Path, mode: str) -> None:
+    path = schedule_yaml(root, *SWITCHING, extra=f"    blend_mode: {mode}\n")
+    with pytest.raises(ConfigError, match=r"(?s)not supported with blend_mode.*blend\[0\].*fix: ") as info:
+        train(path, 0)
+    assert path.name in str(info.value)
+
+
+def test_schedule_nested_in_constant_weights(root: Path) -> None:
+    """An inner schedule (A then B) under an outer constant 1:1 with C: C keeps half throughout."""
+    inner = schedule_yaml(root, *SWITCHING)
+    outer = write(root, "schedule_outer.yaml", f"splits:\n  train:\n    blend:\n      - weight: 1\n        path: ./{inner.name}\n      - weight: 1\n        path: ./C\n")
+    got = [key[0] for key in keys(get_loader(train(outer, 0)), 4 * SWITCH)]
+    first, second = got[:SWITCH], got[2 * SWITCH :]  # the switch is at global sample SWITCH
+    assert set(first) == {"A", "C"} and set(second) == {"B", "C"}

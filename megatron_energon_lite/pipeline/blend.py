@@ -259,6 +259,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         infinite: bool = False,
         cost: Callable[[Any], int] | None = None,
         position_batch: int = 1,
+        schedules: Sequence[Any] | None = None,
     ) -> None:
         self.sources = list(sources)
         if len(self.sources) != len(weights) or not self.sources:
@@ -269,6 +270,11 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             raise ConfigError(format_message("blend mode 'cost' needs a cost function (and only it takes one)", found=f"mode {mode!r}, cost {cost!r}"))
         self.cost = cost
         self.weights = [float(w) for w in weights]
+        # Per source, the schedule of its weight (``format/weight_schedule.py``: a ``factor(clock)``
+        # that multiplies the constant weight), or None when no weight is scheduled.
+        if schedules is not None and (mode != "random" or len(schedules) != len(self.sources)):
+            raise ConfigError(format_message("weight schedules need blend mode 'random' and one entry per source", found=f"mode {mode!r}, {len(schedules)} schedules for {len(self.sources)} sources"))
+        self.schedules = None if schedules is None or all(s is None for s in schedules) else list(schedules)
         self.mode = mode
         self.seed = seed
         self.infinite = infinite  # every source repeats forever (a weighted blend)
@@ -469,6 +475,18 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
                     )
                 )
 
+    def clock(self) -> int:
+        """The global stream position of the next item (all ranks and workers; the clock of
+        weight schedules): derived from ``emitted`` and ``offset``, so saved with them."""
+        return self._offset + self.position(self._emitted)
+
+    def current_weights(self) -> list[float]:
+        """The weights at the clock (constant weights: as given)."""
+        if self.schedules is None:
+            return self.weights
+        clock = self.clock()
+        return [w if s is None else w * s.factor(clock) for w, s in zip(self.weights, self.schedules)]
+
     def _choose(self) -> int:
         if self.cost is not None:
             # The source furthest behind its share of the cost so far (ties: the larger weight).
@@ -476,8 +494,8 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             live = [i for i, done in enumerate(self._exhausted) if not done]
             return max(live, key=lambda i: (self.weights[i] * total - self._costs[i], self.weights[i], -i))
         if self.schedule is not None:
-            return self.schedule.source_at(self._offset + self.position(self._emitted))
-        live = [0.0 if done else w for w, done in zip(self.weights, self._exhausted)]
+            return self.schedule.source_at(self.clock())
+        live = [0.0 if done else w for w, done in zip(self.current_weights(), self._exhausted)]
         cumulative = list(accumulate(live))
         draw = self._stream.at(self._draws) * cumulative[-1]
         self._draws += 1

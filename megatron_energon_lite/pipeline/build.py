@@ -158,6 +158,13 @@ class PipelineSpec:
         return 16 if self.training else 1
 
 
+#: Why a blend mode refuses weight schedules (issue 40).
+SCHEDULE_MODE_REASONS = {
+    "exact": "an exact schedule whose weights change keeps its counts only by walking every global position in order, which this version does not do; use blend_mode: random, or constant weights",
+    "cost": "a cost blend shares tokens per worker and has no global sample clock to read a schedule at; use blend_mode: random, or constant weights",
+}
+
+
 def validate(spec: PipelineSpec) -> None:
     """Argument checks with messages that name the argument and the fix."""
     for name, value in (("batch_size", spec.batch_size), ("max_samples_per_sequence", spec.max_samples_per_sequence), ("shuffle_buffer_size", spec.shuffle_buffer_size), ("limit", spec.limit), ("packing_buffer_size", spec.packing_buffer_size), ("group_buffer_size", spec.group_buffer_size)):
@@ -172,6 +179,17 @@ def validate(spec: PipelineSpec) -> None:
     check_packing(hook_spec(spec.task_encoder), spec.packing_buffer_size)
     if spec.blend_mode not in BLEND_MODES:
         raise ConfigError(format_message("invalid blend_mode", expected=" or ".join(BLEND_MODES), found=repr(spec.blend_mode)))
+    scheduled = [leaf for leaf in spec.plan.leaves if leaf.weight_schedule is not None]
+    if spec.training and scheduled and spec.blend_mode != "random":
+        raise ConfigError(
+            format_message(
+                f"weight schedules are not supported with blend_mode {spec.blend_mode} yet",
+                where=scheduled[0].where,
+                expected="blend_mode: random with a weight schedule",
+                found=f"blend_mode {spec.blend_mode!r}",
+                fix=SCHEDULE_MODE_REASONS[spec.blend_mode],
+            )
+        )
     if spec.blend_mode == "cost" and spec.training and spec.plan.kind != "single":
         if spec.plan.kind != "blend":
             raise ConfigError(format_message("blend_mode cost needs weights", where=spec.path, found=spec.plan.kind, expected="a blend with weights", fix="use blend (weights), not blend_epochized"))
@@ -409,6 +427,7 @@ def datasets_recipe(spec: PipelineSpec, datasets: list[Recipe] | None = None) ->
         return Repeat(nodes[0], wc, count_samples=False) if spec.repeat else nodes[0]
     names = tuple(leaf.where for leaf in plan.leaves)
     if plan.kind == "blend":
+        scheduled = any(leaf.weight_schedule is not None for leaf in plan.leaves)
         return Blend(
             tuple(Repeat(node, wc, count_samples=False) for node in nodes),
             wc,
@@ -417,7 +436,9 @@ def datasets_recipe(spec: PipelineSpec, datasets: list[Recipe] | None = None) ->
             names=names,
             infinite=True,
             cost=spec.task_encoder.sample_cost if spec.blend_mode == "cost" else None,
-            global_batch=(spec.batch_size or 1) if spec.blend_mode == "exact" else None,
+            # Exact schedules and scheduled weights follow the global stream position.
+            global_batch=(spec.batch_size or 1) if spec.blend_mode == "exact" or scheduled else None,
+            schedules=tuple(leaf.weight_schedule for leaf in plan.leaves) if scheduled else None,
         )
     # blend_epochized: every dataset `repetitions` times per pass. Exact: per worker, the schedule's
     # weights are the items each dataset yields on it; random: Energon's weights, each dataset's

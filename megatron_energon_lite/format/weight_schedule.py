@@ -1,0 +1,166 @@
+"""Blend weights that change over a run: a ``weight:`` given as a schedule (issue 40).
+
+A schedule is a list of points ``(clock, weight)`` over the blend's clock, the number of samples
+the blend has delivered *globally* (all ranks and workers: the global stream position the exact
+blend uses, ``pipeline/recipe.py: global_position``), so it does not depend on the topology.
+Between points, ``step`` keeps the last point's weight, ``linear`` interpolates, ``cosine`` eases
+from one point's weight to the next (``a + (b - a) * (1 - cos(pi * f)) / 2``); before the first
+point the first weight holds, after the last the last.
+
+YAML (the spelling of Energon's issue #17; keys are clock values, values are weights)::
+
+    weight: {linear: {0: 100, 100: 10, 1000: 0}}
+    weight: {step: {0: 1, 5000: 3}, clock: steps, global_batch_size: 64}
+
+``clock: steps`` (with ``global_batch_size``) reads the keys as training steps: a step is
+``global_batch_size`` samples of the global stream.
+
+A blended leaf's weight at clock ``t`` is the product, over the levels of the metadataset tree
+above it, of its entry's share at that level, ``w(t) / sum of its siblings' w(t)``
+(:class:`LeafSchedule`), so a schedule nested in a schedule is defined the same way as a schedule
+nested in constant weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Mapping, Sequence
+
+from ..errors import ConfigError, format_message
+
+__all__ = ["SCHEDULE_KINDS", "LeafSchedule", "WeightSchedule", "check_level", "parse_weight_schedule"]
+
+#: The kinds of schedule a ``weight:`` may name.
+SCHEDULE_KINDS = ("step", "linear", "cosine")
+_CLOCKS = ("samples", "steps")
+
+
+@dataclass(frozen=True)
+class WeightSchedule:
+    """``kind`` between ``points`` (clock in samples, weight), clocks strictly increasing."""
+
+    kind: str
+    points: tuple[tuple[int, float], ...]
+
+    def at(self, clock: int) -> float:
+        """The weight at global sample ``clock``."""
+        points = self.points
+        if clock <= points[0][0]:
+            return points[0][1]
+        if clock >= points[-1][0]:
+            return points[-1][1]
+        low, high = 0, len(points) - 1
+        while high - low > 1:  # the segment [points[low], points[high]) holding clock
+            middle = (low + high) // 2
+            if points[middle][0] <= clock:
+                low = middle
+            else:
+                high = middle
+        (x0, a), (x1, b) = points[low], points[high]
+        if self.kind == "step":
+            return a
+        fraction = (clock - x0) / (x1 - x0)
+        if self.kind == "cosine":
+            fraction = (1 - math.cos(math.pi * fraction)) / 2
+        return a + (b - a) * fraction
+
+    def describe(self) -> dict[str, Any]:
+        """Plain JSON for fingerprints."""
+        return {self.kind: [[x, w] for x, w in self.points]}
+
+
+Weight = Fraction | WeightSchedule
+
+
+def weight_at(weight: Weight, clock: int) -> float:
+    return weight.at(clock) if isinstance(weight, WeightSchedule) else float(weight)
+
+
+@dataclass(frozen=True)
+class LeafSchedule:
+    """A leaf's scheduled factors: per scheduled level above it, the weights of the siblings at
+    that level and the index of the entry the leaf is under.  The leaf's weight at ``clock`` is
+    its constant weight times each level's share ``w[index](clock) / sum(w(clock))``."""
+
+    levels: tuple[tuple[tuple[Weight, ...], int], ...]
+
+    def factor(self, clock: int) -> float:
+        result = 1.0
+        for siblings, index in self.levels:
+            values = [weight_at(w, clock) for w in siblings]
+            result *= values[index] / sum(values)
+        return result
+
+    def describe(self) -> list[Any]:
+        return [[[w.describe() if isinstance(w, WeightSchedule) else float(w) for w in siblings], index] for siblings, index in self.levels]
+
+    def outer(self, siblings: tuple[Weight, ...], index: int) -> "LeafSchedule":
+        """This schedule under one more (outer) scheduled level."""
+        return LeafSchedule(((siblings, index), *self.levels))
+
+
+def _bad(where: str, what: str, expected: str, found: Any) -> ConfigError:
+    return ConfigError(format_message(f"invalid weight schedule: {what}", where=where, expected=expected, found=repr(found)[:120], fix="see docs/guide/blending.md, 'Weights that change during a run'"))
+
+
+def _clock_value(key: Any, where: str) -> int:
+    if isinstance(key, str) and key.strip().isdigit():
+        key = int(key.strip())
+    if not isinstance(key, int) or isinstance(key, bool) or key < 0:
+        raise _bad(where, "a point's clock is not a non-negative integer", "a clock value (samples, or steps with clock: steps) >= 0", key)
+    return key
+
+
+def parse_weight_schedule(raw: Mapping, where: str) -> WeightSchedule:
+    """A ``weight:`` mapping (``{kind: {clock: weight, ...}, clock: ..., global_batch_size: ...}``)
+    -> a schedule over samples; ``where`` is the YAML path of the ``weight`` key."""
+    kinds = [key for key in raw if key in SCHEDULE_KINDS]
+    unknown = [key for key in raw if key not in (*SCHEDULE_KINDS, "clock", "global_batch_size")]
+    if unknown or len(kinds) != 1:
+        raise _bad(where, "unknown schedule kind" if unknown else "one schedule kind expected", f"one of {', '.join(SCHEDULE_KINDS)} (with optional clock: samples|steps and global_batch_size)", f"keys {', '.join(map(str, raw))}")
+    kind = kinds[0]
+    clock = raw.get("clock", "samples")
+    if clock not in _CLOCKS:
+        raise _bad(f"{where}.clock", "unknown clock", " or ".join(_CLOCKS), clock)
+    scale = 1
+    if clock == "steps":
+        scale = raw.get("global_batch_size")
+        if not isinstance(scale, int) or isinstance(scale, bool) or scale <= 0:
+            raise _bad(f"{where}.global_batch_size", "clock: steps needs the global batch size", "a positive integer (samples per training step, all ranks)", scale)
+    elif "global_batch_size" in raw:
+        raise _bad(f"{where}.global_batch_size", "global_batch_size only applies to clock: steps", "clock: steps, or no global_batch_size", raw["global_batch_size"])
+    table = raw[kind]
+    if not isinstance(table, Mapping) or not table:
+        raise _bad(f"{where}.{kind}", "no points", "a mapping {clock: weight, ...} with at least one point", table)
+    points: list[tuple[int, float]] = []
+    for key, value in table.items():
+        point_where = f"{where}.{kind}[{key!r}]"
+        x = _clock_value(key, point_where)
+        if points and x * scale <= points[-1][0]:
+            raise _bad(point_where, "points are not increasing", f"a clock > {points[-1][0] // scale}", x)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+        if not ok:
+            raise _bad(point_where, "a weight is negative or not a finite number", "a finite number >= 0", value)
+        points.append((x * scale, float(value)))
+    return WeightSchedule(kind, tuple(points))
+
+
+def check_level(weights: Sequence[Weight], where: str) -> None:
+    """Some weight of a blend level is positive at every clock.  Between two consecutive points of
+    all its schedules each weight is constant or monotone, so a level whose weights all vanish
+    somewhere vanishes at one of those points: checking them (and 0) suffices."""
+    clocks = sorted({0, *(x for w in weights if isinstance(w, WeightSchedule) for x, _ in w.points)})
+    for clock in clocks:
+        values = [weight_at(w, clock) for w in weights]
+        if sum(values) <= 0:
+            raise ConfigError(
+                format_message(
+                    "all blend weights are zero at a point of the schedule",
+                    where=where,
+                    expected="at least one positive weight at every clock",
+                    found=f"at clock {clock} (samples): weights " + ", ".join(f"{v:g}" for v in values),
+                    fix="give some entry a positive weight at that point",
+                )
+            )
