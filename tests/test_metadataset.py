@@ -485,3 +485,9 @@ def test_schedule_nested_in_constant_weights(root: Path) -> None:
     got = [key[0] for key in keys(get_loader(train(outer, 0)), 4 * SWITCH)]
     first, second = got[:SWITCH], got[2 * SWITCH :]  # the switch is at global sample SWITCH
     assert set(first) == {"A", "C"} and set(second) == {"B", "C"}
+
+
+def test_blend_report_target_of_a_scheduled_entry_is_its_share_at_the_start(root: Path) -> None:
+    loader = get_savable_loader(train(schedule_yaml(root, "{linear: {0: 3, 100: 0}}", "1"), 0))
+    next(iter(loader))
+    assert [row["target_share"] for row in loader.blend_report()] == [0.75, 0.25]

@@ -130,7 +130,8 @@ class PipelineSpec:
         """The datasets of a blend (or val concatenation) and each one's target share of samples."""
         leaves = [leaf.describe() for leaf in self.plan.leaves]
         if self.plan.kind == "blend":
-            targets = [float(leaf.weight) for leaf in self.plan.leaves]
+            # A scheduled weight: its share at the start (clock 0); the schedule is in the leaf.
+            targets = [float(leaf.weight) * (1.0 if leaf.weight_schedule is None else leaf.weight_schedule.factor(0)) for leaf in self.plan.leaves]
         else:
             repetitions = [leaf.repetitions if self.plan.kind == "blend_epochized" else 1.0 for leaf in self.plan.leaves]
             sizes = [size * r for size, r in zip(dataset_sizes(self), repetitions)]
