@@ -443,17 +443,28 @@ def test_resume_inside_a_scheduled_blend_at_every_step(root: Path, workers: int)
     _resume_everywhere(lambda: train(path, workers, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4), 40, None if workers == 0 else (0, 1, 9, 10, 21, 39))
 
 
-def test_an_elastic_restore_keeps_the_schedules_clock(root: Path) -> None:
-    """Saved on 2 ranks x 1 worker after 3 steps of batch 2 (12 global samples), restored on one
-    rank: the switch still comes at global sample SWITCH."""
+@pytest.mark.parametrize(("old", "new"), [((2, 1), (1, 0)), ((2, 1), (1, 2)), ((2, 2), (4, 1))])
+def test_an_elastic_restore_keeps_the_schedules_clock(root: Path, old, new) -> None:
+    """Saved on ranks x workers ``old`` after 3 steps of batch 2, restored on ``new`` (also with as
+    many global workers, whose positions in the global stream differ: (2, 2) -> (4, 1)): the
+    switch still comes at global sample SWITCH.  Ranks run in lock step, so the global stream
+    is their batches step by step, rank by rank."""
     path = schedule_yaml(root, *SWITCHING)
-    saving = [get_savable_loader(get_train_dataset(path, worker_config=config(1, rank, 2), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)) for rank in range(2)]
-    iterators = [iter(loader) for loader in saving]
-    before = [key for _ in range(3) for it in iterators for key in next(it).__key__]
+
+    def loaders(world: int, workers: int) -> list:
+        return [get_savable_loader(get_train_dataset(path, worker_config=config(workers, rank, world), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)) for rank in range(world)]
+
+    def stream(ranks: list, steps: int) -> list[str]:
+        iterators = [iter(loader) for loader in ranks]
+        return [key for _ in range(steps) for it in iterators for key in next(it).__key__]
+
+    saving = loaders(*old)
+    before = stream(saving, 3)
     states = [loader.save_state_rank() for loader in saving]
-    restored = get_savable_loader(get_train_dataset(path, worker_config=config(0, 0, 1), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None))
-    restored.restore_state_global(states)
-    after = [key for batch in itertools.islice(restored, SWITCH) for key in batch.__key__]
+    restored = loaders(*new)
+    for loader in restored:
+        loader.restore_state_global(states)
+    after = stream(restored, SWITCH // new[0])
     assert "".join(k[0] for k in before + after)[: 2 * SWITCH] == "A" * SWITCH + "B" * SWITCH
 
 
