@@ -443,8 +443,9 @@ def test_resume_inside_a_scheduled_blend_at_every_step(root: Path, workers: int)
     _resume_everywhere(lambda: train(path, workers, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4), 40, None if workers == 0 else (0, 1, 9, 10, 21, 39))
 
 
+@pytest.mark.parametrize("mode", ["random", "exact"])
 @pytest.mark.parametrize(("old", "new"), [((2, 1), (1, 0)), ((2, 1), (1, 2)), ((2, 2), (4, 1))])
-def test_an_elastic_restore_keeps_the_schedules_clock(root: Path, old, new) -> None:
+def test_an_elastic_restore_keeps_the_schedules_clock(root: Path, old, new, mode: str) -> None:
     """Saved on ranks x workers ``old`` after 3 steps of batch 2, restored on ``new`` (also with as
     many global workers, whose positions in the global stream differ: (2, 2) -> (4, 1)): the
     switch still comes at global sample SWITCH.  Ranks run in lock step, so the global stream
@@ -452,7 +453,7 @@ def test_an_elastic_restore_keeps_the_schedules_clock(root: Path, old, new) -> N
     path = schedule_yaml(root, *SWITCHING)
 
     def loaders(world: int, workers: int) -> list:
-        return [get_savable_loader(get_train_dataset(path, worker_config=config(workers, rank, world), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)) for rank in range(world)]
+        return [get_savable_loader(get_train_dataset(path, worker_config=config(workers, rank, world), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None, blend_mode=mode)) for rank in range(world)]
 
     def stream(ranks: list, steps: int) -> list[str]:
         iterators = [iter(loader) for loader in ranks]
@@ -481,12 +482,31 @@ def test_constant_weights_keep_their_fingerprint(root: Path) -> None:
     assert "schedule" not in config_text
 
 
-@pytest.mark.parametrize("mode", ["exact", "cost"])
-def test_schedules_refuse_other_blend_modes_with_the_reason(root: Path, mode: str) -> None:
-    path = schedule_yaml(root, *SWITCHING, extra=f"    blend_mode: {mode}\n")
-    with pytest.raises(ConfigError, match=r"(?s)not supported with blend_mode.*blend\[0\].*fix: ") as info:
+def test_schedules_refuse_cost_blends_with_the_reason(root: Path) -> None:
+    path = schedule_yaml(root, *SWITCHING, extra="    blend_mode: cost\n")
+    with pytest.raises(ConfigError, match=r"(?s)not supported with blend_mode cost.*blend\[0\].*fix: ") as info:
         train(path, 0)
     assert path.name in str(info.value)
+
+
+@pytest.mark.parametrize(("workers", "batch_size"), [(0, None), (2, 4), (2, 3)])
+def test_exact_scheduled_blend_is_within_one_of_the_integral_at_every_prefix(root: Path, workers: int, batch_size) -> None:
+    """A's weight falls 1 -> 0 (linear over 300 samples), B's is 1: at every prefix of the global
+    stream, A's count is within one sample of the sum of its shares w / (w + 1) so far."""
+    path = schedule_yaml(root, "{linear: {0: 1, 300: 0}}", "1", extra="    blend_mode: exact\n")
+    got = keys(get_loader(train(path, workers, batch_size=batch_size)), 400)
+    count, target = 0, 0.0
+    for position, key in enumerate(got):
+        weight = max(0.0, 1 - position / 300)
+        target += weight / (weight + 1)
+        count += key[0] == "A"
+        assert abs(count - target) < 1, (position, count, target)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_inside_an_exact_scheduled_blend_at_every_step(root: Path, workers: int) -> None:
+    path = schedule_yaml(root, "{cosine: {0: 3, 40: 0.5, 80: 2}}", "{step: {0: 1, 30: 2}}", extra="    blend_mode: exact\n")
+    _resume_everywhere(lambda: train(path, workers, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4), 40, None if workers == 0 else (0, 1, 9, 10, 21, 39))
 
 
 def test_schedule_nested_in_constant_weights(root: Path) -> None:

@@ -84,7 +84,7 @@ from .state_check import (
     state_path,
 )
 
-__all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "blended_costs", "consumed_counts", "integer_weights"]
+__all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "ScheduledExactSchedule", "blended_costs", "consumed_counts", "integer_weights"]
 
 #: Periods up to this length are tabulated once, so a jump to any position costs O(sources).
 TABLE_LIMIT = 1 << 16
@@ -242,6 +242,103 @@ def _window_sources(weights: tuple[int, ...], start: tuple[int, tuple[int, ...]]
     return np.fromiter((schedule.source_at(p) for p in range(first, first + length)), dtype=np.int64, count=length)
 
 
+#: Positions a scheduled exact schedule walks to measure a worker's rates (elastic resume).
+SCHEDULED_RATE_WINDOW = 1 << 14
+
+
+class ScheduledExactSchedule:
+    """:class:`ExactSchedule` for weights that change with the position (``weight:`` schedules).
+
+    Each source's target is the running sum of its share (its weight at the position over the
+    level's total), ``lag`` its target minus its count.  At position ``p`` the candidates are the
+    sources whose lag including ``p``'s share is at least ``d = 1 / (2K - 2)`` and the one whose
+    deadline (lag reaching ``1 - d``), estimated at its current share, comes first wins (ties:
+    the lowest index): Tijdeman's rule with the deadline looked up at the current share instead
+    of the future ones, so the bound of one sample holds while the shares are constant and a
+    change of shares may add to it (``tests/pipeline/test_blend.py`` measures it under random
+    schedules).  There is no period: a worker walks every global position up to its own.
+
+    Cursor (the state): the next position, the counts before it and each source's lag (floats;
+    JSON keeps them exact).
+    """
+
+    period = None
+
+    def __init__(self, weights: Sequence[float], schedules: Sequence[Any]) -> None:
+        self.weights = [float(w) for w in weights]
+        self.schedules = list(schedules)
+        self._threshold = 1 / (2 * len(self.weights) - 2) if len(self.weights) > 1 else 0.0
+        self.reset()
+
+    def shares(self, position: int) -> list[float]:
+        values = [w if s is None else w * s.factor(position) for w, s in zip(self.weights, self.schedules)]
+        total = sum(values)
+        return [v / total for v in values]
+
+    def reset(self, state: dict | None = None) -> None:
+        n = len(self.weights)
+        if state is None:
+            self.position, self._counts, self._lag = 0, [0] * n, [0.0] * n
+            return
+        if not isinstance(state, dict) or not {"position", "counts", "lag"} <= set(state):
+            raise invalid((), 'the scheduled exact cursor: {"position": int, "counts": [int, ...], "lag": [float, ...]}', state, stage="Blend schedule")
+        position = check_count(state["position"], "position", stage="Blend schedule")
+        counts = check_list(state["counts"], "counts", stage="Blend schedule", length=n, of="counts, one per dataset")
+        counts = [check_count(c, "counts", i, stage="Blend schedule", high=position) for i, c in enumerate(counts)]
+        lag = check_list(state["lag"], "lag", stage="Blend schedule", length=n, of="lags, one per dataset")
+        for i, value in enumerate(lag):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or abs(value) > n:
+                raise invalid(("lag", i), f"a finite number within {n} of 0", value, stage="Blend schedule")
+        if sum(counts) != position:
+            raise invalid(("counts",), f"counts that add up to the position ({position})", counts, stage="Blend schedule")
+        self.position, self._counts, self._lag = position, counts, [float(v) for v in lag]
+
+    @property
+    def counts(self) -> list[int]:
+        return list(self._counts)
+
+    def get_state(self) -> dict:
+        return {"position": self.position, "counts": self.counts, "lag": list(self._lag)}
+
+    def _step(self) -> int:
+        shares = self.shares(self.position)
+        lag = [g + s for g, s in zip(self._lag, shares)]
+        best, best_deadline = 0, math.inf
+        if len(lag) > 1:
+            best = -1
+            for i, (g, s) in enumerate(zip(lag, shares)):
+                if g < self._threshold:
+                    continue
+                deadline = (1 - self._threshold - g) / s if s > 0 else math.inf
+                if best < 0 or deadline < best_deadline:
+                    best, best_deadline = i, deadline
+        lag[best] -= 1
+        self._lag = lag
+        self._counts[best] += 1
+        self.position += 1
+        return best
+
+    def source_at(self, position: int) -> int:
+        """The source of ``position`` (>= the cursor); walks the cursor past it."""
+        if position < self.position:
+            raise StateError(format_message("exact blend schedule asked for a past position", expected=f">= {self.position}", found=str(position)))
+        while self.position < position:
+            self._step()
+        return self._step()
+
+    def rates(self, first: int, bases: Sequence[int], stride: int, *, start: dict | None = None) -> list[int]:
+        """How often the positions ``first + base + k * stride`` take each source over a window
+        from ``first`` (the shares change, so this is the rate there)."""
+        walker = ScheduledExactSchedule(self.weights, self.schedules)
+        walker.reset(start)
+        if walker.position < first:
+            walker.source_at(first - 1)
+        steps = max(1, SCHEDULED_RATE_WINDOW // stride)
+        window = [walker.source_at(p) for p in range(first, first + steps * stride)]
+        taken = [window[base + k * stride] for base in bases for k in range(steps) if base + k * stride < len(window)]
+        return np.bincount(np.asarray(taken, dtype=np.int64), minlength=len(self.weights)).tolist()
+
+
 class BlendNode(Node[Any], ForwardsEpochs, Elastic):
     """Mixes ``sources`` by ``weights`` (random draws, or an :class:`ExactSchedule`)."""
 
@@ -272,8 +369,8 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         self.weights = [float(w) for w in weights]
         # Per source, the schedule of its weight (``format/weight_schedule.py``: a ``factor(clock)``
         # that multiplies the constant weight), or None when no weight is scheduled.
-        if schedules is not None and (mode != "random" or len(schedules) != len(self.sources)):
-            raise ConfigError(format_message("weight schedules need blend mode 'random' and one entry per source", found=f"mode {mode!r}, {len(schedules)} schedules for {len(self.sources)} sources"))
+        if schedules is not None and (mode == "cost" or len(schedules) != len(self.sources) or not infinite):
+            raise ConfigError(format_message("weight schedules need blend mode random or exact, an endless blend and one entry per source", found=f"mode {mode!r}, {len(schedules)} schedules for {len(self.sources)} sources"))
         self.schedules = None if schedules is None or all(s is None for s in schedules) else list(schedules)
         self.mode = mode
         self.seed = seed
@@ -282,7 +379,9 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         # The exact schedule runs over global positions; by default this worker's own items.
         self.position = position if position is not None else (lambda n: n)
         self.position_batch = position_batch  # consecutive items at consecutive positions (a batch)
-        self.schedule = ExactSchedule(integer_weights(weights)) if mode == "exact" else None
+        self.schedule: ExactSchedule | ScheduledExactSchedule | None = None
+        if mode == "exact":
+            self.schedule = ExactSchedule(integer_weights(weights)) if self.schedules is None else ScheduledExactSchedule(self.weights, self.schedules)
         self._own_schedule = self.schedule  # self.schedule differs only in a carried pass
         self._pass_weights: list[int] | None = None
         self._stream: UniformStream | None = None
@@ -470,7 +569,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
                     format_message(
                         "an exact blend cannot move this dataset's rest of the epoch to this worker: its positions in the schedule never take that dataset",
                         where=self.names[k],
-                        found=f"the weights' period of {self.schedule.period} positions and this topology's global workers times batch size share a factor",
+                        found=f"the weights' period of {self.schedule.period} positions and this topology's global workers times batch size share a factor" if self.schedule.period else "over the next positions of the weight schedule, this worker's positions never take it",
                         fix="restore with another number of ranks or workers (or batch size), or with blend_mode random",
                     )
                 )

@@ -159,13 +159,6 @@ class PipelineSpec:
         return 16 if self.training else 1
 
 
-#: Why a blend mode refuses weight schedules (issue 40).
-SCHEDULE_MODE_REASONS = {
-    "exact": "an exact schedule whose weights change keeps its counts only by walking every global position in order, which this version does not do; use blend_mode: random, or constant weights",
-    "cost": "a cost blend shares tokens per worker and has no global sample clock to read a schedule at; use blend_mode: random, or constant weights",
-}
-
-
 def validate(spec: PipelineSpec) -> None:
     """Argument checks with messages that name the argument and the fix."""
     for name, value in (("batch_size", spec.batch_size), ("max_samples_per_sequence", spec.max_samples_per_sequence), ("shuffle_buffer_size", spec.shuffle_buffer_size), ("limit", spec.limit), ("packing_buffer_size", spec.packing_buffer_size), ("group_buffer_size", spec.group_buffer_size)):
@@ -181,14 +174,14 @@ def validate(spec: PipelineSpec) -> None:
     if spec.blend_mode not in BLEND_MODES:
         raise ConfigError(format_message("invalid blend_mode", expected=" or ".join(BLEND_MODES), found=repr(spec.blend_mode)))
     scheduled = [leaf for leaf in spec.plan.leaves if leaf.weight_schedule is not None]
-    if spec.training and scheduled and spec.blend_mode != "random":
+    if spec.training and scheduled and spec.blend_mode == "cost":
         raise ConfigError(
             format_message(
-                f"weight schedules are not supported with blend_mode {spec.blend_mode} yet",
+                "weight schedules are not supported with blend_mode cost",
                 where=scheduled[0].where,
-                expected="blend_mode: random with a weight schedule",
+                expected="blend_mode random or exact with a weight schedule",
                 found=f"blend_mode {spec.blend_mode!r}",
-                fix=SCHEDULE_MODE_REASONS[spec.blend_mode],
+                fix="a cost blend shares tokens per worker and has no global sample clock to read a schedule at; use blend_mode random or exact, or constant weights",
             )
         )
     if spec.blend_mode == "cost" and spec.training and spec.plan.kind != "single":
