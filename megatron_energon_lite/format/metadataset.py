@@ -604,8 +604,10 @@ class _Parser:
         if kind == "blend" and any(isinstance(weight, WeightSchedule) for weight, _ in children):
             weights = tuple(weight for weight, _ in children)
             check_level(weights, self.where(f"{key_path}.blend"))
-            for i, (_, child) in enumerate(children):
-                leaves.extend(replace(leaf, weight_schedule=(leaf.weight_schedule or LeafSchedule(())).outer(weights, i)) for leaf in child.leaves)
+            for i, (weight, child) in enumerate(children):
+                # A constant 0 next to schedules: weight 0, so the loader leaves it out as usual.
+                zero = Fraction(0) if weight == 0 else Fraction(1)
+                leaves.extend(replace(leaf, weight=leaf.weight * zero, weight_schedule=(leaf.weight_schedule or LeafSchedule(())).outer(weights, i)) for leaf in child.leaves)
         elif kind == "blend":
             total = sum(weight for weight, _ in children)
             if total <= 0:

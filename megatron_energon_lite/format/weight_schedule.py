@@ -23,6 +23,7 @@ nested in constant weights.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -30,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ConfigError, format_message
 
-__all__ = ["SCHEDULE_KINDS", "LeafSchedule", "WeightSchedule", "check_level", "parse_weight_schedule"]
+__all__ = ["SCHEDULE_KINDS", "LeafSchedule", "ScheduledWeights", "WeightSchedule", "check_level", "parse_weight_schedule"]
 
 #: The kinds of schedule a ``weight:`` may name.
 SCHEDULE_KINDS = ("step", "linear", "cosine")
@@ -44,23 +45,17 @@ class WeightSchedule:
     kind: str
     points: tuple[tuple[int, float], ...]
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_clocks", tuple(x for x, _ in self.points))
+
     def at(self, clock: int) -> float:
         """The weight at global sample ``clock``."""
-        points = self.points
-        if clock <= points[0][0]:
-            return points[0][1]
-        if clock >= points[-1][0]:
-            return points[-1][1]
-        low, high = 0, len(points) - 1
-        while high - low > 1:  # the segment [points[low], points[high]) holding clock
-            middle = (low + high) // 2
-            if points[middle][0] <= clock:
-                low = middle
-            else:
-                high = middle
-        (x0, a), (x1, b) = points[low], points[high]
-        if self.kind == "step":
-            return a
+        after = bisect.bisect_right(self._clocks, clock)  # points[after - 1] <= clock < points[after]
+        if after == 0:
+            return self.points[0][1]
+        if after == len(self.points) or self.kind == "step":
+            return self.points[after - 1][1]
+        (x0, a), (x1, b) = self.points[after - 1], self.points[after]
         fraction = (clock - x0) / (x1 - x0)
         if self.kind == "cosine":
             fraction = (1 - math.cos(math.pi * fraction)) / 2
@@ -69,6 +64,15 @@ class WeightSchedule:
     def describe(self) -> dict[str, Any]:
         """Plain JSON for fingerprints."""
         return {self.kind: [[x, w] for x, w in self.points]}
+
+    def holds_until(self, clock: int) -> float:
+        """The first clock after ``clock`` at which the weight may differ from ``at(clock)``."""
+        after = bisect.bisect_right(self._clocks, clock)
+        if after == len(self.points):
+            return math.inf
+        if self.kind == "step" or after == 0 or self.points[after - 1][1] == self.points[after][1]:
+            return self._clocks[after]
+        return clock + 1
 
 
 Weight = Fraction | WeightSchedule
@@ -99,6 +103,40 @@ class LeafSchedule:
     def outer(self, siblings: tuple[Weight, ...], index: int) -> "LeafSchedule":
         """This schedule under one more (outer) scheduled level."""
         return LeafSchedule(((siblings, index), *self.levels))
+
+
+class ScheduledWeights:
+    """The leaves' weights at a clock (constant weight times :meth:`LeafSchedule.factor`), each
+    level evaluated once per clock, and kept while no schedule can change (a step schedule
+    between its points costs one comparison per sample)."""
+
+    def __init__(self, weights: Sequence[float], schedules: Sequence[LeafSchedule | None]) -> None:
+        self.weights = [float(w) for w in weights]
+        self.schedules = list(schedules)
+        self._valid = (0, -1)  # [from, until) where self._values hold
+        self._values: list[float] = []
+
+    def at(self, clock: int) -> list[float]:
+        if not self._valid[0] <= clock < self._valid[1]:
+            self._values, until = self._evaluate(clock)
+            self._valid = (clock, until)
+        return self._values
+
+    def _evaluate(self, clock: int) -> tuple[list[float], float]:
+        shares: dict[int, list[float]] = {}
+        until = math.inf
+        values = []
+        for weight, schedule in zip(self.weights, self.schedules):
+            factor = 1.0
+            for siblings, index in () if schedule is None else schedule.levels:
+                if id(siblings) not in shares:
+                    level = [weight_at(w, clock) for w in siblings]
+                    total = sum(level)
+                    shares[id(siblings)] = [v / total for v in level]
+                    until = min([until, *(w.holds_until(clock) for w in siblings if isinstance(w, WeightSchedule))])
+                factor *= shares[id(siblings)][index]
+            values.append(weight * factor)
+        return values, until
 
 
 def _bad(where: str, what: str, expected: str, found: Any) -> ConfigError:

@@ -60,6 +60,7 @@ from ..errors import (
     StateError,
     format_message,
 )
+from ..format.weight_schedule import ScheduledWeights
 from ..rng import UniformStream
 from .load import BLEND_TAG
 from .node import (
@@ -267,11 +268,12 @@ class ScheduledExactSchedule:
     def __init__(self, weights: Sequence[float], schedules: Sequence[Any]) -> None:
         self.weights = [float(w) for w in weights]
         self.schedules = list(schedules)
+        self._weights_at = ScheduledWeights(self.weights, self.schedules)
         self._threshold = 1 / (2 * len(self.weights) - 2) if len(self.weights) > 1 else 0.0
         self.reset()
 
     def shares(self, position: int) -> list[float]:
-        values = [w if s is None else w * s.factor(position) for w, s in zip(self.weights, self.schedules)]
+        values = self._weights_at.at(position)
         total = sum(values)
         return [v / total for v in values]
 
@@ -372,6 +374,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         if schedules is not None and (mode == "cost" or len(schedules) != len(self.sources) or not infinite):
             raise ConfigError(format_message("weight schedules need blend mode random or exact, an endless blend and one entry per source", found=f"mode {mode!r}, {len(schedules)} schedules for {len(self.sources)} sources"))
         self.schedules = None if schedules is None or all(s is None for s in schedules) else list(schedules)
+        self._weights_at = None if self.schedules is None else ScheduledWeights(self.weights, self.schedules)
         self.mode = mode
         self.seed = seed
         self.infinite = infinite  # every source repeats forever (a weighted blend)
@@ -581,10 +584,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
 
     def current_weights(self) -> list[float]:
         """The weights at the clock (constant weights: as given)."""
-        if self.schedules is None:
-            return self.weights
-        clock = self.clock()
-        return [w if s is None else w * s.factor(clock) for w, s in zip(self.weights, self.schedules)]
+        return self.weights if self._weights_at is None else self._weights_at.at(self.clock())
 
     def _choose(self) -> int:
         if self.cost is not None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.format.metadataset import load_blend_plan
-from megatron_energon_lite.format.weight_schedule import LeafSchedule, WeightSchedule, check_level, parse_weight_schedule
+from megatron_energon_lite.format.weight_schedule import LeafSchedule, ScheduledWeights, WeightSchedule, check_level, parse_weight_schedule
 
 HEADER = {"__module__": "megatron.energon", "__class__": "MetadatasetV2"}
 
@@ -127,3 +127,25 @@ def test_repetitions_cannot_be_scheduled() -> None:
 def test_a_level_all_zero_at_a_point_is_named_in_the_yaml() -> None:
     with pytest.raises(ConfigError, match=r"(?s)splits\.train\.blend.*clock 10"):
         _plan([{"path": "a", "weight": {"step": {0: 1, 10: 0}}}, {"path": "b", "weight": 0}])
+
+
+def test_a_constant_zero_next_to_a_schedule_has_weight_zero() -> None:
+    """So that the loader leaves it out with its usual warning (it would never be drawn)."""
+    a, b = _plan([{"path": "a", "weight": {"step": {0: 1}}}, {"path": "b", "weight": 0}]).leaves
+    assert a.weight == 1 and b.weight == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["step", "linear", "cosine"]), st.dictionaries(st.integers(0, 60), st.sampled_from([0, 1, 3]), min_size=1, max_size=4)), min_size=2, max_size=4),
+    st.lists(st.integers(0, 80), min_size=1, max_size=40),
+)
+def test_cached_weights_equal_the_schedules_at_every_clock(raw, clocks: list[int]) -> None:
+    """ScheduledWeights keeps values while no schedule can change: the same as evaluating anew."""
+    level = tuple(WeightSchedule(kind, tuple((x, float(w)) for x, w in sorted(points.items()))) for kind, points in raw)
+    leaves = [LeafSchedule(((level, i),)) for i in range(len(level))]
+    cached = ScheduledWeights([2.0] * len(level), leaves)
+    for clock in sorted(clocks) + clocks:  # forward walks and jumps back
+        if sum(w.at(clock) for w in level) == 0:
+            continue
+        assert cached.at(clock) == pytest.approx([2.0 * leaf.factor(clock) for leaf in leaves]), clock
