@@ -7,7 +7,8 @@ Between points, ``step`` keeps the last point's weight, ``linear`` interpolates,
 from one point's weight to the next (``a + (b - a) * (1 - cos(pi * f)) / 2``); before the first
 point the first weight holds, after the last the last.
 
-YAML (the spelling of Energon's issue #17; keys are clock values, values are weights)::
+YAML (the spelling of Energon's issue #17, its ``__module__: megatron.energon`` and
+``__class__: WeightSchedule`` keys optional; keys are clock values, values are weights)::
 
     weight: {linear: {0: 100, 100: 10, 1000: 0}}
     weight: {step: {0: 1, 5000: 3}, clock: steps, global_batch_size: 64}
@@ -154,8 +155,10 @@ def _clock_value(key: Any, where: str) -> int:
 def parse_weight_schedule(raw: Mapping, where: str) -> WeightSchedule:
     """A ``weight:`` mapping (``{kind: {clock: weight, ...}, clock: ..., global_batch_size: ...}``)
     -> a schedule over samples; ``where`` is the YAML path of the ``weight`` key."""
+    if raw.get("__module__", "megatron.energon") not in ("megatron.energon", "megatron_energon_lite") or raw.get("__class__", "WeightSchedule") != "WeightSchedule":
+        raise _bad(where, "unknown __module__ / __class__", "__module__: megatron.energon, __class__: WeightSchedule (or neither)", {k: raw.get(k) for k in ("__module__", "__class__")})
     kinds = [key for key in raw if key in SCHEDULE_KINDS]
-    unknown = [key for key in raw if key not in (*SCHEDULE_KINDS, "clock", "global_batch_size")]
+    unknown = [key for key in raw if key not in (*SCHEDULE_KINDS, "clock", "global_batch_size", "__module__", "__class__")]
     if unknown or len(kinds) != 1:
         raise _bad(where, "unknown schedule kind" if unknown else "one schedule kind expected", f"one of {', '.join(SCHEDULE_KINDS)} (with optional clock: samples|steps and global_batch_size)", f"keys {', '.join(map(str, raw))}")
     kind = kinds[0]

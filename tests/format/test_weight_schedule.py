@@ -6,6 +6,7 @@ import math
 from fractions import Fraction
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,23 @@ def test_energon_issue_17_spelling_loads_and_interpolates() -> None:
     schedule = parse_weight_schedule({"linear": {0: 100, 100: 10, 1000: 0}}, "w")
     assert schedule == WeightSchedule("linear", ((0, 100.0), (100, 10.0), (1000, 0.0)))
     assert [schedule.at(t) for t in (0, 50, 100, 550, 1000, 5000)] == [100.0, 55.0, 10.0, 5.0, 0.0, 0.0]
+
+
+def test_energon_issue_17_full_spelling_with_module_and_class_loads() -> None:
+    """The issue's example, indented as it is written there."""
+    text = """
+weight:
+  __module__: megatron.energon
+  __class__: WeightSchedule
+  linear:
+    0: 100
+    100: 10
+    1000: 0
+"""
+    raw = yaml.safe_load(text)["weight"]
+    assert parse_weight_schedule(raw, "w").points == ((0, 100.0), (100, 10.0), (1000, 0.0))
+    with pytest.raises(ConfigError, match="__class__"):
+        parse_weight_schedule({**raw, "__class__": "Schedule"}, "w")
 
 
 def test_step_holds_the_last_points_weight_and_cosine_eases() -> None:
