@@ -24,6 +24,7 @@ from megatron_energon_lite import (
     get_val_datasets,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.pipeline import blend as blend_module
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 SIZES = {"A": 55, "B": 55, "C": 30}
@@ -522,3 +523,27 @@ def test_blend_report_target_of_a_scheduled_entry_is_its_share_at_the_start(root
     loader = get_savable_loader(train(schedule_yaml(root, "{linear: {0: 3, 100: 0}}", "1"), 0))
     next(iter(loader))
     assert [row["target_share"] for row in loader.blend_report()] == [0.75, 0.25]
+
+
+def test_an_exact_elastic_restore_before_a_dataset_starts(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B's weight is 0 until global sample 300: over the window where rates are measured (made
+    64 positions here) no new worker takes B, so B's epoch is shared evenly; after 300 every B
+    sample still comes."""
+    monkeypatch.setattr(blend_module, "SCHEDULED_RATE_WINDOW", 64)
+    path = schedule_yaml(root, "1", "{step: {0: 0, 300: 1}}", extra="    blend_mode: exact\n")
+
+    def loaders(world: int, workers: int) -> list:
+        return [get_savable_loader(get_train_dataset(path, worker_config=config(workers, rank, world), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)) for rank in range(world)]
+
+    saving = loaders(2, 2)
+    iterators = [iter(loader) for loader in saving]
+    before = [key for _ in range(3) for it in iterators for key in next(it).__key__]
+    states = [loader.save_state_rank() for loader in saving]
+    restored = loaders(4, 1)
+    for loader in restored:
+        loader.restore_state_global(states)
+    iterators = [iter(loader) for loader in restored]
+    after = [key for _ in range(60) for it in iterators for key in next(it).__key__]  # to sample 492
+    stream = before + after
+    assert all(key[0] == "A" for key in stream[:300])
+    assert sorted({key for key in stream if key[0] == "B"}) == sorted(k for k in keys(get_loader(train(write(root, "only_b.yaml", "splits:\n  train:\n    path: ./B\n"), 0)), 55))

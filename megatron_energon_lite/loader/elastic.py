@@ -334,6 +334,12 @@ def _schedule_rates(dataset: Recipe, worker_config: WorkerConfig, pooled: Remain
             if found is None:
                 return None
             rates.append(found)
+    # A weight schedule may give a dataset no positions over the measured window (it starts
+    # later): no worker takes it there, so its rest is shared evenly.
+    for k in range(len(rates[0]) if rates else 0):
+        if not any(rate[k] for rate in rates):
+            for rate in rates:
+                rate[k] = 1
     return rates
 
 

@@ -13,6 +13,10 @@ over positions ``0, 1, 2, ...`` of a stream whose per-source counts stay within 
 its place in the global stream (all ranks and workers; see ``build.py``), the whole training
 stream holds the weights within one sample at every step, not only each worker's share.
 
+Weight schedules (``format/weight_schedule.py``): the weights at each item are those at its
+global position (``clock``, derived from ``emitted`` and ``offset``, so saved with them); exact
+mode then uses :class:`ScheduledExactSchedule` (no period: a worker walks every position).
+
 A source that ends is exhausted: its weight drops to 0 and the others go on; the blend ends when
 all are exhausted.  ``start_epoch`` starts every source's next epoch (``blend_epochized`` with
 ``repeat=True``).
@@ -27,7 +31,8 @@ State keys:
     ``costs``: summed cost of those items per source (cost mode; zeros otherwise).
     ``exhausted``: per source, whether it ended in this epoch.
     ``epoch``: the epoch (``start_epoch`` calls so far).
-    ``schedule``: the exact schedule's cursor (exact mode), else ``None``.
+    ``schedule``: the exact schedule's cursor (exact mode; with weight schedules it has each
+    source's ``lag`` too), else ``None``.
     ``sources``: the sources' states.
     ``offset`` (only after an elastic restore): the global position where the saved topology's
     stream stopped; this worker's items continue the exact schedule from there.
@@ -565,6 +570,8 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         """A worker that never takes dataset ``k`` must not be given samples of ``k`` to carry:
         they would never come (elastic resume shares by :meth:`schedule_rates`, so this is a
         safety net)."""
+        if self.schedule.period is None:
+            return  # a weight schedule's rates are over a window: a dataset may start later
         rates = self.schedule_rates(cursor.emitted, cursor.schedule)
         for k, ranges in enumerate(remainder.ranges):
             if ranges and not rates[k]:
