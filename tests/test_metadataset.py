@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from energon_lite_dev.resume import check_loader_resume
 from energon_lite_dev.synthetic import generate_text_dataset
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from megatron_energon_lite import (
     Blender,
@@ -24,6 +26,7 @@ from megatron_energon_lite import (
     get_val_datasets,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.format.weight_schedule import WeightSchedule
 from megatron_energon_lite.pipeline import blend as blend_module
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
@@ -547,3 +550,27 @@ def test_an_exact_elastic_restore_before_a_dataset_starts(root: Path, monkeypatc
     stream = before + after
     assert all(key[0] == "A" for key in stream[:300])
     assert sorted({key for key in stream if key[0] == "B"}) == sorted(k for k in keys(get_loader(train(write(root, "only_b.yaml", "splits:\n  train:\n    path: ./B\n"), 0)), 55))
+
+
+_point_tables = st.dictionaries(st.integers(0, 150), st.sampled_from([0, 1, 2, 7]), min_size=1, max_size=3)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    st.tuples(st.sampled_from(["step", "linear", "cosine"]), _point_tables),
+    st.tuples(st.sampled_from(["step", "linear", "cosine"]), _point_tables),
+    st.sampled_from([(0, None), (2, 3)]),
+)
+def test_exact_scheduled_loader_holds_random_schedules_within_one(root: Path, a, b, topology) -> None:
+    """The loader's global stream (0 or 2 workers) against the integral of A's scheduled share."""
+    schedules = [WeightSchedule(kind, tuple((x, float(w)) for x, w in sorted(points.items()))) for kind, points in (a, b)]
+    assume(all(sum(s.at(t) for s in schedules) > 0 for t in range(200)))
+    spell = ["{%s: {%s}}" % (kind, ", ".join(f"{x}: {w}" for x, w in sorted(points.items()))) for kind, points in (a, b)]
+    path = schedule_yaml(root, *spell, extra="    blend_mode: exact\n")
+    workers, batch_size = topology
+    count, target = 0, 0.0
+    for position, key in enumerate(keys(get_loader(train(path, workers, batch_size=batch_size)), 200)):
+        wa, wb = (s.at(position) for s in schedules)
+        target += wa / (wa + wb)
+        count += key[0] == "A"
+        assert abs(count - target) < 1, (spell, position, count, target)
