@@ -260,9 +260,10 @@ class ScheduledExactSchedule:
     sources whose lag including ``p``'s share is at least ``d = 1 / (2K - 2)`` and the one whose
     deadline (lag reaching ``1 - d``), estimated at its current share, comes first wins (ties:
     the lowest index): Tijdeman's rule with the deadline looked up at the current share instead
-    of the future ones, so the bound of one sample holds while the shares are constant and a
-    change of shares may add to it (``tests/pipeline/test_blend.py`` measures it under random
-    schedules).  There is no period: a worker walks every global position up to its own.
+    of the future ones.  His bound (below one sample) is proven while the shares are constant;
+    under changing shares it is measured, not proven (a hypothesis property in
+    ``tests/pipeline/test_blend.py``; worst seen 0.94).  There is no period: a worker walks
+    every global position up to its own.
 
     Cursor (the state): the next position, the counts before it and each source's lag (floats;
     JSON keeps them exact).
@@ -579,7 +580,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
                     format_message(
                         "an exact blend cannot move this dataset's rest of the epoch to this worker: its positions in the schedule never take that dataset",
                         where=self.names[k],
-                        found=f"the weights' period of {self.schedule.period} positions and this topology's global workers times batch size share a factor" if self.schedule.period else "over the next positions of the weight schedule, this worker's positions never take it",
+                        found=f"the weights' period of {self.schedule.period} positions and this topology's global workers times batch size share a factor",
                         fix="restore with another number of ranks or workers (or batch size), or with blend_mode random",
                     )
                 )
