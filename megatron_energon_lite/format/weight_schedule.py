@@ -66,6 +66,11 @@ class WeightSchedule:
         """Plain JSON for fingerprints."""
         return {self.kind: [[x, w] for x, w in self.points]}
 
+    def next_point(self, clock: int) -> float:
+        """The first point after ``clock`` (inf: none)."""
+        after = bisect.bisect_right(self._clocks, clock)
+        return math.inf if after == len(self.points) else self._clocks[after]
+
     def holds_until(self, clock: int) -> float:
         """The first clock after ``clock`` at which the weight may differ from ``at(clock)``."""
         after = bisect.bisect_right(self._clocks, clock)
@@ -116,16 +121,22 @@ class ScheduledWeights:
         self.schedules = list(schedules)
         self._valid = (0, -1)  # [from, until) where self._values hold
         self._values: list[float] = []
+        self._next_point = math.inf
 
     def at(self, clock: int) -> list[float]:
         if not self._valid[0] <= clock < self._valid[1]:
-            self._values, until = self._evaluate(clock)
+            self._values, until, self._next_point = self._evaluate(clock)
             self._valid = (clock, until)
         return self._values
 
-    def _evaluate(self, clock: int) -> tuple[list[float], float]:
+    def next_point(self, clock: int) -> float:
+        """The first point of any schedule after ``clock`` (inf: none)."""
+        self.at(clock)
+        return self._next_point
+
+    def _evaluate(self, clock: int) -> tuple[list[float], float, float]:
         shares: dict[int, list[float]] = {}
-        until = math.inf
+        until = next_point = math.inf
         values = []
         for weight, schedule in zip(self.weights, self.schedules):
             factor = 1.0
@@ -134,10 +145,12 @@ class ScheduledWeights:
                     level = [weight_at(w, clock) for w in siblings]
                     total = sum(level)
                     shares[id(siblings)] = [v / total for v in level]
-                    until = min([until, *(w.holds_until(clock) for w in siblings if isinstance(w, WeightSchedule))])
+                    scheduled = [w for w in siblings if isinstance(w, WeightSchedule)]
+                    until = min([until, *(w.holds_until(clock) for w in scheduled)])
+                    next_point = min([next_point, *(w.next_point(clock) for w in scheduled)])
                 factor *= shares[id(siblings)][index]
             values.append(weight * factor)
-        return values, until
+        return values, until, next_point
 
 
 def _bad(where: str, what: str, expected: str, found: Any) -> ConfigError:

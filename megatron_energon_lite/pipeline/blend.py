@@ -248,6 +248,8 @@ def _window_sources(weights: tuple[int, ...], start: tuple[int, tuple[int, ...]]
     return np.fromiter((schedule.source_at(p) for p in range(first, first + length)), dtype=np.int64, count=length)
 
 
+#: Spans (schedule point to point) a scheduled exact schedule looks ahead for a deadline.
+LOOKAHEAD_SPANS = 256
 #: Positions a scheduled exact schedule walks to measure a worker's rates (elastic resume).
 SCHEDULED_RATE_WINDOW = 1 << 14
 
@@ -258,12 +260,12 @@ class ScheduledExactSchedule:
     Each source's target is the running sum of its share (its weight at the position over the
     level's total), ``lag`` its target minus its count.  At position ``p`` the candidates are the
     sources whose lag including ``p``'s share is at least ``d = 1 / (2K - 2)`` and the one whose
-    deadline (lag reaching ``1 - d``), estimated at its current share, comes first wins (ties:
-    the lowest index): Tijdeman's rule with the deadline looked up at the current share instead
-    of the future ones.  His bound (below one sample) is proven while the shares are constant;
-    under changing shares it is measured, not proven (a hypothesis property in
-    ``tests/pipeline/test_blend.py``; worst seen 0.94).  There is no period: a worker walks
-    every global position up to its own.
+    deadline (the position where its lag reaches ``1 - d``) comes first wins (ties: the lowest
+    index): Tijdeman's rule, whose bound (below one sample) he proved for shares that change
+    too.  Deadlines are looked up span by span between schedule points (:meth:`_deadline`), so
+    inside a linear or cosine ramp they are estimates: the bound is measured there, not proven
+    (a hypothesis property in ``tests/pipeline/test_blend.py``; worst seen 0.93).  There is no
+    period: a worker walks every global position up to its own.
 
     Cursor (the state): the next position, the counts before it and each source's lag (floats;
     JSON keeps them exact).
@@ -275,6 +277,7 @@ class ScheduledExactSchedule:
         self.weights = [float(w) for w in weights]
         self.schedules = list(schedules)
         self._weights_at = ScheduledWeights(self.weights, self.schedules)
+        self._ahead = ScheduledWeights(self.weights, self.schedules)  # for deadlines (its own cache)
         self._threshold = 1 / (2 * len(self.weights) - 2) if len(self.weights) > 1 else 0.0
         self.reset()
 
@@ -308,6 +311,31 @@ class ScheduledExactSchedule:
     def get_state(self) -> dict:
         return {"position": self.position, "counts": self.counts, "lag": list(self._lag)}
 
+    def _deadline(self, source: int, lag: float, position: int) -> float:
+        """The position at which ``source``'s lag (``lag`` after ``position``) reaches ``1 - d``:
+        walked ahead span by span, a span running from one schedule point to the next at the
+        share it starts with (exact across steps; inside a linear or cosine ramp, the share at
+        its start stands for the ramp)."""
+        need, start = 1 - self._threshold - lag, position + 1
+        if need <= 0:
+            return position + need
+        # The span's share, evaluated at ``at``: the current position's while no point lies at start.
+        weights, at = self._weights_at, position
+        if weights.next_point(position) <= start:
+            weights, at = self._ahead, start
+        for _ in range(LOOKAHEAD_SPANS):
+            values = weights.at(at)
+            share = values[source] / sum(values)
+            end = weights.next_point(at)
+            if share > 0 and need <= share * (end - start):
+                return start - 1 + need / share
+            if end == math.inf:
+                return math.inf
+            need -= share * (end - start)
+            start = at = int(end)
+            weights = self._ahead
+        return math.inf
+
     def _step(self) -> int:
         shares = self.shares(self.position)
         lag = [g + s for g, s in zip(self._lag, shares)]
@@ -317,7 +345,7 @@ class ScheduledExactSchedule:
             for i, (g, s) in enumerate(zip(lag, shares)):
                 if g < self._threshold:
                     continue
-                deadline = (1 - self._threshold - g) / s if s > 0 else math.inf
+                deadline = self._deadline(i, g, self.position)
                 if best < 0 or deadline < best_deadline:
                     best, best_deadline = i, deadline
         lag[best] -= 1

@@ -247,8 +247,9 @@ def _scheduled(raw) -> list:
 @given(_schedules, st.integers(1, 800))
 def test_scheduled_exact_schedule_stays_within_one_of_the_integral_of_the_shares(raw, length: int) -> None:
     """At every prefix each count is within one sample of the sum of its shares so far, under
-    step, linear and cosine schedules (the lag's bound, measured: 0.94 at worst over 1,500 random
-    levels of up to 8 sources)."""
+    step, linear and cosine schedules (the lag's bound, measured: 0.93 at worst over 400 random
+    levels of up to 8 sources, weights 0 to 100; before deadlines looked past schedule points,
+    hypothesis found 1.01 at a step)."""
     schedules = _scheduled(raw)
     try:
         shares_at = [ScheduledExactSchedule([1.0] * len(schedules), schedules).shares(p) for p in range(length)]
