@@ -5,7 +5,7 @@ from collections import Counter
 from fractions import Fraction
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from resume import END, ListSource, check_resume_at_every_step, run
 
@@ -245,6 +245,7 @@ def _scheduled(raw) -> list:
 
 @settings(max_examples=150, deadline=None)
 @given(_schedules, st.integers(1, 800))
+@example([("step", {0: 0}), ("step", {0: 1}), ("step", {0: 1}), ("step", {0: 5, 38: 0, 118: 50}), ("step", {0: 5, 118: 50, 143: 0})], 145)  # 1.01 at the current share's deadlines
 def test_scheduled_exact_schedule_stays_within_one_of_the_integral_of_the_shares(raw, length: int) -> None:
     """At every prefix each count is within one sample of the sum of its shares so far, under
     step, linear and cosine schedules (the lag's bound, measured: 0.93 at worst over 400 random
