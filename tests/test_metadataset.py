@@ -20,6 +20,7 @@ from megatron_energon_lite import (
     WorkerConfig,
     blend_report,
     get_loader,
+    get_map_dataset,
     get_savable_loader,
     get_train_dataset,
     get_val_dataset,
@@ -574,3 +575,10 @@ def test_exact_scheduled_loader_holds_random_schedules_within_one(root: Path, a,
         target += wa / (wa + wb)
         count += key[0] == "A"
         assert abs(count - target) < 1, (spell, position, count, target)
+
+
+def test_a_map_view_refuses_a_weight_schedule(root: Path) -> None:
+    """Its order is fixed up front from constant weights: a schedule would be silently ignored."""
+    from_yaml = schedule_yaml(root, *SWITCHING)
+    with pytest.raises(ConfigError, match=r"(?s)map view cannot follow a weight schedule.*blend\[0\]"):
+        len(get_map_dataset(from_yaml))
