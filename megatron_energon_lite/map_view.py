@@ -247,6 +247,9 @@ class MapStyleDataset(torch.utils.data.Dataset):
         if plan.kind == "single":
             counts = [num_samples if num_samples is not None else lengths[0]]
         elif plan.kind == "blend":
+            scheduled = [leaf for leaf in plan.leaves if leaf.weight_schedule is not None]
+            if scheduled:
+                raise ConfigError(format_message("a map view cannot follow a weight schedule", where=scheduled[0].where, found="a weight: schedule", fix="its order is fixed up front from constant weights; use the streaming loader (get_train_dataset), or constant weights"))
             counts = blend_counts([leaf.weight for leaf in plan.leaves], num_samples if num_samples is not None else sum(lengths))
         else:
             if num_samples is not None:

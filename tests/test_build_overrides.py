@@ -228,3 +228,12 @@ def test_a_stage_of_the_users_own_that_drops_the_runtime_is_refused_at_build_tim
     naming the class, instead of a TypeError in a worker."""
     with pytest.raises(ConfigError, match=r"(?s)WithoutRuntime\.build_worker does not take the worker pipeline's runtime.*runtime=None"):
         _loader(data, WithoutRuntimeWrapper())
+
+
+def test_a_weight_schedule_is_refused_by_an_override_of_build_train_datasets(data: Path, tmp_path: Path) -> None:
+    """Energon's LoadedDataset holds one number per dataset: a schedule could not reach the
+    override, so it is refused instead of silently becoming a constant weight."""
+    path = tmp_path / "scheduled.yaml"
+    path.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n      - {{weight: {{step: {{0: 1, 10: 2}}}}, path: {data / 'A'}}}\n      - {{weight: 1, path: {data / 'B'}}}\n")
+    with pytest.raises(ConfigError, match=r"(?s)weight schedule cannot be handed.*blend\[0\]"):
+        get_train_dataset(path, batch_size=3, shuffle_buffer_size=None, max_samples_per_sequence=3, task_encoder=PassThroughTrain(), worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))

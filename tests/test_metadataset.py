@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 from energon_lite_dev.resume import check_loader_resume
 from energon_lite_dev.synthetic import generate_text_dataset
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from megatron_energon_lite import (
     Blender,
@@ -17,12 +20,15 @@ from megatron_energon_lite import (
     WorkerConfig,
     blend_report,
     get_loader,
+    get_map_dataset,
     get_savable_loader,
     get_train_dataset,
     get_val_dataset,
     get_val_datasets,
 )
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.format.weight_schedule import WeightSchedule
+from megatron_energon_lite.pipeline import blend as blend_module
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 SIZES = {"A": 55, "B": 55, "C": 30}
@@ -402,3 +408,177 @@ def test_shuffle_over_epochs_multipliers_none_and_minus_one_combine_as_energon(r
     assert inner.exists()
     with pytest.raises(ConfigError, match=r"shuffle_over_epochs_multiplier(.|\n)*-1 \(slices drawn with replacement"):
         load_blend_plan(write(root, "bad_multiplier.yaml", "splits:\n  train:\n    path: ./A\n    shuffle_over_epochs_multiplier: 0\n"), "train", training=True)
+
+
+# --- weight schedules (issue 40) ------------------------------------------------------------
+
+
+def schedule_yaml(root: Path, a: str, b: str, extra: str = "") -> Path:
+    text = f"splits:\n  train:\n{extra}    blend:\n      - weight: {a}\n        path: ./A\n      - weight: {b}\n        path: ./B\n"
+    return write(root, f"schedule_{abs(hash((a, b, extra)))}.yaml", text)
+
+
+SWITCH = 60  # global samples of A only, then B only
+SWITCHING = ("{step: {0: 1, %d: 0}}" % SWITCH, "{step: {0: 0, %d: 1}}" % SWITCH)
+
+
+@pytest.mark.parametrize(("workers", "batch_size"), [(0, None), (2, 4), (2, 7)])
+def test_a_step_schedule_switches_at_the_global_sample_count(root: Path, workers: int, batch_size) -> None:
+    """The clock is the global stream position (all workers), not any one worker's count."""
+    loader = get_loader(train(schedule_yaml(root, *SWITCHING), workers, batch_size=batch_size))
+    got = "".join(key[0] for key in keys(loader, 2 * SWITCH))
+    assert got == "A" * SWITCH + "B" * SWITCH
+
+
+def test_a_linear_schedule_moves_the_share(root: Path) -> None:
+    """A's weight falls linearly 1 -> 0 over 2,000 samples against B's constant 1: A's expected
+    count in [0, 1000) is sum(w / (w + 1)), about 426, and in [1000, 2000) about 261."""
+    loader = get_loader(train(schedule_yaml(root, "{linear: {0: 1, 2000: 0}}", "1"), 2, batch_size=4))
+    got = [key[0] for key in keys(loader, 2400)]
+    for start, stop in ((0, 1000), (1000, 2000), (2000, 2400)):
+        weights = [max(0.0, 1 - t / 2000) for t in range(start, stop)]
+        expected = sum(w / (w + 1) for w in weights)
+        spread = 4 * sum(w / (w + 1) * (1 - w / (w + 1)) for w in weights) ** 0.5 + 1
+        assert abs(got[start:stop].count("A") - expected) <= spread, (start, got[start:stop].count("A"), expected)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_inside_a_scheduled_blend_at_every_step(root: Path, workers: int) -> None:
+    path = schedule_yaml(root, "{cosine: {0: 3, 40: 0.5, 80: 2}}", "{step: {0: 1, 30: 2}}")
+    _resume_everywhere(lambda: train(path, workers, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4), 40, None if workers == 0 else (0, 1, 9, 10, 21, 39))
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+@pytest.mark.parametrize(("old", "new"), [((2, 1), (1, 0)), ((2, 1), (1, 2)), ((2, 2), (4, 1))])
+def test_an_elastic_restore_keeps_the_schedules_clock(root: Path, old, new, mode: str) -> None:
+    """Saved on ranks x workers ``old`` after 3 steps of batch 2, restored on ``new`` (also with as
+    many global workers, whose positions in the global stream differ: (2, 2) -> (4, 1)): the
+    switch still comes at global sample SWITCH.  Ranks run in lock step, so the global stream
+    is their batches step by step, rank by rank."""
+    path = schedule_yaml(root, *SWITCHING)
+
+    def loaders(world: int, workers: int) -> list:
+        return [get_savable_loader(get_train_dataset(path, worker_config=config(workers, rank, world), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None, blend_mode=mode)) for rank in range(world)]
+
+    def stream(ranks: list, steps: int) -> list[str]:
+        iterators = [iter(loader) for loader in ranks]
+        return [key for _ in range(steps) for it in iterators for key in next(it).__key__]
+
+    saving = loaders(*old)
+    before = stream(saving, 3)
+    states = [loader.save_state_rank() for loader in saving]
+    restored = loaders(*new)
+    for loader in restored:
+        loader.restore_state_global(states)
+    after = stream(restored, SWITCH // new[0])
+    assert "".join(k[0] for k in before + after)[: 2 * SWITCH] == "A" * SWITCH + "B" * SWITCH
+
+
+def test_a_state_saved_under_another_schedule_is_refused(root: Path) -> None:
+    loader = get_savable_loader(train(schedule_yaml(root, *SWITCHING), 0))
+    next(iter(loader))
+    other = get_savable_loader(train(schedule_yaml(root, "{step: {0: 1, 61: 0}}", SWITCHING[1]), 0))
+    with pytest.raises(Exception, match="weight_schedule"):
+        other.restore_state_rank(loader.save_state_rank())
+
+
+def test_constant_weights_keep_their_fingerprint(root: Path) -> None:
+    config_text = json.dumps(train(blend_yaml(root), 0).config())
+    assert "schedule" not in config_text
+
+
+def test_schedules_refuse_cost_blends_with_the_reason(root: Path) -> None:
+    path = schedule_yaml(root, *SWITCHING, extra="    blend_mode: cost\n")
+    with pytest.raises(ConfigError, match=r"(?s)not supported with blend_mode cost.*blend\[0\].*fix: ") as info:
+        train(path, 0)
+    assert path.name in str(info.value)
+
+
+@pytest.mark.parametrize(("workers", "batch_size"), [(0, None), (2, 4), (2, 3)])
+def test_exact_scheduled_blend_is_within_one_of_the_integral_at_every_prefix(root: Path, workers: int, batch_size) -> None:
+    """A's weight falls 1 -> 0 (linear over 300 samples), B's is 1: at every prefix of the global
+    stream, A's count is within one sample of the sum of its shares w / (w + 1) so far."""
+    path = schedule_yaml(root, "{linear: {0: 1, 300: 0}}", "1", extra="    blend_mode: exact\n")
+    got = keys(get_loader(train(path, workers, batch_size=batch_size)), 400)
+    count, target = 0, 0.0
+    for position, key in enumerate(got):
+        weight = max(0.0, 1 - position / 300)
+        target += weight / (weight + 1)
+        count += key[0] == "A"
+        assert abs(count - target) < 1, (position, count, target)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_inside_an_exact_scheduled_blend_at_every_step(root: Path, workers: int) -> None:
+    path = schedule_yaml(root, "{cosine: {0: 3, 40: 0.5, 80: 2}}", "{step: {0: 1, 30: 2}}", extra="    blend_mode: exact\n")
+    _resume_everywhere(lambda: train(path, workers, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4), 40, None if workers == 0 else (0, 1, 9, 10, 21, 39))
+
+
+def test_schedule_nested_in_constant_weights(root: Path) -> None:
+    """An inner schedule (A then B) under an outer constant 1:1 with C: C keeps half throughout."""
+    inner = schedule_yaml(root, *SWITCHING)
+    outer = write(root, "schedule_outer.yaml", f"splits:\n  train:\n    blend:\n      - weight: 1\n        path: ./{inner.name}\n      - weight: 1\n        path: ./C\n")
+    got = [key[0] for key in keys(get_loader(train(outer, 0)), 4 * SWITCH)]
+    first, second = got[:SWITCH], got[2 * SWITCH :]  # the switch is at global sample SWITCH
+    assert set(first) == {"A", "C"} and set(second) == {"B", "C"}
+
+
+def test_blend_report_target_of_a_scheduled_entry_is_its_share_at_the_start(root: Path) -> None:
+    loader = get_savable_loader(train(schedule_yaml(root, "{linear: {0: 3, 100: 0}}", "1"), 0))
+    next(iter(loader))
+    assert [row["target_share"] for row in loader.blend_report()] == [0.75, 0.25]
+
+
+def test_an_exact_elastic_restore_before_a_dataset_starts(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B's weight is 0 until global sample 300: over the window where rates are measured (made
+    64 positions here) no new worker takes B, so B's epoch is shared evenly; after 300 every B
+    sample still comes."""
+    monkeypatch.setattr(blend_module, "SCHEDULED_RATE_WINDOW", 64)
+    path = schedule_yaml(root, "1", "{step: {0: 0, 300: 1}}", extra="    blend_mode: exact\n")
+
+    def loaders(world: int, workers: int) -> list:
+        return [get_savable_loader(get_train_dataset(path, worker_config=config(workers, rank, world), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)) for rank in range(world)]
+
+    saving = loaders(2, 2)
+    iterators = [iter(loader) for loader in saving]
+    before = [key for _ in range(3) for it in iterators for key in next(it).__key__]
+    states = [loader.save_state_rank() for loader in saving]
+    restored = loaders(4, 1)
+    for loader in restored:
+        loader.restore_state_global(states)
+    iterators = [iter(loader) for loader in restored]
+    after = [key for _ in range(60) for it in iterators for key in next(it).__key__]  # to sample 492
+    stream = before + after
+    assert all(key[0] == "A" for key in stream[:300])
+    assert sorted({key for key in stream if key[0] == "B"}) == sorted(k for k in keys(get_loader(train(write(root, "only_b.yaml", "splits:\n  train:\n    path: ./B\n"), 0)), 55))
+
+
+_point_tables = st.dictionaries(st.integers(0, 150), st.sampled_from([0, 1, 2, 7]), min_size=1, max_size=3)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    st.tuples(st.sampled_from(["step", "linear", "cosine"]), _point_tables),
+    st.tuples(st.sampled_from(["step", "linear", "cosine"]), _point_tables),
+    st.sampled_from([(0, None), (2, 3)]),
+)
+def test_exact_scheduled_loader_holds_random_schedules_within_one(root: Path, a, b, topology) -> None:
+    """The loader's global stream (0 or 2 workers) against the integral of A's scheduled share."""
+    schedules = [WeightSchedule(kind, tuple((x, float(w)) for x, w in sorted(points.items()))) for kind, points in (a, b)]
+    assume(all(sum(s.at(t) for s in schedules) > 0 for t in range(200)))
+    spell = ["{%s: {%s}}" % (kind, ", ".join(f"{x}: {w}" for x, w in sorted(points.items()))) for kind, points in (a, b)]
+    path = schedule_yaml(root, *spell, extra="    blend_mode: exact\n")
+    workers, batch_size = topology
+    count, target = 0, 0.0
+    for position, key in enumerate(keys(get_loader(train(path, workers, batch_size=batch_size)), 200)):
+        wa, wb = (s.at(position) for s in schedules)
+        target += wa / (wa + wb)
+        count += key[0] == "A"
+        assert abs(count - target) < 1, (spell, position, count, target)
+
+
+def test_a_map_view_refuses_a_weight_schedule(root: Path) -> None:
+    """Its order is fixed up front from constant weights: a schedule would be silently ignored."""
+    from_yaml = schedule_yaml(root, *SWITCHING)
+    with pytest.raises(ConfigError, match=r"(?s)map view cannot follow a weight schedule.*blend\[0\]"):
+        len(get_map_dataset(from_yaml))

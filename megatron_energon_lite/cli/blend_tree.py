@@ -159,7 +159,10 @@ def _columns(tree: SplitTree, top: Path) -> list[list[str]]:
         leaf, samples = row.leaf, row.samples
         line = [_entry(leaf, top), _dataset_label(leaf, top), leaf.split_part]
         if kind == "blend":
-            line.append(f"{float(leaf.weight):.1%}")  # float(): the plan may hold Fractions
+            if leaf.weight_schedule is not None:  # its share at the start of the run
+                line.append(f"{float(leaf.weight) * leaf.weight_schedule.factor(0):.1%} scheduled")
+            else:
+                line.append(f"{float(leaf.weight):.1%}")  # float(): the plan may hold Fractions
         elif kind == "blend_epochized":
             line.append(f"x{float(leaf.repetitions):g}")
         line.append("?" if samples is None else str(samples))

@@ -34,6 +34,7 @@ from .indexed import indexed_prefix
 from .indexed_samples import check_sequence_length
 from .jsonl import jsonl_index_path
 from .metadata import check_mapping, is_prepared, load_structured
+from .weight_schedule import LeafSchedule, WeightSchedule, check_level, parse_weight_schedule
 
 __all__ = [
     "repeated_length",
@@ -141,6 +142,9 @@ class LeafDataset:
     #: Ours, for a Megatron ``.bin/.idx`` dataset: samples are windows of this many tokens (plus
     #: one, for the labels) instead of whole documents (``format/indexed_samples.py``).
     sequence_length: int | None = None
+    #: Ours: the scheduled levels above this leaf (``weight:`` schedules, issue 40); its weight at
+    #: a clock is ``weight`` times the schedule's factor.  None: the weight is constant.
+    weight_schedule: LeafSchedule | None = None
 
     def sample_range(self, total: int) -> tuple[int, int]:
         """``[start, end)`` of the split's samples this leaf reads (Energon's subset arithmetic)."""
@@ -177,6 +181,7 @@ class LeafDataset:
             **({"join": [[m.path, m.split_part, m.nonmatch, *([dict(m.subflavors)] if m.subflavors else [])] for m in self.join.members]} if self.join is not None else {}),
             # Only when set, so that the fingerprints of states saved before it existed still match.
             **({"sequence_length": self.sequence_length} if self.sequence_length is not None else {}),
+            **({"weight_schedule": self.weight_schedule.describe()} if self.weight_schedule is not None else {}),
         }
 
 
@@ -575,9 +580,7 @@ class _Parser:
             if not isinstance(entry, Mapping):
                 raise ConfigError(format_message("expected a mapping", where=self.where(entry_path), expected="a dataset reference with path and " + extra_key, found=repr(entry)[:80]))
             raw = entry.get(extra_key, 1)
-            factor = _number(raw, self.where(f"{entry_path}.{extra_key}"), extra_key, allow_zero=kind == "blend")
-            if kind == "blend":
-                factor = _exact(raw)
+            factor = self._weight(raw, f"{entry_path}.{extra_key}", kind)
             if "join" in entry:
                 child = self.join_plan(entry, entry_path, split_part, extra=(extra_key,))
                 children.append((factor, child))
@@ -598,7 +601,14 @@ class _Parser:
             mode = self._merge_mode(mode, child.blend_mode, entry_path)
             children.append((factor, child))
         leaves: list[LeafDataset] = []
-        if kind == "blend":
+        if kind == "blend" and any(isinstance(weight, WeightSchedule) for weight, _ in children):
+            weights = tuple(weight for weight, _ in children)
+            check_level(weights, self.where(f"{key_path}.blend"))
+            for i, (weight, child) in enumerate(children):
+                # A constant 0 next to schedules: weight 0, so the loader leaves it out as usual.
+                zero = Fraction(0) if weight == 0 else Fraction(1)
+                leaves.extend(replace(leaf, weight=leaf.weight * zero, weight_schedule=(leaf.weight_schedule or LeafSchedule(())).outer(weights, i)) for leaf in child.leaves)
+        elif kind == "blend":
             total = sum(weight for weight, _ in children)
             if total <= 0:
                 raise ConfigError(format_message("all blend weights are zero", where=self.where(f"{key_path}.blend"), expected="at least one positive weight", found="weights " + ", ".join(f"{float(w):g}" for w, _ in children)))
@@ -611,6 +621,24 @@ class _Parser:
         if "subset" in node:
             plan = self._apply_outer_subset(plan, node["subset"], f"{key_path}.subset")
         return plan
+
+    def _weight(self, raw: Any, key_path: str, kind: str) -> Fraction | WeightSchedule | float:
+        """A blend entry's weight (a number, or a schedule: ``weight_schedule.py``) or a
+        blend_epochized entry's repetitions."""
+        if isinstance(raw, Mapping) and kind == "blend":
+            return parse_weight_schedule(raw, self.where(key_path))
+        if isinstance(raw, Mapping):
+            raise ConfigError(
+                format_message(
+                    "repetitions cannot be a schedule",
+                    where=self.where(key_path),
+                    expected="a number > 0",
+                    found=repr(raw)[:80],
+                    fix="schedules are for blend weights (blend); a blend_epochized pass reads each dataset a fixed number of times, which a schedule over the run cannot change",
+                )
+            )
+        factor = _number(raw, self.where(key_path), "weight" if kind == "blend" else "repetitions", allow_zero=kind == "blend")
+        return _exact(raw) if kind == "blend" else factor
 
     def _merge_mode(self, mode: str | None, inner: str | None, key_path: str) -> str | None:
         if mode is not None and inner is not None and mode != inner:

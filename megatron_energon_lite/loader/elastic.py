@@ -171,7 +171,7 @@ def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> l
     have: every worker's stream (this epoch and the later ones) is the uninterrupted one; only
     the order in which a rank takes its workers' batches is the new topology's.  Not moved (the
     rest of the epoch is divided instead): an endless exact blend (its positions in the global
-    stream depend on ranks and workers), virtual epochs and val limits (per-rank lengths shared
+    stream depend on ranks and workers; so does a weight schedule's clock), virtual epochs and val limits (per-rank lengths shared
     over the rank's workers), and a new rank whose workers come from saved ranks whose loops
     were in different places (one had ended, another not).
     """
@@ -182,6 +182,8 @@ def moved_states(states: Sequence[dict], world_size: int, num_workers: int) -> l
         return None
     if config.get("blend_kind") == "blend" and config.get("blend_mode") == "exact":
         return None
+    if any(isinstance(d, dict) and "weight_schedule" in d for d in config.get("datasets") or ()):
+        return None  # a schedule's clock is the global position, which depends on ranks and workers
     if config.get("virtual_epoch_length") or config.get("limit") is not None:
         return None
     parsed = []
@@ -332,6 +334,12 @@ def _schedule_rates(dataset: Recipe, worker_config: WorkerConfig, pooled: Remain
             if found is None:
                 return None
             rates.append(found)
+    # A weight schedule may give a dataset no positions over the measured window (it starts
+    # later): no worker takes it there, so its rest is shared evenly.
+    for k in range(len(rates[0]) if rates else 0):
+        if not any(rate[k] for rate in rates):
+            for rate in rates:
+                rate[k] = 1
     return rates
 
 

@@ -13,6 +13,10 @@ over positions ``0, 1, 2, ...`` of a stream whose per-source counts stay within 
 its place in the global stream (all ranks and workers; see ``build.py``), the whole training
 stream holds the weights within one sample at every step, not only each worker's share.
 
+Weight schedules (``format/weight_schedule.py``): the weights at each item are those at its
+global position (``clock``, derived from ``emitted`` and ``offset``, so saved with them); exact
+mode then uses :class:`ScheduledExactSchedule` (no period: a worker walks every position).
+
 A source that ends is exhausted: its weight drops to 0 and the others go on; the blend ends when
 all are exhausted.  ``start_epoch`` starts every source's next epoch (``blend_epochized`` with
 ``repeat=True``).
@@ -27,7 +31,8 @@ State keys:
     ``costs``: summed cost of those items per source (cost mode; zeros otherwise).
     ``exhausted``: per source, whether it ended in this epoch.
     ``epoch``: the epoch (``start_epoch`` calls so far).
-    ``schedule``: the exact schedule's cursor (exact mode), else ``None``.
+    ``schedule``: the exact schedule's cursor (exact mode; with weight schedules it has each
+    source's ``lag`` too), else ``None``.
     ``sources``: the sources' states.
     ``offset`` (only after an elastic restore): the global position where the saved topology's
     stream stopped; this worker's items continue the exact schedule from there.
@@ -60,6 +65,7 @@ from ..errors import (
     StateError,
     format_message,
 )
+from ..format.weight_schedule import ScheduledWeights
 from ..rng import UniformStream
 from .load import BLEND_TAG
 from .node import (
@@ -84,7 +90,7 @@ from .state_check import (
     state_path,
 )
 
-__all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "blended_costs", "consumed_counts", "integer_weights"]
+__all__ = ["TABLE_LIMIT", "BlendNode", "ExactSchedule", "ScheduledExactSchedule", "blended_costs", "consumed_counts", "integer_weights"]
 
 #: Periods up to this length are tabulated once, so a jump to any position costs O(sources).
 TABLE_LIMIT = 1 << 16
@@ -242,6 +248,133 @@ def _window_sources(weights: tuple[int, ...], start: tuple[int, tuple[int, ...]]
     return np.fromiter((schedule.source_at(p) for p in range(first, first + length)), dtype=np.int64, count=length)
 
 
+#: Spans (schedule point to point) a scheduled exact schedule looks ahead for a deadline.
+LOOKAHEAD_SPANS = 256
+#: Positions a scheduled exact schedule walks to measure a worker's rates (elastic resume).
+SCHEDULED_RATE_WINDOW = 1 << 14
+
+
+class ScheduledExactSchedule:
+    """:class:`ExactSchedule` for weights that change with the position (``weight:`` schedules).
+
+    Each source's target is the running sum of its share (its weight at the position over the
+    level's total), ``lag`` its target minus its count.  At position ``p`` the candidates are the
+    sources whose lag including ``p``'s share is at least ``d = 1 / (2K - 2)`` and the one whose
+    deadline (the position where its lag reaches ``1 - d``) comes first wins (ties: the lowest
+    index): Tijdeman's rule, whose bound (below one sample) he proved for shares that change
+    too.  Deadlines are looked up span by span between schedule points (:meth:`_deadline`), so
+    inside a linear or cosine ramp they are estimates: the bound is measured there, not proven
+    (a hypothesis property in ``tests/pipeline/test_blend.py``; worst seen 0.93).  There is no
+    period: a worker walks every global position up to its own.
+
+    Cursor (the state): the next position, the counts before it and each source's lag (floats;
+    JSON keeps them exact).
+    """
+
+    period = None
+
+    def __init__(self, weights: Sequence[float], schedules: Sequence[Any]) -> None:
+        self.weights = [float(w) for w in weights]
+        self.schedules = list(schedules)
+        self._weights_at = ScheduledWeights(self.weights, self.schedules)
+        self._ahead = ScheduledWeights(self.weights, self.schedules)  # for deadlines (its own cache)
+        self._threshold = 1 / (2 * len(self.weights) - 2) if len(self.weights) > 1 else 0.0
+        self.reset()
+
+    def shares(self, position: int) -> list[float]:
+        values = self._weights_at.at(position)
+        total = sum(values)
+        return [v / total for v in values]
+
+    def reset(self, state: dict | None = None) -> None:
+        n = len(self.weights)
+        if state is None:
+            self.position, self._counts, self._lag = 0, [0] * n, [0.0] * n
+            return
+        if not isinstance(state, dict) or not {"position", "counts", "lag"} <= set(state):
+            raise invalid((), 'the scheduled exact cursor: {"position": int, "counts": [int, ...], "lag": [float, ...]}', state, stage="Blend schedule")
+        position = check_count(state["position"], "position", stage="Blend schedule")
+        counts = check_list(state["counts"], "counts", stage="Blend schedule", length=n, of="counts, one per dataset")
+        counts = [check_count(c, "counts", i, stage="Blend schedule", high=position) for i, c in enumerate(counts)]
+        lag = check_list(state["lag"], "lag", stage="Blend schedule", length=n, of="lags, one per dataset")
+        for i, value in enumerate(lag):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or abs(value) > n:
+                raise invalid(("lag", i), f"a finite number within {n} of 0", value, stage="Blend schedule")
+        if sum(counts) != position:
+            raise invalid(("counts",), f"counts that add up to the position ({position})", counts, stage="Blend schedule")
+        self.position, self._counts, self._lag = position, counts, [float(v) for v in lag]
+
+    @property
+    def counts(self) -> list[int]:
+        return list(self._counts)
+
+    def get_state(self) -> dict:
+        return {"position": self.position, "counts": self.counts, "lag": list(self._lag)}
+
+    def _deadline(self, source: int, lag: float, position: int) -> float:
+        """The position at which ``source``'s lag (``lag`` after ``position``) reaches ``1 - d``:
+        walked ahead span by span, a span running from one schedule point to the next at the
+        share it starts with (exact across steps; inside a linear or cosine ramp, the share at
+        its start stands for the ramp)."""
+        need, start = 1 - self._threshold - lag, position + 1
+        if need <= 0:
+            return position + need
+        # The span's share, evaluated at ``at``: the current position's while no point lies at start.
+        weights, at = self._weights_at, position
+        if weights.next_point(position) <= start:
+            weights, at = self._ahead, start
+        for _ in range(LOOKAHEAD_SPANS):
+            values = weights.at(at)
+            share = values[source] / sum(values)
+            end = weights.next_point(at)
+            if share > 0 and need <= share * (end - start):
+                return start - 1 + need / share
+            if end == math.inf:
+                return math.inf
+            need -= share * (end - start)
+            start = at = int(end)
+            weights = self._ahead
+        return math.inf
+
+    def _step(self) -> int:
+        shares = self.shares(self.position)
+        lag = [g + s for g, s in zip(self._lag, shares)]
+        best, best_deadline = 0, math.inf
+        if len(lag) > 1:
+            best = -1
+            for i, (g, s) in enumerate(zip(lag, shares)):
+                if g < self._threshold:
+                    continue
+                deadline = self._deadline(i, g, self.position)
+                if best < 0 or deadline < best_deadline:
+                    best, best_deadline = i, deadline
+        lag[best] -= 1
+        self._lag = lag
+        self._counts[best] += 1
+        self.position += 1
+        return best
+
+    def source_at(self, position: int) -> int:
+        """The source of ``position`` (>= the cursor); walks the cursor past it."""
+        if position < self.position:
+            raise StateError(format_message("exact blend schedule asked for a past position", expected=f">= {self.position}", found=str(position)))
+        while self.position < position:
+            self._step()
+        return self._step()
+
+    def rates(self, first: int, bases: Sequence[int], stride: int, *, start: dict | None = None) -> list[int]:
+        """How often the positions ``first + base + k * stride`` take each source over a window
+        from ``first`` (the shares change, so this is the rate there)."""
+        walker = ScheduledExactSchedule(self.weights, self.schedules)
+        walker.reset(start)
+        if walker.position < first:
+            walker.source_at(first - 1)
+        steps = max(1, SCHEDULED_RATE_WINDOW // stride)
+        window = [walker.source_at(p) for p in range(first, first + steps * stride)]
+        taken = [window[base + k * stride] for base in bases for k in range(steps) if base + k * stride < len(window)]
+        return np.bincount(np.asarray(taken, dtype=np.int64), minlength=len(self.weights)).tolist()
+
+
 class BlendNode(Node[Any], ForwardsEpochs, Elastic):
     """Mixes ``sources`` by ``weights`` (random draws, or an :class:`ExactSchedule`)."""
 
@@ -259,6 +392,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         infinite: bool = False,
         cost: Callable[[Any], int] | None = None,
         position_batch: int = 1,
+        schedules: Sequence[Any] | None = None,
     ) -> None:
         self.sources = list(sources)
         if len(self.sources) != len(weights) or not self.sources:
@@ -269,6 +403,12 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             raise ConfigError(format_message("blend mode 'cost' needs a cost function (and only it takes one)", found=f"mode {mode!r}, cost {cost!r}"))
         self.cost = cost
         self.weights = [float(w) for w in weights]
+        # Per source, the schedule of its weight (``format/weight_schedule.py``: a ``factor(clock)``
+        # that multiplies the constant weight), or None when no weight is scheduled.
+        if schedules is not None and (mode == "cost" or len(schedules) != len(self.sources) or not infinite):
+            raise ConfigError(format_message("weight schedules need blend mode random or exact, an endless blend and one entry per source", found=f"mode {mode!r}, {len(schedules)} schedules for {len(self.sources)} sources"))
+        self.schedules = None if schedules is None or all(s is None for s in schedules) else list(schedules)
+        self._weights_at = None if self.schedules is None else ScheduledWeights(self.weights, self.schedules)
         self.mode = mode
         self.seed = seed
         self.infinite = infinite  # every source repeats forever (a weighted blend)
@@ -276,7 +416,9 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         # The exact schedule runs over global positions; by default this worker's own items.
         self.position = position if position is not None else (lambda n: n)
         self.position_batch = position_batch  # consecutive items at consecutive positions (a batch)
-        self.schedule = ExactSchedule(integer_weights(weights)) if mode == "exact" else None
+        self.schedule: ExactSchedule | ScheduledExactSchedule | None = None
+        if mode == "exact":
+            self.schedule = ExactSchedule(integer_weights(weights)) if self.schedules is None else ScheduledExactSchedule(self.weights, self.schedules)
         self._own_schedule = self.schedule  # self.schedule differs only in a carried pass
         self._pass_weights: list[int] | None = None
         self._stream: UniformStream | None = None
@@ -457,6 +599,8 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         """A worker that never takes dataset ``k`` must not be given samples of ``k`` to carry:
         they would never come (elastic resume shares by :meth:`schedule_rates`, so this is a
         safety net)."""
+        if self.schedule.period is None:
+            return  # a weight schedule's rates are over a window: a dataset may start later
         rates = self.schedule_rates(cursor.emitted, cursor.schedule)
         for k, ranges in enumerate(remainder.ranges):
             if ranges and not rates[k]:
@@ -469,6 +613,15 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
                     )
                 )
 
+    def clock(self) -> int:
+        """The global stream position of the next item (all ranks and workers; the clock of
+        weight schedules): derived from ``emitted`` and ``offset``, so saved with them."""
+        return self._offset + self.position(self._emitted)
+
+    def current_weights(self) -> list[float]:
+        """The weights at the clock (constant weights: as given)."""
+        return self.weights if self._weights_at is None else self._weights_at.at(self.clock())
+
     def _choose(self) -> int:
         if self.cost is not None:
             # The source furthest behind its share of the cost so far (ties: the larger weight).
@@ -476,8 +629,8 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             live = [i for i, done in enumerate(self._exhausted) if not done]
             return max(live, key=lambda i: (self.weights[i] * total - self._costs[i], self.weights[i], -i))
         if self.schedule is not None:
-            return self.schedule.source_at(self._offset + self.position(self._emitted))
-        live = [0.0 if done else w for w, done in zip(self.weights, self._exhausted)]
+            return self.schedule.source_at(self.clock())
+        live = [0.0 if done else w for w, done in zip(self.current_weights(), self._exhausted)]
         cumulative = list(accumulate(live))
         draw = self._stream.at(self._draws) * cumulative[-1]
         self._draws += 1

@@ -136,7 +136,8 @@ class PipelineSpec:
         """The datasets of a blend (or val concatenation) and each one's target share of samples."""
         leaves = [leaf.describe() for leaf in self.plan.leaves]
         if self.plan.kind == "blend":
-            targets = [float(leaf.weight) for leaf in self.plan.leaves]
+            # A scheduled weight: its share at the start (clock 0); the schedule is in the leaf.
+            targets = [float(leaf.weight) * (1.0 if leaf.weight_schedule is None else leaf.weight_schedule.factor(0)) for leaf in self.plan.leaves]
         else:
             repetitions = [leaf.repetitions if self.plan.kind == "blend_epochized" else 1.0 for leaf in self.plan.leaves]
             sizes = [size * r for size, r in zip(dataset_sizes(self), repetitions)]
@@ -178,6 +179,17 @@ def validate(spec: PipelineSpec) -> None:
     check_packing(spec.hooks, spec.packing_buffer_size)
     if spec.blend_mode not in BLEND_MODES:
         raise ConfigError(format_message("invalid blend_mode", expected=" or ".join(BLEND_MODES), found=repr(spec.blend_mode)))
+    scheduled = [leaf for leaf in spec.plan.leaves if leaf.weight_schedule is not None]
+    if spec.training and scheduled and spec.blend_mode == "cost":
+        raise ConfigError(
+            format_message(
+                "weight schedules are not supported with blend_mode cost",
+                where=scheduled[0].where,
+                expected="blend_mode random or exact with a weight schedule",
+                found=f"blend_mode {spec.blend_mode!r}",
+                fix="a cost blend shares tokens per worker and has no global sample clock to read a schedule at; use blend_mode random or exact, or constant weights",
+            )
+        )
     if spec.blend_mode == "cost" and spec.training and spec.plan.kind != "single":
         if spec.plan.kind != "blend":
             raise ConfigError(format_message("blend_mode cost needs weights", where=spec.path, found=spec.plan.kind, expected="a blend with weights", fix="use blend (weights), not blend_epochized"))
@@ -415,6 +427,7 @@ def datasets_recipe(spec: PipelineSpec, datasets: list[Recipe] | None = None) ->
         return Repeat(nodes[0], wc, count_samples=False) if spec.repeat else nodes[0]
     names = tuple(leaf.where for leaf in plan.leaves)
     if plan.kind == "blend":
+        scheduled = any(leaf.weight_schedule is not None for leaf in plan.leaves)
         return Blend(
             tuple(Repeat(node, wc, count_samples=False) for node in nodes),
             wc,
@@ -423,7 +436,9 @@ def datasets_recipe(spec: PipelineSpec, datasets: list[Recipe] | None = None) ->
             names=names,
             infinite=True,
             cost=spec.task_encoder.sample_cost if spec.blend_mode == "cost" else None,
-            global_batch=(spec.batch_size or 1) if spec.blend_mode == "exact" else None,
+            # Exact schedules and scheduled weights follow the global stream position.
+            global_batch=(spec.batch_size or 1) if spec.blend_mode == "exact" or scheduled else None,
+            schedules=tuple(leaf.weight_schedule for leaf in plan.leaves) if scheduled else None,
         )
     # blend_epochized: every dataset `repetitions` times per pass. Exact: per worker, the schedule's
     # weights are the items each dataset yields on it; random: Energon's weights, each dataset's

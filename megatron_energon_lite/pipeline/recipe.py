@@ -231,6 +231,8 @@ class Blend(StageRecipe[T]):
     cost: Callable[[Any], int] | None = None
     global_batch: int | None = None
     worker_weights: bool = False
+    #: Per dataset, its weight's schedule (None: constant), or None when no weight is scheduled.
+    schedules: tuple[Any, ...] | None = None
 
     def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         wc = self.worker_config
@@ -248,13 +250,15 @@ class Blend(StageRecipe[T]):
             infinite=self.infinite,
             cost=self.cost,
             position_batch=self.global_batch or 1,
+            schedules=self.schedules,
         )
 
     def worker_length(self, local_worker_id: int) -> int:
         return sum(d.worker_length(local_worker_id) for d in self.datasets)
 
     def own_config(self) -> dict[str, Any]:
-        return {"weights": [float(w) for w in self.weights], "mode": self.mode}
+        scheduled = {"schedules": [None if s is None else s.describe() for s in self.schedules]} if self.schedules is not None else {}
+        return {"weights": [float(w) for w in self.weights], "mode": self.mode, **scheduled}
 
 
 def global_position(worker_config: WorkerConfig, batch: int, local_worker_id: int) -> Callable[[int], int]:

@@ -226,3 +226,12 @@ def test_blend_mix_example_runs(tmp_path: Path) -> None:
     assert "realized" in result.stdout
     for name in ("captions", "text_a", "text_b"):
         assert name in result.stdout
+
+
+def test_info_shows_a_scheduled_weight_as_its_share_at_the_start(blend_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "scheduled.yaml"
+    path.write_text(V2_HEADER + f"splits:\n  train:\n    blend:\n      - {{weight: {{linear: {{0: 3, 100: 0}}}}, path: {blend_dir / 'a'}}}\n      - {{weight: 1, path: {blend_dir / 'b'}}}\n")
+    result = _run("info", str(path))
+    assert result.exit_code == 0, result.output
+    assert _cells(result.output, "splits.train.blend[0]")[3] == "75.0% scheduled"
+    assert _cells(result.output, "splits.train.blend[1]")[3] == "25.0% scheduled"

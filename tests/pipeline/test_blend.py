@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import json
 from collections import Counter
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from resume import END, ListSource, check_resume_at_every_step, run
 
@@ -13,9 +14,11 @@ from megatron_energon_lite.pipeline import blend as blend_module
 from megatron_energon_lite.pipeline.blend import (
     BlendNode,
     ExactSchedule,
+    ScheduledExactSchedule,
     consumed_counts,
     integer_weights,
 )
+from megatron_energon_lite.format.weight_schedule import LeafSchedule, WeightSchedule
 from megatron_energon_lite.pipeline.repeat import RepeatNode
 from megatron_energon_lite.pipeline.shuffle import ShuffleBufferNode
 
@@ -220,3 +223,72 @@ def test_pass_weights_in_a_saved_state_are_checked() -> None:
     for node in (epochized("random"), BlendNode(sources(4, 3), [1, 1], seed=5, mode="exact", infinite=True)):
         with pytest.raises(StateError, match="only an exact blend_epochized"):
             node.reset({**node.get_state(), "pass_weights": [1, 1]})
+
+
+# --- scheduled weights (issue 40) -------------------------------------------------------------
+
+_schedules = st.lists(
+    st.tuples(
+        st.sampled_from(["step", "linear", "cosine"]),
+        st.dictionaries(st.integers(0, 400), st.sampled_from([0, 1, 2, 5, 50]), min_size=1, max_size=4),
+    ),
+    min_size=2,
+    max_size=6,
+)
+
+
+def _scheduled(raw) -> list:
+    """One blend level of these schedules, as the leaves see it (each leaf's factor is its share)."""
+    level = tuple(WeightSchedule(kind, tuple((x, float(w)) for x, w in sorted(points.items()))) for kind, points in raw)
+    return [LeafSchedule(((level, i),)) for i in range(len(level))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(_schedules, st.integers(1, 800))
+@example([("step", {0: 0}), ("step", {0: 1}), ("step", {0: 1}), ("step", {0: 5, 38: 0, 118: 50}), ("step", {0: 5, 118: 50, 143: 0})], 145)  # 1.01 at the current share's deadlines
+def test_scheduled_exact_schedule_stays_within_one_of_the_integral_of_the_shares(raw, length: int) -> None:
+    """At every prefix each count is within one sample of the sum of its shares so far, under
+    step, linear and cosine schedules (the lag's bound, measured: 0.93 at worst over 400 random
+    levels of up to 8 sources, weights 0 to 100; before deadlines looked past schedule points,
+    hypothesis found 1.01 at a step)."""
+    schedules = _scheduled(raw)
+    try:
+        shares_at = [ScheduledExactSchedule([1.0] * len(schedules), schedules).shares(p) for p in range(length)]
+    except ZeroDivisionError:
+        assume(False)  # the level is all zero somewhere (refused when parsed)
+    schedule = ScheduledExactSchedule([1.0] * len(schedules), schedules)
+    counts, targets = [0] * len(schedules), [0.0] * len(schedules)
+    for position in range(length):
+        counts[schedule.source_at(position)] += 1
+        targets = [t + s for t, s in zip(targets, shares_at[position])]
+        for c, t in zip(counts, targets):
+            assert abs(c - t) < 1, (raw, position, counts, targets)
+
+
+@settings(max_examples=30, deadline=None)
+@given(_schedules, st.lists(st.integers(0, 500), min_size=1, max_size=20), st.integers(0, 500))
+def test_scheduled_exact_schedule_jumps_and_resumes_like_the_full_walk(raw, positions: list[int], cut: int) -> None:
+    """A worker visiting only its positions, and a cursor saved as JSON and restored, read the
+    same sources as one walk over every position."""
+    schedules = _scheduled(raw)
+    try:
+        full = ScheduledExactSchedule([1.0] * len(schedules), schedules)
+        expected = [full.source_at(p) for p in range(501)]
+    except ZeroDivisionError:
+        assume(False)
+    positions = sorted(set(positions))
+    jumping = ScheduledExactSchedule([1.0] * len(schedules), schedules)
+    assert [jumping.source_at(p) for p in positions] == [expected[p] for p in positions]
+    first = ScheduledExactSchedule([1.0] * len(schedules), schedules)
+    head = [first.source_at(p) for p in range(cut)]
+    second = ScheduledExactSchedule([1.0] * len(schedules), schedules)
+    second.reset(json.loads(json.dumps(first.get_state())))
+    assert head + [second.source_at(p) for p in range(cut, 501)] == expected
+
+
+def test_scheduled_exact_cursor_is_checked() -> None:
+    schedules = _scheduled([("step", {0: 1}), ("linear", {0: 1, 10: 2})])
+    schedule = ScheduledExactSchedule([1.0, 1.0], schedules)
+    for bad in ({"position": 1, "counts": [1, 0]}, {"position": 1, "counts": [1, 0], "lag": [0.5, float("nan")]}, {"position": 1, "counts": [1, 0], "lag": [0.5]}, {"position": 2, "counts": [1, 0], "lag": [0.0, 0.0]}):
+        with pytest.raises(StateError):
+            schedule.reset(bad)

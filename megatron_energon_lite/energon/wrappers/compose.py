@@ -70,6 +70,17 @@ class LoadedDataset:
 
 def loaded_datasets(spec: PipelineSpec) -> list[LoadedDataset]:
     """The plan's datasets as ``build_train_datasets`` / ``build_val_datasets`` receive them."""
+    scheduled = [leaf for leaf in spec.plan.leaves if leaf.weight_schedule is not None] if spec.training else []
+    if scheduled:
+        raise ConfigError(
+            format_message(
+                "a weight schedule cannot be handed to Energon's dataset list",
+                where=scheduled[0].where,
+                expected="constant weights (LoadedDataset.weight is one number)",
+                found="a weight: schedule",
+                fix="load it with get_train_dataset and a task encoder that does not override build_train_datasets, or use constant weights",
+            )
+        )
     slices, sizes = dataset_slices(spec), dataset_sizes(spec)  # once for every dataset of the plan
     return [
         LoadedDataset(plan_factory(spec, k, slices[k], sizes[k]), weight=float(leaf.weight), repetitions=leaf.repetitions, aux=aux_stores(leaf, None, primary=False) or None)

@@ -1,0 +1,169 @@
+"""Weight schedules (issue 40): parsing, bad input named by YAML path and point, evaluation."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megatron_energon_lite.errors import ConfigError
+from megatron_energon_lite.format.metadataset import load_blend_plan
+from megatron_energon_lite.format.weight_schedule import LeafSchedule, ScheduledWeights, WeightSchedule, check_level, parse_weight_schedule
+
+HEADER = {"__module__": "megatron.energon", "__class__": "MetadatasetV2"}
+
+
+def test_energon_issue_17_spelling_loads_and_interpolates() -> None:
+    schedule = parse_weight_schedule({"linear": {0: 100, 100: 10, 1000: 0}}, "w")
+    assert schedule == WeightSchedule("linear", ((0, 100.0), (100, 10.0), (1000, 0.0)))
+    assert [schedule.at(t) for t in (0, 50, 100, 550, 1000, 5000)] == [100.0, 55.0, 10.0, 5.0, 0.0, 0.0]
+
+
+def test_energon_issue_17_full_spelling_with_module_and_class_loads() -> None:
+    """The issue's example, indented as it is written there."""
+    text = """
+weight:
+  __module__: megatron.energon
+  __class__: WeightSchedule
+  linear:
+    0: 100
+    100: 10
+    1000: 0
+"""
+    raw = yaml.safe_load(text)["weight"]
+    assert parse_weight_schedule(raw, "w").points == ((0, 100.0), (100, 10.0), (1000, 0.0))
+    with pytest.raises(ConfigError, match="__class__"):
+        parse_weight_schedule({**raw, "__class__": "Schedule"}, "w")
+
+
+def test_step_holds_the_last_points_weight_and_cosine_eases() -> None:
+    step = parse_weight_schedule({"step": {0: 1, 10: 3}}, "w")
+    assert [step.at(t) for t in (0, 9, 10, 11)] == [1.0, 1.0, 3.0, 3.0]
+    cosine = parse_weight_schedule({"cosine": {"0": 0, "100": 2}}, "w")  # string keys (JSON) too
+    assert cosine.at(0) == 0 and cosine.at(100) == 2 and cosine.at(50) == pytest.approx(1.0)
+    assert cosine.at(25) == pytest.approx(1 - math.cos(math.pi / 4))
+
+
+def test_a_step_clock_is_scaled_by_the_global_batch_size() -> None:
+    schedule = parse_weight_schedule({"step": {0: 1, 5: 2}, "clock": "steps", "global_batch_size": 8}, "w")
+    assert schedule.points == ((0, 1.0), (40, 2.0))
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ({"linear": {0: 1, 10: 2, 10: 3}}, None),  # a duplicate key collapses in Python: allowed
+        ({"linear": {10: 1, 5: 2}}, r"not increasing.*linear\[5\]"),
+        ({"step": {0: -1}}, r"negative.*step\[0\]"),
+        ({"step": {0: float("nan")}}, r"negative or not a finite.*step\[0\]"),
+        ({"step": {0: float("inf")}}, r"step\[0\]"),
+        ({"step": {0: True}}, r"step\[0\]"),
+        ({"step": {-1: 1}}, r"not a non-negative integer.*step\[-1\]"),
+        ({"exponential": {0: 1}}, r"unknown schedule kind.*exponential"),
+        ({"step": {0: 1}, "linear": {0: 1}}, "one schedule kind"),
+        ({"step": {}}, "no points"),
+        ({"step": {0: 1}, "clock": "steps"}, "global_batch_size"),
+        ({"step": {0: 1}, "clock": "hours"}, "unknown clock"),
+        ({"step": {0: 1}, "global_batch_size": 4}, "only applies to clock: steps"),
+    ],
+)
+def test_bad_schedules_are_named_by_path_and_point(raw, match) -> None:
+    if match is None:
+        parse_weight_schedule(raw, "f.yaml: splits.train.blend[0].weight")
+        return
+    with pytest.raises(ConfigError, match="(?s)" + match) as info:
+        parse_weight_schedule(raw, "f.yaml: splits.train.blend[0].weight")
+    assert "splits.train.blend[0].weight" in str(info.value)
+
+
+def test_a_level_whose_weights_all_vanish_at_a_point_is_refused() -> None:
+    fading = parse_weight_schedule({"linear": {0: 1, 100: 0}}, "w")
+    rising = parse_weight_schedule({"linear": {200: 0, 300: 1}}, "w")
+    with pytest.raises(ConfigError, match="(?s)zero at a point.*clock 100"):
+        check_level((fading, rising), "f.yaml: splits.train.blend")
+    check_level((fading, Fraction(0), parse_weight_schedule({"linear": {50: 0, 150: 1}}, "w")), "ok")  # crosses: fine
+    check_level((fading, Fraction(1)), "ok")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["step", "linear", "cosine"]), st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), min_size=1, max_size=4)), min_size=1, max_size=3),
+)
+def test_check_level_accepts_exactly_the_levels_positive_everywhere(raw) -> None:
+    """check_level's claim (checking the points suffices) against a walk of every clock."""
+    weights = []
+    for kind, points in raw:
+        table = {}
+        for x, w in sorted(points):
+            table[x] = w
+        weights.append(WeightSchedule(kind, tuple((x, float(w)) for x, w in table.items())))
+    positive_everywhere = all(sum(w.at(t) for w in weights) > 0 for t in range(0, 60))
+    try:
+        check_level(weights, "w")
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted == positive_everywhere
+
+
+def _plan(blend: list, **extra):
+    return load_blend_plan({**HEADER, "splits": {"train": {"blend": blend, **extra}}}, "train", training=True, check_datasets=False)
+
+
+def test_yaml_weight_schedule_reaches_the_leaves_and_nests(tmp_path) -> None:
+    inner = [{"path": "a", "weight": {"step": {0: 1, 10: 0}}}, {"path": "b", "weight": 1}]
+    plan = _plan(inner)
+    a, b = plan.leaves
+    assert a.weight == b.weight == 1 and a.weight_schedule is not None
+    assert [a.weight_schedule.factor(t) for t in (0, 10)] == [0.5, 0.0]
+    assert [b.weight_schedule.factor(t) for t in (0, 10)] == [0.5, 1.0]
+    assert "weight_schedule" in a.describe()
+
+
+def test_constant_weights_describe_as_before() -> None:
+    plan = _plan([{"path": "a", "weight": 3}, {"path": "b", "weight": 1}])
+    assert [leaf.weight for leaf in plan.leaves] == [Fraction(3, 4), Fraction(1, 4)]
+    assert all(leaf.weight_schedule is None and "weight_schedule" not in leaf.describe() for leaf in plan.leaves)
+
+
+def test_schedule_times_schedule_multiplies_the_shares() -> None:
+    inner = LeafSchedule(()).outer((WeightSchedule("step", ((0, 1.0), (10, 3.0))), Fraction(1)), 0)
+    both = inner.outer((Fraction(1), WeightSchedule("linear", ((0, 1.0), (100, 3.0)))), 1)
+    assert both.factor(0) == pytest.approx(0.5 * 0.5)
+    assert both.factor(100) == pytest.approx(0.75 * 0.75)
+
+
+def test_repetitions_cannot_be_scheduled() -> None:
+    with pytest.raises(ConfigError, match=r"(?s)repetitions cannot be a schedule.*blend_epochized\[0\]\.repetitions"):
+        load_blend_plan({**HEADER, "splits": {"train": {"blend_epochized": [{"path": "a", "repetitions": {"step": {0: 1}}}]}}}, "train", training=True, check_datasets=False)
+
+
+def test_a_level_all_zero_at_a_point_is_named_in_the_yaml() -> None:
+    with pytest.raises(ConfigError, match=r"(?s)splits\.train\.blend.*clock 10"):
+        _plan([{"path": "a", "weight": {"step": {0: 1, 10: 0}}}, {"path": "b", "weight": 0}])
+
+
+def test_a_constant_zero_next_to_a_schedule_has_weight_zero() -> None:
+    """So that the loader leaves it out with its usual warning (it would never be drawn)."""
+    a, b = _plan([{"path": "a", "weight": {"step": {0: 1}}}, {"path": "b", "weight": 0}]).leaves
+    assert a.weight == 1 and b.weight == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["step", "linear", "cosine"]), st.dictionaries(st.integers(0, 60), st.sampled_from([0, 1, 3]), min_size=1, max_size=4)), min_size=2, max_size=4),
+    st.lists(st.integers(0, 80), min_size=1, max_size=40),
+)
+def test_cached_weights_equal_the_schedules_at_every_clock(raw, clocks: list[int]) -> None:
+    """ScheduledWeights keeps values while no schedule can change: the same as evaluating anew."""
+    level = tuple(WeightSchedule(kind, tuple((x, float(w)) for x, w in sorted(points.items()))) for kind, points in raw)
+    leaves = [LeafSchedule(((level, i),)) for i in range(len(level))]
+    cached = ScheduledWeights([2.0] * len(level), leaves)
+    for clock in sorted(clocks) + clocks:  # forward walks and jumps back
+        if sum(w.at(clock) for w in level) == 0:
+            continue
+        assert cached.at(clock) == pytest.approx([2.0 * leaf.factor(clock) for leaf in leaves]), clock
