@@ -35,11 +35,9 @@ class Command(click.Command):
     hint (``no_input_hint``) instead of click's bare ``Aborted!``.
     """
 
-    #: What to pass so that the command asks nothing; set per command.
-    no_input_hint: str | None = None
-
     def __init__(self, *args, no_input_hint: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        #: What to pass so that the command asks nothing (None: the command asks nothing).
         self.no_input_hint = no_input_hint
 
     def invoke(self, ctx: click.Context):

@@ -90,17 +90,9 @@ class TaskEncoder(Hooks[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
 
 
 class DefaultTaskEncoder(DefaultHooks[T_sample, T_encoded_sample, T_raw_batch, T_batch], TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
-    """A task encoder that converts samples and batches to the given types by field name.
-
-    Args:
-        encoded_sample_type: ``encode_sample`` converts each sample to it (unless it already is one).
-        raw_batch_type: ``batch`` builds this type (``from_samples`` for a :class:`Batch`);
-            default: the class of the samples, with list / stacked fields.
-        batch_type: ``encode_batch`` converts each batch to it.
-
-    Types are dataclasses or namedtuples (fields matched by name) or ``dict`` (a plain dict of
-    the fields).
-    """
+    """A task encoder that converts samples and batches to the given types by field name: the
+    core's :class:`~megatron_energon_lite.pipeline.task_hooks.DefaultHooks` (which documents the
+    arguments) with Energon's ``build_*`` methods."""
 
 
 class AugmentTaskEncoder(TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
