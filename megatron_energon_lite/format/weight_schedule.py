@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ConfigError, format_message
 
-__all__ = ["SCHEDULE_KINDS", "LeafSchedule", "ScheduledWeights", "WeightSchedule", "check_level", "parse_weight_schedule"]
+__all__ = ["SCHEDULE_KINDS", "LeafSchedule", "ScheduledWeights", "TargetShares", "WeightSchedule", "check_level", "parse_weight_schedule", "target_shares"]
 
 #: The kinds of schedule a ``weight:`` may name.
 SCHEDULE_KINDS = ("step", "linear", "cosine")
@@ -65,6 +65,12 @@ class WeightSchedule:
     def describe(self) -> dict[str, Any]:
         """Plain JSON for fingerprints."""
         return {self.kind: [[x, w] for x, w in self.points]}
+
+    @classmethod
+    def from_description(cls, data: Mapping[str, Any]) -> "WeightSchedule":
+        """The schedule :meth:`describe` gave (as saved in a state's configuration)."""
+        ((kind, points),) = data.items()
+        return cls(kind, tuple((int(x), float(w)) for x, w in points))
 
     def next_point(self, clock: int) -> float:
         """The first point after ``clock`` (inf: none)."""
@@ -106,6 +112,15 @@ class LeafSchedule:
     def describe(self) -> list[Any]:
         return [[[w.describe() if isinstance(w, WeightSchedule) else float(w) for w in siblings], index] for siblings, index in self.levels]
 
+    @classmethod
+    def from_description(cls, data: Sequence[Any]) -> "LeafSchedule":
+        """The leaf schedule :meth:`describe` gave (as saved in a state's configuration)."""
+        levels = []
+        for siblings, index in data:
+            weights = tuple(WeightSchedule.from_description(w) if isinstance(w, Mapping) else Fraction(w) for w in siblings)
+            levels.append((weights, int(index)))
+        return cls(tuple(levels))
+
     def outer(self, siblings: tuple[Weight, ...], index: int) -> "LeafSchedule":
         """This schedule under one more (outer) scheduled level."""
         return LeafSchedule(((siblings, index), *self.levels))
@@ -134,6 +149,11 @@ class ScheduledWeights:
         self.at(clock)
         return self._next_point
 
+    def holds_until(self, clock: int) -> float:
+        """The first clock after ``clock`` at which the weights may differ from ``at(clock)``."""
+        self.at(clock)
+        return self._valid[1]
+
     def _evaluate(self, clock: int) -> tuple[list[float], float, float]:
         shares: dict[int, list[float]] = {}
         until = next_point = math.inf
@@ -151,6 +171,54 @@ class ScheduledWeights:
                 factor *= shares[id(siblings)][index]
             values.append(weight * factor)
         return values, until, next_point
+
+
+class TargetShares:
+    """Each leaf's target share of a blend (its weight over the sum of all leaves' weights) at a
+    clock, and averaged over a range of clocks: what a report compares the realized shares with."""
+
+    #: Clocks evaluated at most per stretch between two points of the schedules (a linear or
+    #: cosine ramp); longer stretches are averaged at this many evenly spaced clocks.
+    SAMPLES_PER_RAMP = 2048
+
+    def __init__(self, weights: Sequence[float], schedules: Sequence[LeafSchedule | None]) -> None:
+        self._weights = ScheduledWeights(weights, schedules)
+
+    def at(self, clock: int) -> list[float]:
+        values = self._weights.at(clock)
+        total = sum(values)
+        return [v / total if total else 0.0 for v in values]
+
+    def mean(self, start: int, stop: int) -> list[float]:
+        """The mean share over clocks ``start <= t < stop``: exact where the weights are piecewise
+        constant, sampled on ramps longer than :attr:`SAMPLES_PER_RAMP`."""
+        if stop <= start:
+            return self.at(start)
+        sums = [0.0] * len(self._weights.weights)
+        clock = start
+        while clock < stop:
+            shares = self.at(clock)
+            held = min(self._weights.holds_until(clock), stop)  # the weights are constant up to here
+            if held > clock + 1:
+                span, points = held - clock, [(clock, held - clock)]
+            else:  # a ramp: every clock up to the next point, or evenly spaced samples of it
+                end = int(min(self._weights.next_point(clock), stop))
+                span = end - clock
+                count = min(span, self.SAMPLES_PER_RAMP)
+                points = [(clock + (2 * i + 1) * span // (2 * count), span / count) for i in range(count)]
+            for at, times in points:
+                for k, share in enumerate(self.at(at) if at != clock else shares):
+                    sums[k] += share * times
+            clock += span
+        return [total / (stop - start) for total in sums]
+
+
+def target_shares(datasets: Sequence[Mapping[str, Any]]) -> TargetShares:
+    """The target shares of the blend a state's configuration describes (its ``datasets`` rows:
+    ``weight`` and, when scheduled, ``weight_schedule``)."""
+    weights = [float(row["weight"]) for row in datasets]
+    schedules = [LeafSchedule.from_description(row["weight_schedule"]) if row.get("weight_schedule") else None for row in datasets]
+    return TargetShares(weights, schedules)
 
 
 def _bad(where: str, what: str, expected: str, found: Any) -> ConfigError:
