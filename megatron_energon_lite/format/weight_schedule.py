@@ -2,7 +2,7 @@
 
 A schedule is a list of points ``(clock, weight)`` over the blend's clock, the number of samples
 the blend has delivered *globally* (all ranks and workers: the global stream position the exact
-blend uses, ``pipeline/recipe.py: global_position``), so it does not depend on the topology.
+blend uses, ``worker.py: global_position``), so it does not depend on the topology.
 Between points, ``step`` keeps the last point's weight, ``linear`` interpolates, ``cosine`` eases
 from one point's weight to the next (``a + (b - a) * (1 - cos(pi * f)) / 2``); before the first
 point the first weight holds, after the last the last.

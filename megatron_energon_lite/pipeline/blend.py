@@ -705,7 +705,7 @@ def _blend_state(state: Any) -> dict | None:
 
 def blend_clock(state: Any, position: Callable[[int], int]) -> int | None:
     """The global stream position of a worker's next blended item (:meth:`BlendNode.clock`), from
-    its state and its position function (``recipe.global_position``); None: no blend."""
+    its state and its position function (``worker.global_position``); None: no blend."""
     blend = _blend_state(state)
     return None if blend is None else int(blend.get("offset", 0)) + position(int(blend["emitted"]))
 
