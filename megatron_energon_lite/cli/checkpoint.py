@@ -257,7 +257,7 @@ def blend_lines(states: list[SavedRank]) -> list[str]:
         return [f"\nBlend: not shown, the states' blend is not readable ({type(exc).__name__}: {str(exc)[:200]})"]
     clock = rows[0]["clock"]
     scheduled = any(leaf.get("weight_schedule") for leaf in config["datasets"])
-    where = "" if clock is None else f" at clock {clock} (global samples taken{'; the weight schedules read it' if scheduled else ''})"
+    where = "" if clock is None else f" at clock {clock} (its place in the global stream: samples the blend yielded, shuffle buffers included{'; the weight schedules read it' if scheduled else ''})"
     partial = "" if len(states) > 1 or config.get("worker_config.world_size") == 1 else f", this rank's samples of {config.get('worker_config.world_size')} ranks"
     lines = [f"\nBlend ({config.get('blend_kind', 'blend')}, mode {config.get('blend_mode') or 'random'}){where}{partial}:"]
     for k, row in enumerate(rows):

@@ -22,9 +22,9 @@ def blend_report(states: dict | list[dict]) -> list[dict[str, Any]]:
     ``path``, ``split_part``, ``target_share`` (its normalised weight at the start; for
     ``blend_epochized`` its share of the samples of one pass), ``samples`` consumed so far
     (samples waiting in a shuffle buffer are not counted) and ``share`` of all consumed samples;
-    ``clock``, the blend's position in the global stream (samples delivered by all ranks, the
-    clock of weight schedules; from one rank's state, within a step of it; None when the states
-    do not say), ``target_share_now`` (the
+    ``clock``, the blend's position in the global stream (the clock of weight schedules: samples
+    the blends of all ranks yielded, those waiting in a shuffle buffer included; from one rank's
+    state, within a step of it; None when the states do not say), ``target_share_now`` (the
     share at ``clock``) and ``target_share_so_far`` (the mean target share over the clocks
     before it: what ``share`` should be); with constant weights both equal ``target_share``.
     With ``blend_mode="cost"`` also ``cost`` (e.g. tokens) and ``cost_share``, counted as the
