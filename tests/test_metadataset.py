@@ -396,6 +396,17 @@ def test_exact_blend_warns_when_weights_need_stepping(root: Path, caplog) -> Non
     assert "schedule period" not in caplog.text
 
 
+
+def test_exact_scheduled_blend_warns_of_its_cost_on_several_workers(root: Path, caplog) -> None:
+    path = schedule_yaml(root, "{linear: {0: 1, 300: 0}}", "1", extra="    blend_mode: exact\n")
+    with caplog.at_level("WARNING"):
+        train(path, 0)
+    assert "weight schedules" not in caplog.text
+    with caplog.at_level("WARNING"):
+        train(path, 2)
+    assert "exact blend with weight schedules" in caplog.text and "about 2 positions per sample" in caplog.text and "use blend_mode random" in caplog.text
+
+
 def test_shuffle_over_epochs_multipliers_none_and_minus_one_combine_as_energon(root: Path) -> None:
     """None (no shuffling) wins over every level, then -1 (with replacement), else the product."""
     from megatron_energon_lite.format.metadataset import load_blend_plan

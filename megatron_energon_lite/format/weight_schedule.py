@@ -36,6 +36,10 @@ __all__ = ["SCHEDULE_KINDS", "LeafSchedule", "ScheduledWeights", "TargetShares",
 
 #: The kinds of schedule a ``weight:`` may name.
 SCHEDULE_KINDS = ("step", "linear", "cosine")
+#: A linear or cosine ramp takes at most this many values: a ramp of ``span`` samples holds each
+#: value for ``span // RAMP_STEPS`` samples when that is 2 or more (the value at the middle of the
+#: stretch), so that weights are evaluated once per stretch, not once per sample.
+RAMP_STEPS = 4096
 _CLOCKS = ("samples", "steps")
 
 
@@ -57,7 +61,10 @@ class WeightSchedule:
         if after == len(self.points) or self.kind == "step":
             return self.points[after - 1][1]
         (x0, a), (x1, b) = self.points[after - 1], self.points[after]
-        fraction = (clock - x0) / (x1 - x0)
+        held = (x1 - x0) // RAMP_STEPS
+        # A long ramp holds each value for ``held`` samples: the mean clock of the stretch's.
+        at = clock if held < 2 else min(x0 + (clock - x0) // held * held + (held - 1) / 2, x1)
+        fraction = (at - x0) / (x1 - x0)
         if self.kind == "cosine":
             fraction = (1 - math.cos(math.pi * fraction)) / 2
         return a + (b - a) * fraction
@@ -73,9 +80,12 @@ class WeightSchedule:
         return cls(kind, tuple((int(x), float(w)) for x, w in points))
 
     def next_point(self, clock: int) -> float:
-        """The first point after ``clock`` (inf: none)."""
+        """The first point after ``clock`` (inf: none); inside a long ramp, the end of the stretch
+        that holds ``at(clock)``, so that the weight is constant up to the next point."""
         after = bisect.bisect_right(self._clocks, clock)
-        return math.inf if after == len(self.points) else self._clocks[after]
+        if after == len(self.points):
+            return math.inf
+        return self._stretch_end(after, clock) or self._clocks[after]
 
     def holds_until(self, clock: int) -> float:
         """The first clock after ``clock`` at which the weight may differ from ``at(clock)``."""
@@ -84,7 +94,16 @@ class WeightSchedule:
             return math.inf
         if self.kind == "step" or after == 0 or self.points[after - 1][1] == self.points[after][1]:
             return self._clocks[after]
-        return clock + 1
+        return self._stretch_end(after, clock) or clock + 1
+
+    def _stretch_end(self, after: int, clock: int) -> int | None:
+        """Inside a long ramp (``points[after - 1]`` to ``points[after]``), the end of the stretch
+        of ``clock`` (see :data:`RAMP_STEPS`); None elsewhere."""
+        if after == 0 or self.kind == "step":
+            return None
+        x0, x1 = self._clocks[after - 1], self._clocks[after]
+        held = (x1 - x0) // RAMP_STEPS
+        return min(x0 + ((clock - x0) // held + 1) * held, x1) if held >= 2 else None
 
 
 Weight = Fraction | WeightSchedule

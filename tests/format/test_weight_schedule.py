@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.format.metadataset import load_blend_plan
-from megatron_energon_lite.format.weight_schedule import LeafSchedule, ScheduledWeights, TargetShares, WeightSchedule, check_level, parse_weight_schedule, target_shares
+from megatron_energon_lite.format.weight_schedule import RAMP_STEPS, LeafSchedule, ScheduledWeights, TargetShares, WeightSchedule, check_level, parse_weight_schedule, target_shares
 
 HEADER = {"__module__": "megatron.energon", "__class__": "MetadatasetV2"}
 
@@ -214,3 +214,34 @@ def test_target_shares_read_back_a_states_description() -> None:
     # Outer level: 2 -> 0.5 cosine against 1; inner: 1 then 3 against 1.
     outer_share = outer[0].at(60) / (outer[0].at(60) + 1)
     assert rebuilt.at(60) == pytest.approx([outer_share * 3 / 4, outer_share / 4, 1 - outer_share, 0.0])
+
+
+def test_a_long_ramp_holds_each_value_for_a_stretch_at_its_middle() -> None:
+    """100,000 samples from 1 to 0: stretches of 100,000 // RAMP_STEPS = 24 samples, each at the
+    ramp's value at the mean clock of the stretch; points and short ramps are untouched."""
+    ramp = WeightSchedule("linear", ((1000, 1.0), (101_000, 0.0)))
+    held = 100_000 // RAMP_STEPS
+    assert held == 24
+    for first in (1000, 1000 + 24 * 7, 1000 + 24 * 4000):
+        middle = 1 - (first + (held - 1) / 2 - 1000) / 100_000
+        assert [ramp.at(first + j) for j in range(held)] == [pytest.approx(middle)] * held
+        assert ramp.holds_until(first) == ramp.holds_until(first + held - 1) == first + held
+        assert ramp.next_point(first + 3) == first + held
+    last = 1000 + 24 * 4166  # the final, shorter stretch ends at the point
+    assert ramp.holds_until(last) == 101_000 and ramp.at(101_000) == 0.0 and ramp.at(999) == 1.0
+    short = WeightSchedule("linear", ((0, 1.0), (8000, 0.0)))  # 8000 // 4096 = 1: every sample
+    assert [short.at(t) for t in (0, 1, 4000, 7999)] == [1.0, 1 - 1 / 8000, 0.5, 1 - 7999 / 8000]
+    assert short.holds_until(10) == 11
+
+
+def test_a_held_ramps_sum_stays_within_a_hundredth_of_the_true_ramps() -> None:
+    """What an exact blend is held to (the running sum of the shares) moves by less than 0.01
+    samples over a million-sample cosine ramp against a constant weight."""
+    ramp = WeightSchedule("cosine", ((0, 5.0), (1_000_000, 0.5)))
+    true_sum = held_sum = 0.0
+    for t in range(1_000_000):
+        w = 5.0 + (0.5 - 5.0) * (1 - math.cos(math.pi * t / 1_000_000)) / 2
+        true_sum += w / (w + 1)
+        held = ramp.at(t)
+        held_sum += held / (held + 1)
+    assert abs(true_sum - held_sum) < 0.01, true_sum - held_sum
