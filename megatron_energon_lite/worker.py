@@ -194,6 +194,22 @@ class WorkerConfig:
         file.flush()
 
 
+def global_position(worker_config: WorkerConfig, batch: int, local_worker_id: int) -> Callable[[int], int]:
+    """Where this worker's ``n``-th sample sits in the global training stream (a blend's clock).
+
+    The stream is ordered by training step, then rank, then position in the batch: the loader
+    takes one batch from each local worker in turn, so this worker's ``k``-th batch is rank step
+    ``k * workers + local_worker_id``, taken by all ranks at once.
+    """
+    workers, ranks, rank = worker_config.workers_per_rank, worker_config.world_size, worker_config.rank
+
+    def position(n: int) -> int:
+        k, j = divmod(n, batch)
+        return ((k * workers + local_worker_id) * ranks + rank) * batch + j
+
+    return position
+
+
 #: Debug files this process has open, by path: one handle per file even when several equal
 #: configs log to it. A forked worker inherits the handles; it writes to its own paths when the
 #: path has ``{worker_id}`` or ``{pid}``, and appends through the shared handle otherwise.
