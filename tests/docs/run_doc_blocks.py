@@ -12,6 +12,9 @@ Rules a page's author follows:
   line before it.
 - ``<!-- doc-test: setup`` ... ``-->`` holds Python that runs (unseen by readers) in the page's
   namespace before the blocks after it, e.g. to make the ``sample`` a fragment talks about.
+- ``<!-- doc-test: torchrun N`` ... ``-->`` right before a Python block runs that block on N ranks
+  (torchrun, gloo) instead of in the page's namespace: the comment is the script, with the line
+  ``{block}`` standing for the block (so it sets up what the block uses and checks what it did).
 - The folder holds ``my_data/`` (10 shards x 4 unprepared jpg/txt/json/cls samples), ``coco/``
   (the same, prepared as CaptioningSample, split 8,1,1) and ``more_captions/`` (another such
   dataset)."""
@@ -22,6 +25,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 SKIP = re.compile(r"^<!-- doc-test: skip \((?P<why>[^)]+)\) -->$")
@@ -35,6 +39,7 @@ class Block:
     language: str  # "setup" for a hidden setup comment
     text: str
     skip: str | None  # the reason, for a skipped block
+    torchrun: tuple[int, str] | None = None  # ranks, and the script around the block
 
     @property
     def where(self) -> str:
@@ -43,11 +48,17 @@ class Block:
 
 def blocks(path: Path, name: str) -> list[Block]:
     lines = path.read_text().split("\n")
-    found, index = [], 0
+    found, index, torchrun = [], 0, None
     while index < len(lines):
         if lines[index].strip() == "<!-- doc-test: setup":
             end = lines.index("-->", index)
             found.append(Block(name, index + 1, "setup", "\n".join(lines[index + 1 : end]), None))
+            index = end + 1
+            continue
+        ranks = re.match(r"^<!-- doc-test: torchrun (\d+)$", lines[index].strip())
+        if ranks:
+            end = lines.index("-->", index)
+            torchrun = (int(ranks.group(1)), "\n".join(lines[index + 1 : end]))
             index = end + 1
             continue
         fence = re.match(r"^```(\w*)\s*$", lines[index])
@@ -59,7 +70,8 @@ def blocks(path: Path, name: str) -> list[Block]:
             end += 1
         before = next((line for line in reversed(lines[:index]) if line.strip()), "")
         skip = SKIP.match(before.strip())
-        found.append(Block(name, index + 1, fence.group(1), "\n".join(lines[index + 1 : end]), skip.group("why") if skip else None))
+        found.append(Block(name, index + 1, fence.group(1), "\n".join(lines[index + 1 : end]), skip.group("why") if skip else None, torchrun))
+        torchrun = None
         index = end + 1
     return found
 
@@ -81,8 +93,10 @@ def run_page(path: Path, name: str) -> int:
             continue
         if block.language not in RUNNABLE:
             continue
-        print(f"--- {block.where} ({block.language})", flush=True)
-        if block.language == "python":
+        print(f"--- {block.where} ({block.language}{f', {block.torchrun[0]} ranks' if block.torchrun else ''})", flush=True)
+        if block.torchrun:
+            run_on_ranks(block)
+        elif block.language == "python":
             exec(compile(block.text, block.where, "exec"), namespace)
         else:
             result = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block.text])
@@ -90,6 +104,21 @@ def run_page(path: Path, name: str) -> int:
                 sys.exit(f"{block.where}: the shell block exited with status {result.returncode}")
         ran += 1
     return ran
+
+
+def run_on_ranks(block: Block) -> None:
+    ranks, script = block.torchrun
+    if "{block}" not in script.split("\n"):
+        sys.exit(f"{block.where}: the torchrun comment has no line {{block}}")
+    with tempfile.NamedTemporaryFile("w", suffix=".py", dir=".", delete=False) as file:
+        file.write(script.replace("{block}", block.text))
+    try:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", file.name]
+        result = subprocess.run(command)
+    finally:
+        Path(file.name).unlink()
+    if result.returncode:
+        sys.exit(f"{block.where}: the block on {ranks} ranks exited with status {result.returncode}")
 
 
 if __name__ == "__main__":

@@ -52,11 +52,19 @@ def test_page_blocks_run(page, doc_folder, tmp_path):
     assert f"ran {runnable} blocks" in result.stdout
 
 
-def test_most_code_blocks_run():
+SKIPPED = {block.where: block.skip for code in CODE.values() for block in code if block.skip}
+
+
+@pytest.mark.parametrize("where", sorted(SKIPPED))
+def test_skipped_block(where):
+    """Each block that cannot run here, reported with the reason its page gives."""
+    pytest.skip(f"{where}: {SKIPPED[where]}")
+
+
+def test_nearly_every_code_block_runs():
     every = [block for code in CODE.values() for block in code]
-    skipped = [block.where for block in every if block.skip]
     assert len(every) >= 20
-    assert len(skipped) * 2 < len(every), f"only {len(every) - len(skipped)} of {len(every)} blocks run; skipped: {skipped}"
+    assert len(SKIPPED) * 4 < len(every), f"only {len(every) - len(SKIPPED)} of {len(every)} blocks run; skipped: {SKIPPED}"
 
 
 def test_the_quick_start_runs():
