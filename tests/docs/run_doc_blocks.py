@@ -15,13 +15,19 @@ Rules a page's author follows:
 - ``<!-- doc-test: torchrun N`` ... ``-->`` right before a Python block runs that block on N ranks
   (torchrun, gloo) instead of in the page's namespace: the comment is the script, with the line
   ``{block}`` standing for the block (so it sets up what the block uses and checks what it did).
-- The folder holds ``my_data/`` (10 shards x 4 unprepared jpg/txt/json/cls samples), ``coco/``
-  (the same, prepared as CaptioningSample, split 8,1,1) and ``more_captions/`` (another such
-  dataset)."""
+- ``<!-- doc-test: needs MODULE, ... (why) -->`` anywhere on a page: the page runs only where
+  those modules import (e.g. a local S3 server, a dev dependency); elsewhere it is reported as
+  skipped, with the reason.
+- The folder (``make_fixture``, or ``python run_doc_blocks.py --fixture FOLDER``) holds
+  ``my_data/`` (10 shards x 4 unprepared jpg/txt/json/cls samples), ``coco/`` (the same, prepared
+  as CaptioningSample, split 8,1,1) and ``more_captions/`` (another such dataset). It needs only
+  the installed package, so the wheel's smoke test (scripts/smoke_wheel.sh) runs the pages too."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -29,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 SKIP = re.compile(r"^<!-- doc-test: skip \((?P<why>[^)]+)\) -->$")
+NEEDS = re.compile(r"^<!-- doc-test: needs (?P<modules>[\w., ]+) \((?P<why>[^)]+)\) -->$", re.M)
 RUNNABLE = ("python", "sh")
 
 
@@ -74,6 +81,27 @@ def blocks(path: Path, name: str) -> list[Block]:
         torchrun = None
         index = end + 1
     return found
+
+
+def make_fixture(folder: Path) -> None:
+    """The data the pages' blocks use (see the module docstring), made with the installed package."""
+    from megatron_energon_lite.synthetic import generate_captioning_dataset
+
+    for name, seed in (("my_data", 0), ("coco", 0), ("more_captions", 1)):
+        generate_captioning_dataset(folder / name, num_shards=10, samples_per_shard=4, seed=seed, shard_pattern="data-{:04d}.tar")
+    for name in ("coco", "more_captions"):
+        prepare = [sys.executable, "-m", "megatron_energon_lite.cli.main", "prepare", str(folder / name), "--non-interactive", "--split-ratio", "8,1,1",
+                   "--sample-type", "CaptioningSample", "--field-map", json.dumps({"image": "jpg", "caption": "txt"})]
+        subprocess.run(prepare, check=True, capture_output=True)
+
+
+def missing_needs(path: Path) -> str | None:
+    """Why the page cannot run here (a module it needs does not import), else None."""
+    for need in NEEDS.finditer(path.read_text()):
+        missing = [module.strip() for module in need.group("modules").split(",") if importlib.util.find_spec(module.strip()) is None]
+        if missing:
+            return f"needs {', '.join(missing)}: {need.group('why')}"
+    return None
 
 
 def run_page(path: Path, name: str) -> int:
@@ -122,4 +150,9 @@ def run_on_ranks(block: Block) -> None:
 
 
 if __name__ == "__main__":
-    print(f"ran {run_page(Path(sys.argv[1]), sys.argv[2])} blocks")
+    if sys.argv[1] == "--fixture":
+        make_fixture(Path(sys.argv[2]))
+    elif why := missing_needs(Path(sys.argv[1])):
+        print(f"skipped {sys.argv[2]}: {why}")
+    else:
+        print(f"ran {run_page(Path(sys.argv[1]), sys.argv[2])} blocks")
