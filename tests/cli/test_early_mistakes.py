@@ -99,6 +99,9 @@ def test_lint_groups_one_kind_of_problem_and_lists_all_with_verbose(four_shards:
     assert grouped.exit_code == 1
     assert grouped.output.count("BAD") == 1
     assert "BAD (12x) field 'image' cannot be filled" in grouped.output
+    # The sample's jpg is there; only the parts field_map reads were loaded, and the message says so.
+    assert "(of the parts field_map reads, the sample has: txt)" in grouped.output
+    assert "`energon-lite info` lists the part types" in grouped.output
     assert "fix: " in grouped.output and "lint --verbose lists every place" in grouped.output
     verbose = _run("lint", str(four_shards), "--no-progress", "--verbose")
     assert verbose.exit_code == 1
