@@ -49,6 +49,10 @@ def test_field_map_naming_a_part_the_shards_lack_is_refused_with_the_parts_found
     assert "--field-map names part types the shards do not hold" in result.output
     assert "image: png" in result.output and "jpg, json, txt" in result.output
     assert not (four_shards / ".nv-meta/dataset.yaml").exists()
+    # the corrected command without --force-overwrite says what is missing, not "already prepared"
+    again = _prepare(four_shards, "--split-ratio", "1,0,0", "--sample-type", "CaptioningSample", "--field-map", CAPTIONS)
+    assert again.exit_code == 1
+    assert "the shards are indexed already, but dataset.yaml is not written" in again.output and "--force-overwrite" in again.output
     # alternatives: one existing part is enough (png,jpg), and the fix the message names works
     fixed = _prepare(four_shards, "--split-ratio", "1,0,0", "--force-overwrite", "--sample-type", "CaptioningSample", "--field-map", '{"image": "png,jpg", "caption": "txt"}')
     assert fixed.exit_code == 0, fixed.output
