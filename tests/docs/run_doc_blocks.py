@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 SKIP = re.compile(r"^<!-- doc-test: skip \((?P<why>[^)]+)\) -->$")
@@ -106,7 +107,10 @@ def missing_needs(path: Path) -> str | None:
 
 def run_page(path: Path, name: str) -> int:
     """Runs the page's blocks in the current folder; returns how many ran."""
-    namespace: dict = {"__name__": "__doc_page__"}
+    # A real module, as a reader's script is: dataclasses and pickle look classes up in sys.modules.
+    page = types.ModuleType("__doc_page__")
+    sys.modules[page.__name__] = page
+    namespace = page.__dict__
     ran = 0
     for block in blocks(path, name):
         if block.skip:
@@ -117,7 +121,7 @@ def run_page(path: Path, name: str) -> int:
                 Path(target.group(1)).write_text(block.text + "\n")
             continue
         if block.language == "setup":
-            exec(compile(block.text, block.where, "exec"), namespace)
+            exec(compile(block.text, block.where, "exec", dont_inherit=True), namespace)
             continue
         if block.language not in RUNNABLE:
             continue
@@ -125,7 +129,7 @@ def run_page(path: Path, name: str) -> int:
         if block.torchrun:
             run_on_ranks(block)
         elif block.language == "python":
-            exec(compile(block.text, block.where, "exec"), namespace)
+            exec(compile(block.text, block.where, "exec", dont_inherit=True), namespace)
         else:
             result = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block.text])
             if result.returncode:
