@@ -38,8 +38,9 @@ class WorkerConfig:
     workers always persist here, because each one carries its pipeline's position.
     """
 
-    rank: int = None  # type: ignore[assignment]  # None: from torch.distributed
-    world_size: int = None  # type: ignore[assignment]
+    #: None: from torch.distributed (an int once constructed).
+    rank: int | None = None
+    world_size: int | None = None
     num_workers: int
     data_parallel_group: Any = dataclasses.field(default=None, compare=False)
     seed_offset: int = dataclasses.field(default=0, compare=False)

@@ -402,7 +402,11 @@ def prepare(
         raise ValueProblem("--split-ratio is required in non-interactive mode (unless --split-parts or --tar-index-only is used).")
     if not tar_index_only and is_prepared(path) and not force_overwrite:
         if not interactive:
-            raise ConfigError(format_message("the dataset is already prepared", where=str(meta_dir(path)), fix="pass --force-overwrite (unchanged shards are not re-indexed) or --tar-index-only"))
+            # After a refused --field-map the shards are indexed but dataset.yaml is not written:
+            # "already prepared" would read as if it had worked.
+            half_done = not skip_dataset_yaml and not (meta_dir(path) / dataset_yaml_name).is_file()
+            what = f"the shards are indexed already, but {dataset_yaml_name} is not written" if half_done else "the dataset is already prepared"
+            raise ConfigError(format_message(what, where=str(meta_dir(path)), fix="pass --force-overwrite (unchanged shards are not re-indexed) or --tar-index-only"))
         if not click.confirm("It seems the dataset had already been prepared. Do you want to continue?", default=False):
             click.echo("Stopped; the dataset was not changed.")  # energon stops here with status 0 too
             return
