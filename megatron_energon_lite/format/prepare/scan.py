@@ -142,6 +142,22 @@ def _write_pending_index(final: str, owner: int, data: bytes) -> tuple[str, list
 def _scan_task(args: tuple[AnyPath, str, int, MediaFilter | None, int | None]) -> _Scanned:
     root, name, shard_id, media_filter, owner = args
     samples, offsets, media, tar_stat = _scan(root, name, media_filter)
+    return _scanned(root, name, shard_id, owner, samples, offsets, media, [tar_stat.st_size, str(tar_stat.st_mtime_ns)])
+
+
+def _scanned(
+    root: AnyPath,
+    name: str,
+    shard_id: int,
+    owner: int | None,
+    samples: list[SampleEntry],
+    offsets: np.ndarray,
+    media: MediaScan | None,
+    tar_stamp: list | None,
+) -> _Scanned:
+    """One shard's scan as the index build takes it: its rows for ``shard_id`` and its new
+    ``.tar.idx``, written to a temporary file for process ``owner`` locally, kept as bytes for
+    the upload when ``owner`` is None (remotely)."""
     bounds = offsets.tolist()
     sample_rows = [(shard_id, s.key, i, bounds[i], bounds[i + 1] - bounds[i]) for i, s in enumerate(samples)]
     part_rows = [(shard_id, i, part, offset, size) for i, s in enumerate(samples) for part, offset, size in s.parts]
@@ -149,5 +165,4 @@ def _scan_task(args: tuple[AnyPath, str, int, MediaFilter | None, int | None]) -
     if owner is None:  # remote: the main process uploads the index after the build
         return _Scanned(sample_rows, part_rows, data, None, None, media)
     temporary, index_stamp = _write_pending_index(os.path.join(os.fspath(root), index_name(name)), owner, data)
-    tar_stamp = [tar_stat.st_size, str(tar_stat.st_mtime_ns)]
     return _Scanned(sample_rows, part_rows, None, tar_stamp, index_stamp, media, temporary)
