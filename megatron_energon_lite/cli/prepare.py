@@ -381,7 +381,7 @@ def _first_parts(root: AnyPath, split: str) -> list[str]:
 @click.option("--media-metadata-by-extension", is_flag=True, help="Store media metadata (size, duration, ...) of parts with an image/audio/video extension.")
 @click.option("--media-metadata-by-glob", metavar="PATTERNS", help="Store media metadata of parts matching globs such as '*.jpg,*.wav' (comma-separated).")
 @click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of parts recognised by their first bytes.")
-@click.option("--rank", type=click.IntRange(min=0), default=None, help="Prepare across nodes without torchrun: this process's rank (0 merges); give the same command with --rank 0..N-1 and --world-size N on each node. Under torchrun the ranks are taken from its environment.")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="Prepare across nodes without torchrun: this process's rank (0 merges); give the same command with --rank 0..N-1 and --world-size N on each node. Under torchrun the ranks are taken from its environment (--rank 0 --world-size 1 prepares on this process alone).")
 @click.option("--world-size", type=click.IntRange(min=1), default=None, help="With --rank: how many ranks share the indexing.")
 @click.option("--wait-timeout", type=click.FloatRange(min=0), default=86400.0, show_default=True, help="Across nodes: how many seconds rank 0 waits for the other ranks' shares before giving up (nothing is merged then).")
 @click.option("--tmp-path", type=click.Path(path_type=Path, file_okay=False), default=None, help="When PATH is remote (e.g. s3://...), the local folder to build index.sqlite in before the upload. Default: a new folder under the system temp folder, removed afterwards.")
@@ -419,44 +419,8 @@ def prepare(
         glob=media_metadata_by_glob, header=media_metadata_by_header, extension=media_metadata_by_extension
     )
     ranks = _ranks(rank, world_size, wait_timeout)
-    try:
-        _prepare_path(
-            path, ranks, progress=progress, split_parts=split_parts, exclude=exclude, num_workers=num_workers,
-            tar_index_only=tar_index_only, shuffle_tars=shuffle_tars, fix_duplicates=fix_duplicates,
-            non_interactive=non_interactive, split_ratio=split_ratio, force_overwrite=force_overwrite,
-            skip_dataset_yaml=skip_dataset_yaml, dataset_yaml_name=dataset_yaml_name, sample_type=sample_type,
-            field_map=field_map, allow_missing_parts=allow_missing_parts, media_filter=media_filter, tmp_path=tmp_path,
-        )
-    finally:
-        if ranks is not None:
-            ranks.close()
-
-
-def _prepare_path(
-    path: AnyPath,
-    ranks: Ranks | None,
-    *,
-    progress: bool,
-    split_parts: tuple[str, ...],
-    exclude: str | None,
-    num_workers: int,
-    tar_index_only: bool,
-    shuffle_tars: bool,
-    fix_duplicates: bool,
-    non_interactive: bool,
-    split_ratio: str | None,
-    force_overwrite: bool,
-    skip_dataset_yaml: bool,
-    dataset_yaml_name: str,
-    sample_type: str | None,
-    field_map: str | None,
-    allow_missing_parts: bool,
-    media_filter: MediaFilter | None,
-    tmp_path: Path | None,
-) -> None:
-    """The command's work once the flags are read; ``ranks``: the ranks that share it (None:
-    this process alone)."""
     if ranks is not None:
+        click.get_current_context().call_on_close(ranks.close)  # leaves the gloo group it joined
         _check_across_ranks(path, ranks, fix_duplicates=fix_duplicates, tar_index_only=tar_index_only, split_parts=split_parts, split_ratio=split_ratio)
         non_interactive = True
     if is_metadataset_path(path):

@@ -202,3 +202,15 @@ def test_cli_across_ranks_asks_nothing_and_names_the_flags(tmp_path: Path) -> No
     alone = _cli(str(root), "--rank", "1", "--split-ratio", "1,0,0")
     assert alone.exit_code == 2 and "--rank and --world-size go together" in alone.output
     assert not (root / ".nv-meta").exists()
+
+
+def test_cli_world_size_one_prepares_alone_under_a_torchrun_environment(tmp_path: Path, monkeypatch) -> None:
+    single, alone = _copies(tmp_path)
+    flags = ["--non-interactive", "--split-ratio", "6,2,1", "--skip-dataset-yaml", "--no-progress", "--num-workers", "1"]
+    assert _cli(str(single), *flags).exit_code == 0
+    # A rank of a training job: without --world-size 1 this would join (and wait for) its group.
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run = _cli(str(alone), *flags, "--rank", "0", "--world-size", "1")
+    assert run.exit_code == 0, run.output
+    assert prepared_content(alone) == prepared_content(single)

@@ -55,8 +55,10 @@ logger = logging.getLogger(__package__)
 
 PARTS_DIR = ".lite-prepare-parts"
 PART_VERSION = 1
-#: How often rank 0 looks for the other ranks' parts (explicit ``--rank`` mode).
-_POLL_SECONDS = 2.0
+#: How often rank 0 looks for the other ranks' parts (explicit ``--rank`` mode): soon at first
+#: (the others may be about done), then less often, at most every few seconds (a listing each).
+_FIRST_POLL_SECONDS = 0.05
+_MAX_POLL_SECONDS = 3.0
 
 
 def shares_by_size(names: Sequence[str], sizes: Mapping[str, int], world_size: int) -> list[list[str]]:
@@ -227,6 +229,9 @@ class Ranks(Protocol):
         """Called when this rank's share is done (``error``: why it failed).  Raises when any
         rank failed; on rank 0, returns once every part is there."""
 
+    def close(self) -> None:
+        """Called when the prepare is over (leaves a process group joined for it)."""
+
 
 def _failed_error(failures: Mapping[int, str]) -> DatasetError:
     ranks = ", ".join(str(rank) for rank in sorted(failures))
@@ -319,6 +324,7 @@ class FileRanks:
         if self.rank != 0:
             return
         deadline = time.monotonic() + self.timeout
+        pause = _FIRST_POLL_SECONDS
         while missing := _missing_by_rank(root, plan):
             failures = {rank: text for rank in missing if (text := self._failure(root, plan, rank)) is not None}
             if failures:
@@ -333,7 +339,8 @@ class FileRanks:
                         "again: the shards indexed already are not scanned again; or raise --wait-timeout",
                     )
                 )
-            time.sleep(_POLL_SECONDS)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, _MAX_POLL_SECONDS)
 
     def _failure(self, root: AnyPath, plan: _Plan, rank: int) -> str | None:
         """The error of ``rank``'s note, if it failed in this run: its note names a part of this
@@ -341,9 +348,7 @@ class FileRanks:
         path = self._note(root, rank)
         try:
             note = parse_json(path.read_bytes(), str(path))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # none (FileNotFoundError), or not one we wrote
             return None
         if not isinstance(note, dict) or note.get("world_size") != self.world_size or not isinstance(note.get("parts"), list):
             return None
