@@ -214,3 +214,24 @@ def test_cli_world_size_one_prepares_alone_under_a_torchrun_environment(tmp_path
     run = _cli(str(alone), *flags, "--rank", "0", "--world-size", "1")
     assert run.exit_code == 0, run.output
     assert prepared_content(alone) == prepared_content(single)
+
+
+def test_a_rank_killed_midway_resumes_its_share(tmp_path: Path) -> None:
+    single, ranked = _copies(tmp_path)
+    assert prepare_across_ranks(ranked, FileRanks(1, 2, 30), **OPTIONS) is None
+    # What a kill leaves: some parts written (each whole, written atomically), the rest not.
+    written = _parts(ranked)
+    lost = sorted(written)[: len(written) // 2]
+    for name in lost:
+        (ranked / ".nv-meta" / PARTS_DIR / name).unlink()
+    with pytest.raises(DatasetError) as waited:
+        prepare_across_ranks(ranked, FileRanks(0, 2, 0.0), **OPTIONS)
+    assert f"rank 1: {len(lost)} shard(s) not indexed" in str(waited.value)
+    assert "rank 0:" not in str(waited.value)
+    assert prepare_across_ranks(ranked, FileRanks(1, 2, 30), **OPTIONS) is None
+    again = _parts(ranked)
+    assert all(again[name] == stamp for name, stamp in written.items() if name not in lost)  # not scanned again
+    assert set(written) <= set(again)  # the lost ones written again
+    prepare_across_ranks(ranked, FileRanks(0, 2, 30), **OPTIONS)
+    prepare_dataset(single, **OPTIONS)
+    assert prepared_content(ranked) == prepared_content(single)

@@ -43,11 +43,10 @@ from ..metadata import META_DIR, meta_dir
 from ..process_pool import scan_in_order
 from ..safe_parse import parse_json
 from ..tar_index import INDEX_DTYPE
-from ..tar_reader import SampleEntry
 from .incremental import _kept_media_filter, _load_prepare_state, _stamps, _unchanged_shards
 from .run import PrepareResult, _shards_and_splits, prepare_dataset
-from .scan import _scan, _scan_task, _Scanned, _scanned
-from .write import ShardScans
+from .scan import _scan, _scan_task, _Scanned, _scanned, _ShardColumns
+from .write import ShardScans, _sync_files
 
 __all__ = ["FileRanks", "PARTS_DIR", "Ranks", "TorchRanks", "prepare_across_ranks", "shares_by_size"]
 
@@ -126,36 +125,42 @@ def _part_task(args: tuple[AnyPath, str, MediaFilter | None, list | None, str]) 
                 fix="run prepare again once nothing writes to the shards",
             )
         )
+    columns = _ShardColumns.of(samples, offsets)
     record = {
         "version": PART_VERSION,
         "shard": name,
         "stamp": stamp,
-        "samples": [[s.key, s.offset, [list(p) for p in s.parts]] for s in samples],
-        "end": int(offsets[-1]),
-        "media": None if media is None else {"rows": [[r.entry_key, r.metadata_type, r.metadata_json] for r in media.rows], "failures": media.failures},
+        **{field: getattr(columns, field) for field in _COLUMN_TYPES},
+        "offsets": offsets.tolist(),
+        "media": None if media is None else {
+            "rows": [list(column) for column in zip(*((r.entry_key, r.metadata_type, r.metadata_json) for r in media.rows))] or [[], [], []],
+            "failures": media.failures,
+        },
     }
-    atomic_write_text(_parts_folder(root) / part, json.dumps(record, separators=(",", ":")))
+    # Not flushed one by one: the rank syncs its parts at once when its share is done.
+    atomic_write_text(_parts_folder(root) / part, json.dumps(record, separators=(",", ":")), durable=False)
+
+
+#: The columns of :class:`~.scan._ShardColumns` a part file holds as they are (offsets aside),
+#: in the class's order, with the type of their values.
+_COLUMN_TYPES = {"keys": str, "part_samples": int, "part_names": str, "part_offsets": int, "part_sizes": int}
 
 
 class _BadPart(ValueError):
     pass
 
 
-def _text(value: object) -> str:
-    if not isinstance(value, str):
-        raise _BadPart(f"expected a string, found {type(value).__name__}")
-    return value
+def _column(values: object, field: str, wanted: type, length: int | None = None) -> list:
+    """One column of a part file, checked: a list (of ``length``) of strings, or of integers
+    from 0 up."""
+    if not isinstance(values, list) or (length is not None and len(values) != length):
+        raise _BadPart(f"{field}: not a list{'' if length is None else f' of {length}'}")
+    if not all(type(value) is wanted for value in values) or (wanted is int and values and min(values) < 0):
+        raise _BadPart(f"{field}: not all {'strings' if wanted is str else 'integers from 0 up'}")
+    return values
 
 
-def _number(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise _BadPart(f"expected a non-negative integer, found {value!r}")
-    return value
-
-
-def _read_part(
-    path: AnyPath, name: str, stamp: list | None
-) -> tuple[list[SampleEntry], np.ndarray, MediaScan | None] | None:
+def _read_part(path: AnyPath, name: str, stamp: list | None) -> tuple[_ShardColumns, MediaScan | None] | None:
     """A part file's scan, or None when it is missing or not the scan of ``name`` at ``stamp``."""
     try:
         record = parse_json(path.read_bytes(), str(path))
@@ -163,24 +168,28 @@ def _read_part(
             raise _BadPart(f"not a part file of version {PART_VERSION}")
         if record.get("shard") != name or record.get("stamp") != stamp:
             raise _BadPart(f"it holds {record.get('shard')!r} at {record.get('stamp')}, not {name!r} at {stamp}")
-        samples = [
-            SampleEntry(_text(key), _number(offset), [(_text(p), _number(o), _number(s)) for p, o, s in parts])
-            for key, offset, parts in record["samples"]
-        ]
-        offsets = np.asarray([s.offset for s in samples] + [_number(record["end"])], dtype=INDEX_DTYPE)
-        if not samples or np.any(np.diff(offsets.astype(np.int64)) <= 0):
+        keys = _column(record["keys"], "keys", str)
+        offsets = np.asarray(_column(record["offsets"], "offsets", int, len(keys) + 1), dtype=INDEX_DTYPE)
+        if not keys or np.any(offsets[1:] <= offsets[:-1]):
             raise _BadPart("its sample offsets do not increase")
+        count = len(record["part_samples"])
+        parts = [_column(record[field], field, wanted, count) for field, wanted in list(_COLUMN_TYPES.items())[1:]]
+        columns = _ShardColumns(keys, offsets, *parts)
+        if count and max(columns.part_samples) >= len(keys):
+            raise _BadPart("a part names a sample the shard does not have")
         media = record["media"]
         if media is not None:
-            media = MediaScan(
-                [MediaRow(_text(k), _text(t), _text(j)) for k, t, j in media["rows"]], [_text(f) for f in media["failures"]]
-            )
+            rows = media["rows"]
+            if not isinstance(rows, list) or len(rows) != 3:
+                raise _BadPart("media: not three columns")
+            entry_keys, types, texts = (_column(column, "media", str, len(rows[0])) for column in rows)
+            media = MediaScan([MediaRow(*row) for row in zip(entry_keys, types, texts)], _column(media["failures"], "media", str))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:  # ValueError: also bad JSON, _BadPart
         logger.warning("%s: ignoring this part file of %s (the shard is scanned again): %s", path, name, exc)
         return None
-    return samples, offsets, media
+    return columns, media
 
 
 def _part_scans(root: AnyPath, media_filter: MediaFilter | None) -> ShardScans:
@@ -198,8 +207,8 @@ def _part_scans(root: AnyPath, media_filter: MediaFilter | None) -> ShardScans:
                 logger.warning("%s: no part file from its rank; scanning it on rank 0", root / name)
                 yield _scan_task(job)
                 continue
-            samples, offsets, media = found
-            yield _scanned(root, name, shard_id, owner, samples, offsets, media, stamp if local else None)
+            columns, media = found
+            yield _scanned(root, name, shard_id, owner, columns, media, stamp if local else None)
 
     return scans
 
@@ -207,6 +216,7 @@ def _part_scans(root: AnyPath, media_filter: MediaFilter | None) -> ShardScans:
 def _remove_parts(root: AnyPath) -> None:
     folder = _parts_folder(root)
     if isinstance(folder, RemotePath):
+        folder.fs.invalidate_cache(folder.url)  # other ranks wrote there: not from an old listing
         for part in list(folder.iterdir()):
             part.unlink(missing_ok=True)
     else:
@@ -407,6 +417,8 @@ def prepare_across_ranks(
         desc = f"Indexing shards (rank {ranks.rank})"
         for _ in scan_in_order(_part_task, jobs, num_workers=num_workers, progress=progress, desc=desc, unit="shard"):
             pass
+        if not isinstance(root, RemotePath):
+            _sync_files([os.path.join(os.fspath(_parts_folder(root)), job[-1]) for job in jobs])
     except Exception as exc:
         ranks.end_share(root, plan, f"{type(exc).__name__}: {exc}")
         raise
