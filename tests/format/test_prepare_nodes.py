@@ -235,3 +235,15 @@ def test_a_rank_killed_midway_resumes_its_share(tmp_path: Path) -> None:
     prepare_across_ranks(ranked, FileRanks(0, 2, 30), **OPTIONS)
     prepare_dataset(single, **OPTIONS)
     assert prepared_content(ranked) == prepared_content(single)
+
+
+@pytest.mark.parametrize("garbage", [b"", b"{not json", b'{"version": 1}', b"[1, 2]"])
+def test_an_unreadable_part_is_scanned_again_by_rank0(tmp_path: Path, caplog, garbage: bytes) -> None:
+    single, ranked = _copies(tmp_path)
+    prepare_across_ranks(ranked, FileRanks(1, 2, 30), **OPTIONS)
+    spoiled = sorted(_parts(ranked))[0]
+    (ranked / ".nv-meta" / PARTS_DIR / spoiled).write_bytes(garbage)
+    prepare_across_ranks(ranked, FileRanks(0, 2, 30), **OPTIONS)
+    assert "ignoring this part file" in caplog.text and spoiled in caplog.text
+    prepare_dataset(single, **OPTIONS)
+    assert prepared_content(ranked) == prepared_content(single)
