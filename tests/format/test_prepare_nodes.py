@@ -247,3 +247,16 @@ def test_an_unreadable_part_is_scanned_again_by_rank0(tmp_path: Path, caplog, ga
     assert "ignoring this part file" in caplog.text and spoiled in caplog.text
     prepare_dataset(single, **OPTIONS)
     assert prepared_content(ranked) == prepared_content(single)
+
+
+def test_tar_index_only_across_ranks_matches_one_process(tmp_path: Path) -> None:
+    single, ranked = _copies(tmp_path)
+    prepare_dataset(single, **OPTIONS)
+    _run_ranks(ranked, 2)
+    for root in (single, ranked):  # lost indexes: those shards are indexed again, splits kept
+        for name in ("a/s01.tar.idx", "b/s08.tar.idx"):
+            (root / name).unlink()
+    expected = prepare_dataset(single, tar_index_only=True, num_workers=1, progress=False)
+    result = _run_ranks(ranked, 2, tar_index_only=True, split_ratio=None)
+    assert sorted(result.scanned) == sorted(expected.scanned) == ["a/s01.tar", "b/s08.tar"]
+    assert prepared_content(ranked) == prepared_content(single)
