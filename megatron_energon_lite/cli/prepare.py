@@ -7,6 +7,10 @@ with ``--tar-index-only``).  Two deliberate differences: a malformed ``--split-r
 ``--field-map`` naming fields the sample type lacks fail with 1 before any work (``energon``
 prints a message and exits 0, or writes a dataset.yaml that cannot load).
 
+Under ``torchrun``, or with ``--rank``/``--world-size`` on each node, the ranks share the indexing
+of a dataset folder and rank 0 merges (:mod:`megatron_energon_lite.format.prepare.nodes`); nothing
+is asked then.
+
 A metadataset YAML builds the joins it defines (Energon's join index cache files), see
 :func:`~megatron_energon_lite.format.join.prepare_metadataset_joins`.
 """
