@@ -14,6 +14,7 @@ from ..pipeline.build import (
     rank_length,
     validate,
     worker_lengths,
+    worker_samples,
 )
 from ..pipeline.node import Node
 from ..pipeline.recipe import Recipe, check_takes_runtime, passes_continue, share
@@ -58,6 +59,8 @@ class PipelineDataset(Recipe):
                     fix="use fewer ranks or workers, a larger dataset or subset, or batch_drop_last=False",
                 )
             )
+        if spec.training and spec.repeat and spec.batch_size and not self.composed and not (spec.hooks.grouping or spec.hooks.packing):
+            _warn_batches_that_repeat(spec)
         # Saved with every state: computed once.
         self._config = spec.fingerprint() if not self.composed else {**spec.fingerprint(), "composition": self.recipe.config()}
         self._data_record = spec.data_record()
@@ -105,4 +108,17 @@ def _warn_unmovable(recipe: Recipe) -> None:
             "the task encoder's pipeline has stages that are not the loader's stage recipes (%s): it saves and "
             "restores exactly, but restore_state_global cannot move it to another number of ranks or workers",
             ", ".join(sorted(set(found))),
+        )
+
+
+def _warn_batches_that_repeat(spec: PipelineSpec) -> None:
+    """A worker with fewer samples than a batch fills its batches by repeating them (a training
+    stream goes round and round): legal, as in Energon, but rarely meant, so said once."""
+    short = {w: n for w, n in enumerate(worker_samples(spec)) if 0 < n < spec.batch_size}
+    if short:
+        wc = spec.worker_config
+        logger.warning(
+            "%s (split %s): on rank %d, %s sample(s) per epoch, fewer than batch_size %d, so each of their batches "
+            "holds some samples more than once; use fewer workers (num_workers=%d now), a larger dataset or a smaller batch",
+            spec.path, spec.split_part, wc.rank, ", ".join(f"worker {w} reads {n}" for w, n in short.items()), spec.batch_size, wc.num_workers,
         )

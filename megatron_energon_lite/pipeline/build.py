@@ -263,17 +263,21 @@ def _dataset_slices(spec: PipelineSpec) -> list[list[Slices]]:
     return result
 
 
-def worker_lengths(spec: PipelineSpec) -> list[int]:
-    """Items (batches, or samples without batching) each worker of this rank yields per pass."""
+def worker_samples(spec: PipelineSpec) -> list[int]:
+    """Samples each worker of this rank reads per pass."""
     per_dataset = dataset_slices(spec)
     epochized = spec.training and spec.plan.kind == "blend_epochized"
+    return [
+        sum(repeated_length(slices[w].samples, leaf.repetitions) if epochized else slices[w].samples for leaf, slices in zip(spec.plan.leaves, per_dataset))
+        for w in range(spec.worker_config.workers_per_rank)
+    ]
+
+
+def worker_lengths(spec: PipelineSpec) -> list[int]:
+    """Items (batches, or samples without batching) each worker of this rank yields per pass."""
     grouping = spec.hooks.grouping
     lengths = []
-    for w in range(spec.worker_config.workers_per_rank):
-        samples = sum(
-            repeated_length(slices[w].samples, leaf.repetitions) if epochized else slices[w].samples
-            for leaf, slices in zip(spec.plan.leaves, per_dataset)
-        )
+    for samples in worker_samples(spec):
         if spec.batch_size is None or grouping:
             # Grouped batches: Energon reports the number of samples, an upper bound.
             lengths.append(samples)

@@ -20,6 +20,7 @@ from megatron_energon_lite import (
     get_train_dataset,
     get_val_dataset,
 )
+from megatron_energon_lite.synthetic import prepared_text_dataset
 
 PER_SHARD = PREPARED_CAPTIONING["samples_per_shard"]  # 9 per shard: 4 train shards, 2 val
 
@@ -310,3 +311,20 @@ def test_iterating_the_dataset_itself_gives_plain_dicts_too(dataset: Path) -> No
     """Without get_loader (a plain torch DataLoader over the dataset, or a for loop)."""
     batch = next(iter(_train(dataset, 0, task_encoder=DictBatches())))
     assert type(batch) is dict and set(batch) == {"images", "lengths"}
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 6 worker processes:UserWarning")
+def test_a_worker_with_fewer_samples_than_a_batch_is_warned_about(tmp_path: Path, caplog) -> None:
+    """4 samples on 6 workers, batch 4: four workers read one sample each, so each of their
+    batches is that sample 4 times (a training stream repeats, as Energon's does): said once."""
+    root = prepared_text_dataset(tmp_path / "tiny", num_shards=1, samples_per_shard=4, key_pattern="k{index}")
+    with caplog.at_level("WARNING"):
+        dataset = get_train_dataset(root, batch_size=4, shuffle_buffer_size=None, max_samples_per_sequence=None, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=6))
+    warned = [r.getMessage() for r in caplog.records if "fewer than batch_size 4" in r.getMessage()]
+    assert len(warned) == 1 and "worker 0 reads 1" in warned[0] and "num_workers=6" in warned[0]
+    batch = next(iter(get_loader(dataset)))
+    assert len(set(batch.__key__)) < len(batch.__key__)  # what the warning is about
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        get_train_dataset(root, batch_size=4, shuffle_buffer_size=None, max_samples_per_sequence=None, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1))
+    assert "fewer than batch_size" not in caplog.text
