@@ -300,3 +300,39 @@ def test_an_exact_schedule_too_long_to_tabulate_moves_without_walking_its_period
     for loader in restored:
         loader.restore_state_global(states)
     run(restored, 10)
+
+
+def _blend_stage(state):
+    """The Blend stage's state inside a worker's pipeline state."""
+    if state.get("stage") == "Blend":
+        return state
+    for child in [state.get("source"), *(state.get("sources") or [])]:
+        if isinstance(child, dict) and (found := _blend_stage(child)) is not None:
+            return found
+    return None
+
+
+def test_two_elastic_restores_count_the_blended_items_once(blend: Path) -> None:
+    """After an elastic restore every new worker's stream starts at the saved global position
+    (its ``offset``); a second elastic restore counts that position once, not once per worker,
+    so the exact schedule goes on where the stream is."""
+    stream: list[str] = []
+
+    def run(loaders, steps: int) -> None:
+        iterators = [iter(loader) for loader in loaders]
+        for _ in range(steps):
+            for it in iterators:
+                stream.extend(next(it).__key__)
+            share_a = sum(key.startswith("a") for key in stream)
+            assert abs(share_a - len(stream) / 3) <= 1, (len(stream), share_a)
+
+    loaders = [_loader(blend, rank, 2, 0, mode="exact") for rank in range(2)]
+    for new_world in (3, 1):
+        run(loaders, 3)
+        states = [loader.save_state_rank() for loader in loaders]
+        loaders = [_loader(blend, rank, new_world, 0, mode="exact") for rank in range(new_world)]
+        for loader in loaders:
+            loader.restore_state_global(states)
+        for loader in loaders:
+            assert _blend_stage(loader.save_state_rank()["worker_states"][0])["offset"] == len(stream)
+    run(loaders, 12)
