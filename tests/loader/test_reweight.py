@@ -1,0 +1,264 @@
+"""Weight edits at resume (loader/reweight.py): a state restored into a blend whose weights or
+datasets changed continues each kept dataset's stream where it stopped, with the new mix.
+
+The property: a kept dataset's samples, per worker, in the order the run before the save and the
+run after it delivered them, are a prefix of what the uninterrupted run (the old weights, never
+saved) delivers of that dataset on that worker. Each worker reads its slices of a dataset in an
+order that does not depend on the weights, so that holds exactly, and with it the running
+epoch's samples come once each, none skipped. An added dataset starts as in a fresh run of the
+new blend; a removed one delivers nothing more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from energon_lite_dev.states import carried_datasets
+from energon_lite_dev.synthetic import write_text_blend
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
+from megatron_energon_lite.errors import StateError
+from megatron_energon_lite.loader.env_settings import WEIGHT_EDIT_ENV
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+SIZES = {"a": [7, 5, 9, 3], "b": [11, 4, 8, 6, 10], "c": [6, 6]}
+#: The blends the tests switch between: name -> {dataset: weight}.
+BLENDS = {
+    "ab": {"a": 1, "b": 2},
+    # (Exact mode: a period of 5 shares no factor with the 4 positions of a round of 2 workers x
+    # batch 2, so each worker takes both datasets; see docs/guide/blending.md.)
+    "ab_reweighted": {"a": 3, "b": 2},
+    "ab_scaled": {"a": 2, "b": 4},
+    "abc": {"a": 1, "b": 2, "c": 2},
+    "ac": {"c": 1, "a": 1},
+    "b_only": {"b": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def blends(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("reweight")
+    write_text_blend(base, SIZES, {"a": 1, "b": 1, "c": 1})
+    paths = {}
+    for name, weights in BLENDS.items():
+        entries = "".join(f"      - {{weight: {w}, path: {d}}}\n" for d, w in weights.items())
+        paths[name] = base / f"{name}.yaml"
+        paths[name].write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n{entries}")
+    return paths
+
+
+def _loader(path: Path, *, workers: int, mode: str, rank: int = 0, world: int = 1, shuffle: int | None = None, batch: int = 2):
+    ds = get_train_dataset(
+        path, batch_size=batch, shuffle_buffer_size=shuffle, max_samples_per_sequence=3, blend_mode=mode,
+        worker_config=WorkerConfig(rank=rank, world_size=world, num_workers=workers),
+    )
+    return get_savable_loader(ds)
+
+
+def _run(loader, steps: int) -> list[tuple[int, str]]:
+    """(worker, key) of every sample of the next ``steps`` batches."""
+    out = []
+    for batch in itertools.islice(loader, steps):
+        out += [(loader.last_worker_id, key) for key in batch.__key__]
+    return out
+
+
+def _by_source(stream) -> dict[tuple[int, str], list[str]]:
+    """Per (worker, dataset), its samples in delivery order."""
+    found = defaultdict(list)
+    for worker, key in stream:
+        found[worker, key[0]].append(key)
+    return found
+
+
+_ref_cache: dict = {}
+
+
+def _reference(path: Path, workers: int, mode: str, steps: int) -> dict[tuple[int, str], list[str]]:
+    key = (path, workers, mode, steps)
+    if key not in _ref_cache:
+        _ref_cache[key] = _by_source(_run(_loader(path, workers=workers, mode=mode), steps))
+    return _ref_cache[key]
+
+
+EDITS = [("ab", "ab_reweighted"), ("ab", "abc"), ("abc", "ac"), ("abc", "b_only")]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    edit=st.sampled_from(EDITS),
+    workers=st.sampled_from([0, 2]),
+    mode=st.sampled_from(["random", "exact"]),
+    before=st.integers(0, 14),
+)
+@example(edit=("ab", "abc"), workers=2, mode="exact", before=7)
+@example(edit=("abc", "ac"), workers=0, mode="random", before=5)
+def test_a_weight_edit_continues_each_datasets_stream_where_it_stopped(blends, edit, workers: int, mode: str, before: int) -> None:
+    old, new = edit
+    saving = _loader(blends[old], workers=workers, mode=mode)
+    delivered = _run(saving, before)
+    state = saving.save_state_rank()
+    restored = _loader(blends[new], workers=workers, mode=mode)
+    restored.restore_state_rank(state, allow_weight_edit=True)
+    after = _run(restored, 90)  # 180 samples: every kept dataset runs past its first epoch
+    uninterrupted = _reference(blends[old], workers, mode, 300)
+    fresh = _reference(blends[new], workers, mode, 300)
+    streams = _by_source(delivered + after)
+    started = {worker for worker, _ in delivered}  # the others were saved before their first batch: they start fresh
+    for (worker, name), keys in streams.items():
+        if worker not in started:
+            assert keys == fresh[worker, name][: len(keys)], (worker, name)
+        elif name in BLENDS[old] and name in BLENDS[new]:
+            assert keys == uninterrupted[worker, name][: len(keys)], (worker, name)
+        elif name in BLENDS[new]:  # added: as in a fresh run of the new blend
+            assert keys == fresh[worker, name][: len(keys)], (worker, name)
+    assert not any(key[0] not in BLENDS[new] for _, key in after), "a removed dataset delivered samples"
+    for name in BLENDS[new]:
+        assert sum(k[0] == name for _, k in after) > 0, name
+    # Every kept dataset finished its running epoch exactly once (the prefix above) and more.
+    for name in set(BLENDS[old]) & set(BLENDS[new]):
+        keys = [k for _, k in delivered + after if k[0] == name]
+        assert len(set(keys)) == sum(SIZES[name]), name
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exact_mode_holds_the_new_weights_from_the_restore_on(blends, workers: int) -> None:
+    saving = _loader(blends["ab"], workers=workers, mode="exact")
+    _run(saving, 6)  # whole rounds: every worker delivered 6 / max(1, workers) batches
+    restored = _loader(blends["ab_reweighted"], workers=workers, mode="exact")
+    restored.restore_state_rank(saving.save_state_rank(), allow_weight_edit=True)
+    after = [key for _, key in _run(restored, 40)]
+    for n in range(1, len(after) + 1):
+        share_a = sum(key[0] == "a" for key in after[:n])
+        assert abs(share_a - n * 3 / 5) < 1, (n, after[:n])
+
+
+def test_without_the_opt_in_the_refusal_names_each_change_and_the_opt_in(blends, monkeypatch) -> None:
+    monkeypatch.delenv(WEIGHT_EDIT_ENV, raising=False)
+    saving = _loader(blends["abc"], workers=0, mode="random")
+    _run(saving, 3)
+    state = saving.save_state_rank()
+    restored = _loader(blends["ac"], workers=0, mode="random")
+    with pytest.raises(StateError) as caught:
+        restored.restore_state_rank(state)
+    message = str(caught.value)
+    # Shares: the weights normalised (1:2:2 -> 1:1).
+    assert "/c (split train): share 0.4 -> 0.5" in message
+    assert "/a (split train): share 0.2 -> 0.5" in message
+    assert "/b (split train): removed (share 0.4)" in message
+    assert "the datasets' order changed" in message
+    assert "allow_weight_edit=True" in message and WEIGHT_EDIT_ENV in message
+    ab = _loader(blends["ab"], workers=0, mode="random")
+    _run(ab, 1)
+    with pytest.raises(StateError, match="c \\(split train\\): added \\(share 0.4\\)"):
+        _loader(blends["abc"], workers=0, mode="random").restore_state_rank(ab.save_state_rank())
+
+
+
+def test_weights_scaled_together_are_not_an_edit(blends) -> None:
+    edited = blends["ab"].with_name("edited_in_place.yaml")
+    edited.write_text(blends["ab"].read_text())
+    saving = _loader(edited, workers=0, mode="random")
+    _run(saving, 2)
+    edited.write_text(blends["ab_scaled"].read_text())  # 2:4, the same shares as 1:2
+    _loader(edited, workers=0, mode="random").restore_state_rank(saving.save_state_rank())
+
+
+def test_the_environment_variable_opts_in(blends, monkeypatch, caplog) -> None:
+    saving = _loader(blends["ab"], workers=0, mode="random")
+    _run(saving, 3)
+    state = saving.save_state_rank()
+    monkeypatch.setenv(WEIGHT_EDIT_ENV, "1")
+    restored = _loader(blends["abc"], workers=0, mode="random")
+    with caplog.at_level(logging.INFO, logger="megatron_energon_lite.loader"):
+        restored.restore_state_rank(state)
+    (line,) = [r.getMessage() for r in caplog.records if "weight edit at resume" in r.getMessage()]
+    assert "/c (split train): added (share 0.4)" in line
+    # An explicit False wins over the variable.
+    with pytest.raises(StateError, match="weights or datasets changed"):
+        _loader(blends["abc"], workers=0, mode="random").restore_state_rank(state, allow_weight_edit=False)
+
+
+def test_the_log_line_summarises_the_edit(blends, caplog) -> None:
+    saving = _loader(blends["abc"], workers=0, mode="exact", shuffle=5, batch=1)
+    _run(saving, 4)
+    state = saving.save_state_rank()
+    restored = _loader(blends["ac"], workers=0, mode="exact", shuffle=5, batch=1)
+    with caplog.at_level(logging.INFO, logger="megatron_energon_lite.loader"):
+        restored.restore_state_rank(state, allow_weight_edit=True)
+    lines = [r.getMessage() for r in caplog.records if "weight edit at resume" in r.getMessage()]
+    assert len(lines) == 1
+    (line,) = lines
+    assert "/c (split train): share 0.4 -> 0.5" in line and "/b (split train): removed (share 0.4)" in line
+    assert "exact schedule of the new weights starts at global position" in line
+    # The shuffle buffer's samples of b were dropped (and counted); the others wait on.
+    waiting = _shuffle_buffer(state)
+    dropped = sum(key[1] == 1 for key in waiting)
+    assert f"{dropped} sample(s) of removed datasets waiting in buffers dropped" in line if dropped else "dropped" not in line
+    kept = [key for key in _shuffle_buffer(restored.save_state_rank()) if True]
+    assert sorted(tuple(k[2:]) for k in kept) == sorted(tuple(k[2:]) for k in waiting if k[1] != 1)
+
+
+def _shuffle_buffer(state) -> list:
+    node = state["worker_states"][0]
+    while node.get("stage") != "Shuffle":
+        node = node["source"]
+    return node["buffer"]
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_a_weight_edit_with_an_elastic_restore(blends, mode: str) -> None:
+    """Saved on 2 ranks x 1 worker over a:b, restored on 3 ranks x 0 workers over a:b:c with new
+    weights: every sample of a's and b's running epochs comes once over the two runs (as in
+    test_elastic_blend.py: a new rank reads what it carried over until its state says it is done)."""
+    saving = [_loader(blends["ab"], workers=1, world=2, rank=rank, mode=mode, batch=1) for rank in range(2)]
+    before = [key for rank, loader in enumerate(saving) for _, key in _run(loader, 4 + rank)]
+    states = [loader.save_state_rank() for loader in saving]
+    after: list[str] = []
+    for rank in range(3):
+        loader = _loader(blends["abc"], workers=0, world=3, rank=rank, mode=mode, batch=1)
+        loader.restore_state_global(states, allow_weight_edit=True)
+        it = iter(loader)
+        carried = carried_datasets(loader.save_state_rank(), 3)
+        for _ in range(400):
+            if not any(carried[:2]):
+                break
+            (key,) = next(it).__key__
+            carried = carried_datasets(loader.save_state_rank(), 3)
+            if key[0] in "ab" and carried["ab".index(key[0])]:
+                after.append(key)
+        assert not any(carried[:2]), f"rank {rank} still reads carried samples"
+    for name in "ab":
+        counts = Counter(k for k in before + after if k[0] == name)
+        assert max(counts.values()) == 1 and len(counts) == sum(SIZES[name]), name
+
+
+@pytest.mark.parametrize(("mode", "why"), [("cost", "blend_mode cost balances the costs")])
+def test_cost_mode_refuses_a_weight_edit_with_the_reason(blends, mode: str, why: str) -> None:
+    from megatron_energon_lite import DefaultTaskEncoder
+
+    class Cost(DefaultTaskEncoder):
+        def sample_cost(self, sample) -> int:
+            return len(sample.text)
+
+    def loader(path):
+        return get_savable_loader(get_train_dataset(path, batch_size=2, blend_mode=mode, task_encoder=Cost(), worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0)))
+
+    saving = loader(blends["ab"])
+    _run(saving, 2)
+    with pytest.raises(StateError, match=why):
+        loader(blends["ab_reweighted"]).restore_state_rank(saving.save_state_rank(), allow_weight_edit=True)
+
+
+def test_a_changed_blend_mode_is_not_a_weight_edit(blends) -> None:
+    saving = _loader(blends["ab"], workers=0, mode="random")
+    _run(saving, 2)
+    with pytest.raises(StateError, match="blend_mode: saved 'random', now 'exact'"):
+        _loader(blends["ab_reweighted"], workers=0, mode="exact").restore_state_rank(saving.save_state_rank(), allow_weight_edit=True)
