@@ -46,6 +46,7 @@ from .handover.bundles import (
 from .handover.queues import DirectForkContext, direct_queues_from_env
 from .handover.slabs import SlabRing, slab_bytes_from_env
 from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data, saved_manifest_step
+from .grown import grown_states, prefix_records
 from .reweight import apply_weight_edit
 from .skip_report import SkipLedger
 from .stall import StageTimes, StallClock, StallReport
@@ -382,7 +383,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         check_nesting(state, "the loader state passed to restore_state_rank", StateError)
         (state,) = apply_weight_edit([state], self.savable_dataset.config(), self.savable_dataset.data_record(), allow=allow_weight_edit)
-        check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config())
+        grown = check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), prefix_record=prefix_records(self.savable_dataset))
+        (state,) = grown_states([state], self.savable_dataset, grown)
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
@@ -441,8 +443,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         from .elastic import elastic_rank_state
 
+        grown: dict[int, int] = {}
         for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
-            check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state")
+            grown.update(check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state", prefix_record=prefix_records(self.savable_dataset)))
+        if isinstance(states, (list, tuple)):
+            states = grown_states(states, self.savable_dataset, grown)
         step = saved_manifest_step(states[0]) if isinstance(states, (list, tuple)) and states else None
         self._restore(dataclasses.replace(elastic_rank_state(states, self.savable_dataset, wc, self.policy), manifest_step=step))
 

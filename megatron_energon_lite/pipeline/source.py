@@ -90,6 +90,26 @@ class SliceSource(Node, OwnsEpochs, Elastic):
         pending = [self._slice(int(s)) for s in self._order[self._next_slice :]]
         return Remainder.of_one(self._epoch, [*opened, *pending])
 
+    def running_epoch_carried(self, base: int) -> State:
+        """This source's state with the rest of its running epoch as carried ranges, in the
+        order it reads them (its open slices, then the pending ones, with the same draws), for a
+        source of the same dataset grown by appended shards that has ``base`` slices of its own:
+        it finishes this epoch exactly as this one would, then reads its own slices."""
+        if isinstance(self._order, SliceDraws):
+            raise NotSupportedError(
+                format_message(
+                    "slices drawn with replacement (shuffle_over_epochs_multiplier=-1) have no end of epoch: a dataset that grew cannot finish its running epoch first",
+                    fix="restore into the data the state was saved with",
+                )
+            )
+        ranges = [self._slice(s) for s, _ in self._open] + [self._slice(int(s)) for s in self._order[self._next_slice :]]
+        return {
+            **self.get_state(),
+            "next_slice": len(self._open),
+            "open": [[base + i, taken] for i, (_, taken) in enumerate(self._open)],
+            "carried": [list(r) for r in ranges],
+        }
+
     def _slice(self, slice_id: int) -> tuple[int, int]:
         n = len(self.slices)
         return self.slices[slice_id] if slice_id < n else self._carried[slice_id - n]  # type: ignore[index]
