@@ -304,8 +304,11 @@ def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> 
         put_back = [sum(len(r.waiting[k]) for r in remainders) for k in range(count)]
         # Every worker's stream began at the same global position (after an elastic restore: the
         # one it continued): counted once, then what each worker blended since.
-        offset, mix_from = max(c.offset for c in cursors), max(c.mix_from for c in cursors)
+        offset = max(c.offset for c in cursors)
         emitted = offset + sum(c.emitted for c in cursors) - sum(put_back)
+        # A weight edit's schedule starts where it did, or where the new stream starts when the
+        # samples put back start it earlier.
+        mix_from = min(max(c.mix_from for c in cursors), emitted)
         # The furthest saved schedule cursor not past where the new stream starts (its positions
         # count from mix_from).
         behind = [c.schedule for c in cursors if c.schedule is not None and mix_from + c.schedule["position"] <= emitted]

@@ -262,3 +262,26 @@ def test_a_changed_blend_mode_is_not_a_weight_edit(blends) -> None:
     _run(saving, 2)
     with pytest.raises(StateError, match="blend_mode: saved 'random', now 'exact'"):
         _loader(blends["ab_reweighted"], workers=0, mode="exact").restore_state_rank(saving.save_state_rank(), allow_weight_edit=True)
+
+
+def test_an_elastic_restore_that_puts_buffered_samples_back_starts_the_new_schedule_there(blends) -> None:
+    """Exact mode with shuffle buffers: the elastic restore blends the buffered samples again,
+    so the new stream starts before the saved workers' positions; the new weights' schedule
+    starts there too (it was asked for a past position) and holds them from there."""
+    saving = [_loader(blends["ab"], workers=0, world=4, rank=rank, mode="exact", shuffle=6) for rank in range(4)]
+    for loader in saving:
+        _run(loader, 3)
+    states = [loader.save_state_rank() for loader in saving]
+    restored = [_loader(blends["ab_reweighted"], workers=0, world=2, rank=rank, mode="exact", shuffle=6) for rank in range(2)]
+    for loader in restored:
+        loader.restore_state_global(states, allow_weight_edit=True)
+    blended = [_blend_stage(loader.save_state_rank()["worker_states"][0]) for loader in restored]
+    assert {b["mix_from"] for b in blended} == {b["offset"] for b in blended}, blended  # the new stream's start
+    keys = [key for loader in restored for _, key in _run(loader, 10)]
+    assert {key[0] for key in keys} == {"a", "b"}
+
+
+def _blend_stage(state):
+    if state.get("stage") == "Blend":
+        return state
+    return _blend_stage(state["source"])
