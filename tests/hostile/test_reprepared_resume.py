@@ -51,6 +51,17 @@ def test_an_unchanged_dataset_restores(saved) -> None:
     loader(root).restore_state_rank(state)
 
 
+def _first_epoch(keys: list[str]) -> int:
+    """The length of the longest prefix without a repeat: one epoch of a worker's share (the
+    next epoch reads the same samples again)."""
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            break
+        seen.add(key)
+    return len(seen)
+
+
 def _per_worker(run, batches: int) -> dict[int, list[str]]:
     found = defaultdict(list)
     for batch in itertools.islice(run, batches):
@@ -79,7 +90,7 @@ def test_appended_shards_resume_the_running_epoch_exactly(tmp_path: Path, caplog
     assert "parts/data-4.tar" not in caplog.text and "1 shard(s) appended (25 samples)" in caplog.text
     after = _per_worker(restored, 60)
     for worker, keys in uninterrupted.items():
-        epoch = len(set(keys[: keys.index(keys[0], 1)] if keys.count(keys[0]) > 1 else keys))  # the worker's share of one epoch
+        epoch = _first_epoch(keys)
         stream = before[worker] + after[worker]
         assert stream[:epoch] == keys[:epoch], worker
         assert len(set(stream[:epoch])) == epoch
@@ -161,3 +172,37 @@ def test_a_tampered_data_record_is_refused(saved) -> None:
     bad = {**state, "data": "x"}
     with pytest.raises(StateError, match=r"\$\.data"):
         loader(root).restore_state_rank(bad)
+
+
+def test_appended_shards_in_a_blend_keep_every_datasets_running_epoch(tmp_path: Path) -> None:
+    """The slices of a blend's later datasets depend on the earlier ones' sizes (remainders
+    rotate): when the first dataset grows, the second's running epoch still finishes as saved."""
+    grows, stays = tmp_path / "grows", tmp_path / "stays"
+    for k in range(3):
+        shard(grows, f"data-{k}", 100 * k, 13)
+        shard(stays, f"data-{k}", 1000 + 100 * k, 11)
+    prepare(grows)
+    prepare(stays)
+    yaml = tmp_path / "blend.yaml"
+    yaml.write_text("__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n      - {weight: 1, path: grows}\n      - {weight: 1, path: stays}\n")
+
+    def per_source(run, batches: int) -> dict[tuple[int, bool], list[str]]:
+        found = defaultdict(list)
+        for batch in itertools.islice(run, batches):
+            for key in batch.__key__:
+                found[run.last_worker_id, key >= "01000"] += [key]
+        return found
+
+    uninterrupted = per_source(loader(yaml, 2, shuffle=None), 50)
+    running = loader(yaml, 2, shuffle=None)
+    before = per_source(running, 5)
+    state = running.save_state_rank()
+    shard(grows, "data-3", 300, 13)
+    prepare(grows)
+    restored = loader(yaml, 2, shuffle=None)
+    restored.restore_state_rank(state)
+    after = per_source(restored, 50)
+    for where, keys in uninterrupted.items():
+        epoch = _first_epoch(keys)
+        assert (before[where] + after[where])[:epoch] == keys[:epoch], where
+    assert any(key >= "00300" and key < "01000" for keys in after.values() for key in keys), "the appended shard's samples never came"

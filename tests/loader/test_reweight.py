@@ -11,6 +11,7 @@ new blend; a removed one delivers nothing more.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections import Counter, defaultdict
@@ -22,7 +23,7 @@ from energon_lite_dev.synthetic import write_text_blend
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
+from megatron_energon_lite import DefaultTaskEncoder, WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.errors import StateError
 from megatron_energon_lite.loader.env_settings import WEIGHT_EDIT_ENV
 
@@ -242,8 +243,6 @@ def test_a_weight_edit_with_an_elastic_restore(blends, mode: str) -> None:
 
 @pytest.mark.parametrize(("mode", "why"), [("cost", "blend_mode cost balances the costs")])
 def test_cost_mode_refuses_a_weight_edit_with_the_reason(blends, mode: str, why: str) -> None:
-    from megatron_energon_lite import DefaultTaskEncoder
-
     class Cost(DefaultTaskEncoder):
         def sample_cost(self, sample) -> int:
             return len(sample.text)
@@ -285,3 +284,39 @@ def _blend_stage(state):
     if state.get("stage") == "Blend":
         return state
     return _blend_stage(state["source"])
+
+
+class PairPacker(DefaultTaskEncoder):
+    """Packs neighbours of a 5-sample buffer in pairs (a buffer of 5 stays open after a pack)."""
+
+    def select_samples_to_pack(self, samples):
+        return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+    def pack_selected_samples(self, samples):
+        return dataclasses.replace(samples[0], __key__=",".join(s.__key__ for s in samples), text=" | ".join(s.text for s in samples))
+
+
+def test_an_open_packing_buffer_refuses_a_weight_edit(blends) -> None:
+    def loader(path):
+        ds = get_train_dataset(path, batch_size=None, packing_buffer_size=5, task_encoder=PairPacker(), blend_mode="random", worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+        return get_savable_loader(ds)
+
+    saving = loader(blends["ab"])
+    list(itertools.islice(saving, 1))  # one pack of a buffer of three
+    with pytest.raises(StateError, match="packing buffer open"):
+        loader(blends["ab_reweighted"]).restore_state_rank(saving.save_state_rank(), allow_weight_edit=True)
+
+
+def test_blend_epochized_refuses_an_edit_with_the_reason(blends) -> None:
+    paths = []
+    for name, reps in (("epochized_1", 1), ("epochized_2", 2)):
+        path = blends["ab"].with_name(f"{name}.yaml")
+        path.write_text(
+            "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"
+            f"      - {{repetitions: {reps}, path: a}}\n      - {{repetitions: 1, path: b}}\n"
+        )
+        paths.append(path)
+    saving = _loader(paths[0], workers=0, mode="random")
+    _run(saving, 2)
+    with pytest.raises(StateError, match="(?s)a blend_epochized pass reads each dataset a fixed number of times.*restore into the blend the state was saved with"):
+        _loader(paths[1], workers=0, mode="random").restore_state_rank(saving.save_state_rank(), allow_weight_edit=True)
