@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from energon_lite_dev.states import carried_datasets
-from energon_lite_dev.synthetic import write_text_blend
+from energon_lite_dev.synthetic import sized_keys, write_text_blend
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -320,3 +320,31 @@ def test_blend_epochized_refuses_an_edit_with_the_reason(blends) -> None:
     _run(saving, 2)
     with pytest.raises(StateError, match="(?s)a blend_epochized pass reads each dataset a fixed number of times.*restore into the blend the state was saved with"):
         _loader(paths[1], workers=0, mode="random").restore_state_rank(saving.save_state_rank(), allow_weight_edit=True)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(edit=st.sampled_from(EDITS), workers=st.sampled_from([0, 2]), mode=st.sampled_from(["random", "exact"]), before=st.integers(1, 12))
+@example(edit=("abc", "ac"), workers=2, mode="exact", before=5)
+def test_with_a_shuffle_buffer_each_dataset_loses_and_repeats_nothing(blends, edit, workers: int, mode: str, before: int) -> None:
+    """With a shuffle buffer above the blend the delivery order changes with the weights, but
+    what each worker took from each kept dataset is still the uninterrupted run's sequence of
+    that dataset: delivered before the save, delivered after it, or waiting in the buffer at the
+    end, each exactly once."""
+    old, new = edit
+    saving = _loader(blends[old], workers=workers, mode=mode, shuffle=5)
+    delivered = _run(saving, before)
+    state = saving.save_state_rank()
+    restored = _loader(blends[new], workers=workers, mode=mode, shuffle=5)
+    restored.restore_state_rank(state, allow_weight_edit=True)
+    after = _run(restored, 30)
+    taken = _by_source(delivered + after)
+    names = list(BLENDS[new])
+    for worker, worker_state in enumerate(restored.save_state_rank()["worker_states"]):
+        for key in _shuffle_buffer({"worker_states": [worker_state]}) if worker_state is not None else ():
+            name = names[key[1]]
+            taken[worker, name].append(sized_keys(name, SIZES[name])[key[-1]])
+    sources = _reference(blends[old], workers, "random", 300)  # a dataset's order on a worker: the same in every blend
+    started = {worker for worker, _ in delivered}
+    for (worker, name), keys in taken.items():
+        if worker in started and name in BLENDS[old] and name in BLENDS[new]:  # (a removed one's buffered samples were dropped)
+            assert sorted(keys) == sorted(sources[worker, name][: len(keys)]), (worker, name)
