@@ -17,6 +17,7 @@ from megatron_energon_lite import (
     Blender,
     ConfigError,
     DatasetError,
+    StateError,
     WorkerConfig,
     blend_report,
     get_loader,
@@ -489,8 +490,20 @@ def test_a_state_saved_under_another_schedule_is_refused(root: Path) -> None:
     loader = get_savable_loader(train(schedule_yaml(root, *SWITCHING), 0))
     next(iter(loader))
     other = get_savable_loader(train(schedule_yaml(root, "{step: {0: 1, 61: 0}}", SWITCHING[1]), 0))
-    with pytest.raises(Exception, match="weight_schedule"):
+    with pytest.raises(StateError, match="(?s)weights or datasets changed since the state was saved.*A \\(split train\\): share 1.0 x schedule.*61.*allow_weight_edit=True"):
         other.restore_state_rank(loader.save_state_rank())
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_a_schedule_edited_at_resume_goes_on_from_the_saved_clock(root: Path, mode: str) -> None:
+    """Saved at global sample 10 of a switch at 60, restored into a switch at 30: 20 more of
+    A, then B (the clock is the saved one; exact mode's new schedule starts at the restore)."""
+    extra = f"    blend_mode: {mode}\n"
+    loader = get_savable_loader(train(schedule_yaml(root, *SWITCHING, extra=extra), 0))
+    assert "".join(k[0] for k in keys(loader, 10)) == "A" * 10
+    edited = get_savable_loader(train(schedule_yaml(root, "{step: {0: 1, 30: 0}}", "{step: {0: 0, 30: 1}}", extra=extra), 0))
+    edited.restore_state_rank(loader.save_state_rank(), allow_weight_edit=True)
+    assert "".join(k[0] for k in keys(edited, 60)) == "A" * 20 + "B" * 40
 
 
 def test_constant_weights_keep_their_fingerprint(root: Path) -> None:
