@@ -348,3 +348,24 @@ def test_with_a_shuffle_buffer_each_dataset_loses_and_repeats_nothing(blends, ed
     for (worker, name), keys in taken.items():
         if worker in started and name in BLENDS[old] and name in BLENDS[new]:  # (a removed one's buffered samples were dropped)
             assert sorted(keys) == sorted(sources[worker, name][: len(keys)]), (worker, name)
+
+
+def test_ranks_restoring_their_own_states_start_the_new_exact_schedule_together(blends) -> None:
+    """restore_state_rank on each of 2 ranks (1 worker each): every rank finds the same round,
+    so the global stream holds the new weights from the restore on."""
+    saving = [_loader(blends["ab"], workers=1, world=2, rank=rank, mode="exact") for rank in range(2)]
+    iterators = [iter(loader) for loader in saving]
+    for _ in range(3):
+        for it in iterators:
+            next(it)
+    states = [loader.save_state_rank() for loader in saving]
+    restored = [_loader(blends["ab_reweighted"], workers=1, world=2, rank=rank, mode="exact") for rank in range(2)]
+    for loader, state in zip(restored, states):
+        loader.restore_state_rank(state, allow_weight_edit=True)
+    stream: list[str] = []
+    iterators = [iter(loader) for loader in restored]
+    for _ in range(10):
+        for it in iterators:  # ranks in lock step: one global step
+            stream.extend(next(it).__key__)
+        share_a = sum(key[0] == "a" for key in stream)
+        assert abs(share_a - len(stream) * 3 / 5) < 1, (len(stream), stream)
