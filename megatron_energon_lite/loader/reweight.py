@@ -105,9 +105,11 @@ def find_blend_edit(saved: dict, current: dict) -> BlendEdit | None:
     return BlendEdit(tuple(saved_index), tuple(unused), tuple(changes or ["the blend's datasets changed"]), len(old))
 
 
-def _unsupported(saved: dict, current: dict, edit: BlendEdit) -> str | None:
-    """Why this edit cannot be applied (None: it can)."""
+def _unsupported(saved: dict, current: dict) -> str | None:
+    """Why an edit of this blend cannot be applied (None: it can)."""
     kind, mode = current.get("blend_kind"), current.get("blend_mode")
+    if not current.get("training"):
+        return "a validation loader reads its datasets one after another: it has no mix to edit"
     if kind == "blend_epochized":
         return "a blend_epochized pass reads each dataset a fixed number of times (its repetitions); its datasets cannot change within a pass"
     if mode == "cost":
@@ -136,7 +138,7 @@ def apply_weight_edit(states: Sequence[Any], current: dict, current_data: list |
         return states
     if any(saved.get(k) != current.get(k) for k in ("blend_kind", "blend_mode")):
         return states  # not a weight edit: the configuration check refuses, naming what differs
-    reason = _unsupported(saved, current, edit)
+    reason = _unsupported(saved, current)
     where = f"the blend of {current.get('path')} (split {current.get('split_part')})"
     if reason is not None:
         raise _refusal(f"the blend changed since the state was saved, and this change cannot be applied at resume: {reason}", edit, where,
