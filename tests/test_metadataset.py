@@ -647,3 +647,28 @@ def test_a_map_view_refuses_a_weight_schedule(root: Path) -> None:
     from_yaml = schedule_yaml(root, *SWITCHING)
     with pytest.raises(ConfigError, match=r"(?s)map view cannot follow a weight schedule.*blend\[0\]"):
         len(get_map_dataset(from_yaml))
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_a_schedule_switches_at_its_point_after_two_elastic_restores(root: Path, mode: str) -> None:
+    """2 ranks, then 3, then 1 (each an elastic restore): the clock goes on from the samples
+    delivered, counted once (a second restore counted the first one's position once per saved
+    worker, and the switch came early)."""
+    path = schedule_yaml(root, *SWITCHING, extra=f"    blend_mode: {mode}\n")
+
+    def loaders(world: int):
+        return [get_savable_loader(train(path, worker_config=WorkerConfig(rank=rank, world_size=world, num_workers=0))) for rank in range(world)]
+
+    stream: list[str] = []
+    running = loaders(2)
+    for world, steps in ((3, 8), (1, 5)):
+        iterators = [iter(loader) for loader in running]
+        for _ in range(steps):
+            stream += [next(it).__key__[0] for it in iterators]
+        states = [loader.save_state_rank() for loader in running]
+        running = loaders(world)
+        for loader in running:
+            loader.restore_state_global(states)
+    (it,) = [iter(loader) for loader in running]
+    stream += [next(it).__key__[0] for _ in range(2 * SWITCH - len(stream))]
+    assert "".join(stream) == "A" * SWITCH + "B" * SWITCH
