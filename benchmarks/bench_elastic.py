@@ -14,6 +14,13 @@ time; the two cases alternate; medians of ``--repeats``.
 ``--blend MODE``: the loader reads a blend (weights 1:2, ``blend_mode`` MODE) of two datasets of
 ``--shards`` shards each; an exact blend also computes every new worker's schedule rates.
 
+``--weight-edit`` (with ``--blend``): also restore into the blend re-weighted 2:1 with
+``allow_weight_edit=True`` (``loader/reweight.py``), on the saved topology and on ``--new-ranks``
+ranks; the issue's target is a weight edit within 2x of an elastic restore:
+
+    .venv/bin/python benchmarks/bench_elastic.py --blend random --weight-edit
+    .venv/bin/python benchmarks/bench_elastic.py --blend exact --weight-edit
+
 ``--new-workers M``: the new ranks have M loader workers (their first batch then includes
 starting them).  With ``--new-ranks`` x M equal to ``--ranks``, the global worker count is kept
 and the saved worker states are moved instead of the rest of the epoch divided:
@@ -45,11 +52,11 @@ def make_loader(data: Path, rank: int, world: int, args, workers: int = 0):
     return get_savable_loader(ds)
 
 
-def timed_restore(data: Path, world: int, states: list[dict], args, workers: int = 0) -> tuple[float, float]:
+def timed_restore(data: Path, world: int, states: list[dict], args, workers: int = 0, edit: bool = False) -> tuple[float, float]:
     """(seconds from restore_state_global to the first batch, of which restore_state_global)."""
     loader = make_loader(data, 0, world, args, workers)
     start = time.perf_counter()
-    loader.restore_state_global(states)
+    loader.restore_state_global(states, allow_weight_edit=edit)
     restored = time.perf_counter()
     next(iter(loader))
     return time.perf_counter() - start, restored - start
@@ -68,18 +75,22 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=3, help="Batches each saved rank reads before saving.")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--blend", choices=["random", "exact"], default=None, help="Read a 1:2 blend of two datasets in this mode.")
+    parser.add_argument("--weight-edit", action="store_true", help="Also restore into the blend re-weighted 2:1 (needs --blend).")
     args = parser.parse_args()
+    if args.weight_edit and not args.blend:
+        parser.error("--weight-edit needs --blend")
     base = Path(tempfile.mkdtemp())
     for seed, name in enumerate(["texts", "more"][: 2 if args.blend else 1], start=3):
         generate_text_dataset(base / name, num_shards=args.shards, samples_per_shard=args.samples_per_shard, min_words=2, max_words=8, seed=seed)
         prepare_dataset(base / name, split_ratio=(1, 0, 0), progress=False, num_workers=2, dataset_yaml=TEXT_YAML)
-    data = base / "texts"
+    data = edited = base / "texts"
     if args.blend:
-        data = base / "blend.yaml"
-        data.write_text(
-            "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
-            "      - {weight: 1, path: texts}\n      - {weight: 2, path: more}\n"
-        )
+        data, edited = base / "blend.yaml", base / "reweighted.yaml"
+        for path, (a, b) in ((data, (1, 2)), (edited, (2, 1))):
+            path.write_text(
+                "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+                f"      - {{weight: {a}, path: texts}}\n      - {{weight: {b}, path: more}}\n"
+            )
 
     states = []
     for rank in range(args.ranks):
@@ -92,12 +103,16 @@ def main() -> None:
           f"shuffle buffer {args.shuffle_buffer}: {buffered} samples buffered in all)")
 
     how = "moved worker states" if args.new_ranks * max(1, args.new_workers) == args.ranks else "elastic"
-    cases = {"same topology": (args.ranks, 0), f"{args.new_ranks} ranks x {args.new_workers} workers ({how})": (args.new_ranks, args.new_workers)}
+    new = f"{args.new_ranks} ranks x {args.new_workers} workers"
+    cases = {"same topology": (data, args.ranks, 0, False), f"{new} ({how})": (data, args.new_ranks, args.new_workers, False)}
+    if args.weight_edit:
+        cases["same topology, weights 1:2 -> 2:1"] = (edited, args.ranks, 0, True)
+        cases[f"{new} ({how}), weights 1:2 -> 2:1"] = (edited, args.new_ranks, args.new_workers, True)
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     for repeat in range(args.repeats):
         order = list(cases.items()) if repeat % 2 == 0 else list(reversed(cases.items()))
-        for name, (world, workers) in order:
-            results[name].append(timed_restore(data, world, states, args, workers))
+        for name, (path, world, workers, edit) in order:
+            results[name].append(timed_restore(path, world, states, args, workers, edit))
     print(f"\nrank 0 of a fresh loader: restore_state_global + first batch (median of {args.repeats}, ms)\n")
     print("| restored on | restore + first batch | of which restore |")
     print("| --- | ---: | ---: |")
@@ -105,8 +120,11 @@ def main() -> None:
         total = statistics.median(r[0] for r in runs) * 1000
         restore = statistics.median(r[1] for r in runs) * 1000
         print(f"| {name} | {total:.1f} | {restore:.1f} |")
-    same, elastic = (statistics.median(r[0] for r in runs) for runs in results.values())
-    print(f"\nelastic / same topology: {elastic / same:.2f}x")
+    medians = [statistics.median(r[0] for r in runs) for runs in results.values()]
+    print(f"\nelastic / same topology: {medians[1] / medians[0]:.2f}x")
+    if args.weight_edit:
+        print(f"weight edit on the same topology / elastic: {medians[2] / medians[1]:.2f}x")
+        print(f"weight edit with an elastic restore / elastic: {medians[3] / medians[1]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from megatron_energon_lite import (
     Blender,
     ConfigError,
     DatasetError,
+    StateError,
     WorkerConfig,
     blend_report,
     get_loader,
@@ -489,8 +490,20 @@ def test_a_state_saved_under_another_schedule_is_refused(root: Path) -> None:
     loader = get_savable_loader(train(schedule_yaml(root, *SWITCHING), 0))
     next(iter(loader))
     other = get_savable_loader(train(schedule_yaml(root, "{step: {0: 1, 61: 0}}", SWITCHING[1]), 0))
-    with pytest.raises(Exception, match="weight_schedule"):
+    with pytest.raises(StateError, match="(?s)weights or datasets changed since the state was saved.*A \\(split train\\): share 1.0 x schedule.*61.*allow_weight_edit=True"):
         other.restore_state_rank(loader.save_state_rank())
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_a_schedule_edited_at_resume_goes_on_from_the_saved_clock(root: Path, mode: str) -> None:
+    """Saved at global sample 10 of a switch at 60, restored into a switch at 30: 20 more of
+    A, then B (the clock is the saved one; exact mode's new schedule starts at the restore)."""
+    extra = f"    blend_mode: {mode}\n"
+    loader = get_savable_loader(train(schedule_yaml(root, *SWITCHING, extra=extra), 0))
+    assert "".join(k[0] for k in keys(loader, 10)) == "A" * 10
+    edited = get_savable_loader(train(schedule_yaml(root, "{step: {0: 1, 30: 0}}", "{step: {0: 0, 30: 1}}", extra=extra), 0))
+    edited.restore_state_rank(loader.save_state_rank(), allow_weight_edit=True)
+    assert "".join(k[0] for k in keys(edited, 60)) == "A" * 20 + "B" * 40
 
 
 def test_constant_weights_keep_their_fingerprint(root: Path) -> None:
@@ -634,3 +647,28 @@ def test_a_map_view_refuses_a_weight_schedule(root: Path) -> None:
     from_yaml = schedule_yaml(root, *SWITCHING)
     with pytest.raises(ConfigError, match=r"(?s)map view cannot follow a weight schedule.*blend\[0\]"):
         len(get_map_dataset(from_yaml))
+
+
+@pytest.mark.parametrize("mode", ["random", "exact"])
+def test_a_schedule_switches_at_its_point_after_two_elastic_restores(root: Path, mode: str) -> None:
+    """2 ranks, then 3, then 1 (each an elastic restore): the clock goes on from the samples
+    delivered, counted once (a second restore counted the first one's position once per saved
+    worker, and the switch came early)."""
+    path = schedule_yaml(root, *SWITCHING, extra=f"    blend_mode: {mode}\n")
+
+    def loaders(world: int):
+        return [get_savable_loader(train(path, worker_config=WorkerConfig(rank=rank, world_size=world, num_workers=0))) for rank in range(world)]
+
+    stream: list[str] = []
+    running = loaders(2)
+    for world, steps in ((3, 8), (1, 5)):
+        iterators = [iter(loader) for loader in running]
+        for _ in range(steps):
+            stream += [next(it).__key__[0] for it in iterators]
+        states = [loader.save_state_rank() for loader in running]
+        running = loaders(world)
+        for loader in running:
+            loader.restore_state_global(states)
+    (it,) = [iter(loader) for loader in running]
+    stream += [next(it).__key__[0] for _ in range(2 * SWITCH - len(stream))]
+    assert "".join(stream) == "A" * SWITCH + "B" * SWITCH

@@ -9,6 +9,7 @@ and every sample loader come from it. Forked workers inherit it and read no meta
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from .metadata import ResolvedSplit, require_prepared, resolve_split
 from .metadataset import LeafDataset
 from .split_cache import cached_split
 
-__all__ = ["ResolvedDataset", "data_record", "resolve_dataset", "resolve_datasets"]
+__all__ = ["ResolvedDataset", "data_record", "resolve_dataset", "resolve_datasets", "shard_prefix"]
 
 #: A data record lists shard names and counts up to this many shards (beyond: totals and the digest).
 RECORDED_SHARDS = 1000
@@ -90,6 +91,18 @@ def resolve_datasets(leaves: Iterable[LeafDataset], *, dataset_config: str | Non
             seen[key] = resolve_dataset(leaf, dataset_config=dataset_config, split_config=split_config, trust_dataset_code=trust_dataset_code, policy=policy)
         resolved.append(seen[key])
     return tuple(resolved)
+
+
+def shard_prefix(resolved: ResolvedDataset, shards: int) -> ResolvedDataset:
+    """The dataset as its first ``shards`` shards (a prepared split): what it was before shards
+    were appended to it (its split indices are those of the grown one)."""
+    split = resolved.split
+    if split is None or not 0 < shards <= len(split.names):
+        raise ValueError(f"no prefix of {shards} shards of a split of {len(split.names) if split is not None else 'no'} shards")
+    names = split.names[:shards]
+    kept = set(names)
+    prefix = dataclasses.replace(split, names=names, counts=split.counts[:shards], excluded_keys={n: k for n, k in split.excluded_keys.items() if n in kept})
+    return dataclasses.replace(resolved, total=prefix.total_samples, shard_starts=prefix.shard_starts, split=prefix)
 
 
 def data_record(path: str, split_part: str, resolved: ResolvedDataset) -> dict[str, Any]:

@@ -46,6 +46,8 @@ from .handover.bundles import (
 from .handover.queues import DirectForkContext, direct_queues_from_env
 from .handover.slabs import SlabRing, slab_bytes_from_env
 from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data, saved_manifest_step
+from .grown import grown_states, prefix_records
+from .reweight import apply_weight_edit
 from .skip_report import SkipLedger
 from .stall import StageTimes, StallClock, StallReport
 from .streams import (
@@ -369,14 +371,20 @@ class SavableDataLoader(torch.utils.data.DataLoader):
     def _current_worker_states(self) -> tuple[dict | None, ...]:
         return tuple(state_value(state) for state in self._worker_states)
 
-    def restore_state_rank(self, state: dict | None) -> None:
-        """Continue from ``state`` (from :meth:`save_state_rank`); only before iterating."""
+    def restore_state_rank(self, state: dict | None, *, allow_weight_edit: bool | None = None) -> None:
+        """Continue from ``state`` (from :meth:`save_state_rank`); only before iterating.
+
+        ``allow_weight_edit``: a state saved over a blend whose weights, weight schedules or
+        datasets have changed since continues with the new mix (``reweight.py``; None: as
+        ``ENERGON_LITE_ALLOW_WEIGHT_EDIT`` says); otherwise it is refused, naming the change."""
         if state is None:
             return
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         check_nesting(state, "the loader state passed to restore_state_rank", StateError)
-        check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config())
+        (state,) = apply_weight_edit([state], self.savable_dataset.config(), self.savable_dataset.data_record(), allow=allow_weight_edit)
+        grown = check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), prefix_record=prefix_records(self.savable_dataset))
+        (state,) = grown_states([state], self.savable_dataset, grown)
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
@@ -408,11 +416,12 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         dist.gather_object(state, gathered, dst=global_dst_rank, group=group)
         return gathered
 
-    def restore_state_global(self, states: list[dict] | None, *, src_rank: int | None = None) -> None:
+    def restore_state_global(self, states: list[dict] | None, *, src_rank: int | None = None, allow_weight_edit: bool | None = None) -> None:
         """Restores from every rank's state (``save_state_global``; sent from ``src_rank`` when
         given).  Saved on the same topology, this rank takes its own entry; saved on another
         number of ranks or workers, the rest of the running epoch is divided over this topology
-        (``elastic.py``: every sample not yet delivered comes once)."""
+        (``elastic.py``: every sample not yet delivered comes once).  ``allow_weight_edit``: as
+        in :meth:`restore_state_rank`."""
         import torch.distributed as dist
 
         if src_rank is not None and dist.is_available() and dist.is_initialized():
@@ -422,6 +431,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if states is None:
             return
         check_nesting(states, "the loader states passed to restore_state_global", StateError)
+        if isinstance(states, (list, tuple)):
+            states = apply_weight_edit(states, self.savable_dataset.config(), self.savable_dataset.data_record(), allow=allow_weight_edit)
         wc = self.worker_config
         saved = [s.get("config") if isinstance(s, dict) and isinstance(s.get("config"), dict) else {} for s in states] if isinstance(states, (list, tuple)) else []
         same_topology = len(states) == wc.world_size and all(
@@ -432,8 +443,11 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         from .elastic import elastic_rank_state
 
+        grown: dict[int, int] = {}
         for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
-            check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state")
+            grown.update(check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state", prefix_record=prefix_records(self.savable_dataset)))
+        if isinstance(states, (list, tuple)):
+            states = grown_states(states, self.savable_dataset, grown)
         step = saved_manifest_step(states[0]) if isinstance(states, (list, tuple)) and states else None
         self._restore(dataclasses.replace(elastic_rank_state(states, self.savable_dataset, wc, self.policy), manifest_step=step))
 

@@ -302,14 +302,22 @@ def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> 
         # The items waiting above the blend had been counted by it: they are blended again (their
         # costs stay counted: a cost is known only from the item, which is gone).
         put_back = [sum(len(r.waiting[k]) for r in remainders) for k in range(count)]
-        emitted = sum(c.emitted for c in cursors) - sum(put_back)
-        # The furthest saved schedule cursor not past where the new stream starts.
-        behind = [c.schedule for c in cursors if c.schedule is not None and c.schedule["position"] <= emitted]
+        # Every worker's stream began at the same global position (after an elastic restore: the
+        # one it continued): counted once, then what each worker blended since.
+        offset = max(c.offset for c in cursors)
+        emitted = offset + sum(c.emitted for c in cursors) - sum(put_back)
+        # A weight edit's schedule starts where it did, or where the new stream starts when the
+        # samples put back start it earlier.
+        mix_from = min(max(c.mix_from for c in cursors), emitted)
+        # The furthest saved schedule cursor not past where the new stream starts (its positions
+        # count from mix_from).
+        behind = [c.schedule for c in cursors if c.schedule is not None and mix_from + c.schedule["position"] <= emitted]
         blend = BlendCursor(
             emitted=emitted,
             counts=tuple(sum(c.counts[k] for c in cursors) - put_back[k] for k in range(count)),
             costs=tuple(sum(c.costs[k] for c in cursors) for k in range(count)),
             schedule=max(behind, key=lambda cursor: cursor["position"], default=None),
+            mix_from=mix_from,
         )
     return Remainder(tuple(epochs), tuple(ranges), tuple([] for _ in range(count)), blend)
 
@@ -330,7 +338,7 @@ def _schedule_rates(dataset: Recipe, worker_config: WorkerConfig, pooled: Remain
         other = dataset.with_topology(WorkerConfig(rank=rank, world_size=wc.world_size, num_workers=wc.num_workers, seed_offset=wc.seed_offset))
         for local in range(wc.workers_per_rank):
             blend = find_stage(other.build_worker(local), BlendNode)
-            found = None if blend is None else blend.schedule_rates(pooled.blend.emitted, pooled.blend.schedule)
+            found = None if blend is None else blend.schedule_rates(pooled.blend.emitted, pooled.blend.schedule, pooled.blend.mix_from)
             if found is None:
                 return None
             rates.append(found)
@@ -354,6 +362,7 @@ def share_pooled(pooled: Remainder, worker: int, workers: int, *, rates: list[li
             counts=tuple(even_share(c, worker, workers) for c in blend.counts),
             costs=tuple(even_share(c, worker, workers) for c in blend.costs),
             schedule=blend.schedule,
+            mix_from=blend.mix_from,
         )
     shares = tuple(
         share_remainder(ranges, worker, workers, weights=None if rates is None else [r[k] for r in rates])

@@ -6,8 +6,22 @@ import math
 import os
 
 from ..errors import ConfigError, format_message
+from ..policy import env_flag
 
-__all__ = ["nonnegative_number"]
+__all__ = ["WEIGHT_EDIT_ENV", "nonnegative_number", "weight_edit_allowed"]
+
+#: Set to 1 to restore states into a blend whose weights or datasets changed (``reweight.py``),
+#: for programs that call ``restore_state_rank(state)`` without ``allow_weight_edit``.
+WEIGHT_EDIT_ENV = "ENERGON_LITE_ALLOW_WEIGHT_EDIT"
+
+
+def weight_edit_allowed(argument: bool | None) -> bool:
+    """The ``allow_weight_edit`` argument of a restore, else (None) the environment's flag."""
+    if argument is None:
+        return env_flag(WEIGHT_EDIT_ENV)
+    if not isinstance(argument, bool):
+        raise ConfigError(format_message("allow_weight_edit must be True, False or None", found=repr(argument)[:80], fix=f"pass True to allow, or leave it None to read {WEIGHT_EDIT_ENV}"))
+    return argument
 
 
 def nonnegative_number(name: str, default: float, *, unit: str, zero_means: str) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .._version import __version__
 from ..errors import StateError, format_message
@@ -22,7 +22,7 @@ from ..pipeline.passes import upgrade_v1_worker_state
 from ..pipeline.state_check import check_bool, check_index, invalid
 from ..worker import WorkerConfig
 
-__all__ = ["MOVED_FROM", "saved_manifest_step", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
+__all__ = ["MOVED_FROM", "saved_manifest_step", "PrefixRecord", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
 
 STATE_VERSION = 3
 #: Versions this one reads (older ones are upgraded).
@@ -183,36 +183,51 @@ def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = ()
         )
 
 
-def check_saved_data(state: Any, current: list | None, config: dict, *, where: str = "the state") -> None:
-    """Refuses a state saved against other data than the loader reads now: shards added,
-    removed or resized, or other sample excludes (a re-prepared dataset), which would repeat
-    and lose samples silently. A redistributed state is checked through the states it holds.
-    A state of a version before :data:`DATA_RECORD_VERSION` is restored unchecked (a note says so).
-    A state of another configuration (``config``: the loader's) is left to
+#: ``prefix_record(k, n)``: the data record of dataset ``k`` as its first ``n`` shards.
+PrefixRecord = Callable[[int, int], dict]
+
+
+def check_saved_data(state: Any, current: list | None, config: dict, *, where: str = "the state", prefix_record: PrefixRecord | None = None) -> dict[int, int]:
+    """Refuses a state saved against other data than the loader reads now: shards removed,
+    resized or reordered, or other sample excludes (a re-prepared dataset), which would repeat
+    and lose samples silently.  Returns the datasets that only grew by appended shards (every
+    saved shard unchanged, in its place, with its excludes: ``prefix_record`` tells), as
+    ``{dataset index: saved shard count}``; their running epoch can finish on the saved shards
+    (``loader/grown.py``).  A redistributed state is checked through the states it holds.  A
+    state of a version before :data:`DATA_RECORD_VERSION` is restored unchecked (a note says
+    so).  A state of another configuration (``config``: the loader's) is left to
     :func:`check_same_config`, which names what differs (another window length changes the
     sample counts too)."""
     if current is None or not isinstance(state, dict):
-        return
+        return {}
     if isinstance(state.get(REDISTRIBUTED_FROM), list):
+        grown: dict[int, int] = {}
         for rank, saved in enumerate(state[REDISTRIBUTED_FROM]):
-            check_saved_data(saved, current, config, where=f"rank {rank}'s state")
-        return
+            grown.update(check_saved_data(saved, current, config, where=f"rank {rank}'s state", prefix_record=prefix_record))
+        return grown
     free = (*TOPOLOGY_KEYS, *_ENERGON_DOES_NOT_CHECK)
     saved_config = state.get("config")
     if not isinstance(saved_config, dict) or any(saved_config.get(k, "<missing>") != config.get(k, "<missing>") for k in set(saved_config) | set(config) if k not in free):
-        return
+        return {}
     saved, version = state.get("data"), state.get("version")
     if version not in READABLE_VERSIONS:
-        return  # RankState.from_json refuses it, saying which versions it reads
+        return {}  # RankState.from_json refuses it, saying which versions it reads
     if saved is None:
         if version < DATA_RECORD_VERSION:
             logger.warning("%s was saved by a loader version that did not record its data (state version %s): "
                            "it restores, but whether the dataset changed since (shards added or re-prepared) cannot be checked", where, version)
-            return
+            return {}
         raise invalid(("data",), "the data record of a version 3 state (a list, one entry per dataset)", saved)
     if not isinstance(saved, list) or len(saved) != len(current) or not all(isinstance(entry, dict) for entry in saved):
         raise invalid(("data",), f"a list of {len(current)} dataset record(s)", saved)
-    changes = [line for i, (old, new) in enumerate(zip(saved, current)) for line in _dataset_changes(i, old, new)]
+    grown, changes = {}, []
+    for i, (old, new) in enumerate(zip(saved, current)):
+        lines = _dataset_changes(i, old, new)
+        appended = _appended_shards(i, old, new, prefix_record) if lines else None
+        if appended is not None:
+            grown[i] = appended
+        else:
+            changes += lines
     if changes:
         raise StateError(
             format_message(
@@ -220,9 +235,23 @@ def check_saved_data(state: Any, current: list | None, config: dict, *, where: s
                 where=where,
                 found="\n" + "\n".join(f"    {line}" for line in changes[:20]) + (f"\n    ... and {len(changes) - 20} more" if len(changes) > 20 else ""),
                 fix="restore the state into the data it was saved against (the same shards, the same prepare); "
-                "for data that changed on purpose, start its epoch anew without this state",
+                "shards appended after the saved ones are fine (the running epoch finishes on the saved shards); "
+                "for data that changed otherwise on purpose, start its epoch anew without this state",
             )
         )
+    return grown
+
+
+def _appended_shards(i: int, old: dict, new: dict, prefix_record: PrefixRecord | None) -> int | None:
+    """The saved shard count of dataset ``i`` when it only grew by shards appended after the
+    saved ones (the saved shards unchanged: names, counts, excludes), else None."""
+    before, after = old.get("shard_counts"), new.get("shard_counts")
+    if prefix_record is None or not isinstance(before, list) or after is None or not 0 < len(before) < len(after):
+        return None
+    if [[str(n), c] for n, c in (e if isinstance(e, list) and len(e) == 2 else (None, None) for e in before)] != [[str(n), c] for n, c in after[: len(before)]]:
+        return None
+    prefix = prefix_record(i, len(before))
+    return len(before) if prefix["digest"] == old.get("digest") and prefix["samples"] == old.get("samples") else None
 
 
 def _dataset_changes(i: int, old: dict, new: dict) -> list[str]:
@@ -234,8 +263,10 @@ def _dataset_changes(i: int, old: dict, new: dict) -> list[str]:
     before, after = old.get("shard_counts"), new.get("shard_counts")
     if isinstance(before, list) and after is not None and all(isinstance(e, list) and len(e) == 2 for e in before):
         was, now = {str(n): c for n, c in before}, dict(after)
-        lines += [f"{name}: shard {n} added ({now[n]} samples)" for n in now if n not in was]
-        lines += [f"{name}: shard {n} removed ({was[n]} samples)" for n in was if n not in now]
-        lines += [f"{name}: shard {n} resized: {was[n]} -> {now[n]} samples" for n in now if n in was and was[n] != now[n]]
+        lines += [f"{name}: shard {n}: {was[n]} samples then, {now[n]} now" for n in now if n in was and was[n] != now[n]]
+        lines += [f"{name}: shard {n} new ({now[n]} samples)" for n in now if n not in was]
+        lines += [f"{name}: shard {n} gone ({was[n]} samples)" for n in was if n not in now]
+        if not lines and list(was) != [n for n in now if n in was]:
+            lines.append(f"{name}: the shards are in another order")
     lines.append(f"{name}: {old.get('shards')!r} shards, {old.get('samples')!r} samples (digest {old.get('digest')!r}) when saved; now {new['shards']} shards, {new['samples']} samples (digest {new['digest']})")
     return lines

@@ -38,6 +38,8 @@ State keys:
     stream stopped; this worker's items continue the exact schedule from there.
     ``pass_weights`` (exact mode, only in a ``blend_epochized`` pass carried in by an elastic
     restore): the schedule's weights for that pass, the samples carried of each dataset.
+    ``mix_from`` (exact mode, only after a weight edit at resume, ``loader/reweight.py``): the
+    global position where the schedule of the current weights starts; ``schedule`` counts from it.
 
 Elastic resume (``undelivered`` / ``carry_in``): each dataset's remainder goes to its source, and
 the items and costs counted so far are spread over the new workers, so ``counts`` summed over
@@ -254,6 +256,20 @@ LOOKAHEAD_SPANS = 256
 SCHEDULED_RATE_WINDOW = 1 << 14
 
 
+class _ShiftedWeights:
+    """:class:`ScheduledWeights` read ``origin`` positions later (a schedule whose cursor
+    counts from a weight edit at resume, over weights that follow the global clock)."""
+
+    def __init__(self, weights: ScheduledWeights, origin: int) -> None:
+        self._weights, self._origin = weights, origin
+
+    def at(self, position: int) -> list[float]:
+        return self._weights.at(position + self._origin)
+
+    def next_point(self, position: int) -> float:
+        return self._weights.next_point(position + self._origin) - self._origin
+
+
 class ScheduledExactSchedule:
     """:class:`ExactSchedule` for weights that change with the position (``weight:`` schedules).
 
@@ -273,11 +289,14 @@ class ScheduledExactSchedule:
 
     period = None
 
-    def __init__(self, weights: Sequence[float], schedules: Sequence[Any]) -> None:
+    def __init__(self, weights: Sequence[float], schedules: Sequence[Any], *, origin: int = 0) -> None:
         self.weights = [float(w) for w in weights]
         self.schedules = list(schedules)
-        self._weights_at = ScheduledWeights(self.weights, self.schedules)
-        self._ahead = ScheduledWeights(self.weights, self.schedules)  # for deadlines (its own cache)
+        #: The global position of this schedule's position 0 (not 0 after a weight edit at
+        #: resume): the weights are looked up at ``origin + position``.
+        self.origin = origin
+        self._weights_at = _ShiftedWeights(ScheduledWeights(self.weights, self.schedules), origin)
+        self._ahead = _ShiftedWeights(ScheduledWeights(self.weights, self.schedules), origin)  # for deadlines (its own cache)
         self._threshold = 1 / (2 * len(self.weights) - 2) if len(self.weights) > 1 else 0.0
         self.reset()
 
@@ -375,7 +394,7 @@ class ScheduledExactSchedule:
     def rates(self, first: int, bases: Sequence[int], stride: int, *, start: dict | None = None) -> list[int]:
         """How often the positions ``first + base + k * stride`` take each source over a window
         from ``first`` (the shares change, so this is the rate there)."""
-        walker = ScheduledExactSchedule(self.weights, self.schedules)
+        walker = ScheduledExactSchedule(self.weights, self.schedules, origin=self.origin)
         walker.reset(start)
         if walker.position < first:
             walker.source_at(first - 1)
@@ -435,6 +454,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         self._counts = [0] * len(self.sources)
         self._costs = [0] * len(self.sources)
         self._offset = 0  # global position where the stream of another topology stopped
+        self._mix_from = 0  # global position where the exact schedule of these weights starts
         self.reset()
 
     # --- state -------------------------------------------------------------------------------
@@ -462,6 +482,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             self._counts = [0] * len(self.sources)
             self._costs = [0] * len(self.sources)
             self._offset = 0
+            self._set_mix_from(0)
             self._start(0)
             return
         check_stage(state, self.tag, "epoch", "emitted", "draws", "counts", "costs", "exhausted", "schedule", "sources")
@@ -491,6 +512,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         self._emitted, self._draws = emitted, draws
         self._counts, self._costs, self._exhausted = counts, costs, exhausted
         self._offset = check_count(state.get("offset", 0), "offset", stage=self.tag)
+        self._set_mix_from(check_count(state.get("mix_from", 0), "mix_from", stage=self.tag))
         if "pass_weights" in state:
             self._carry_pass_weights(self._check_pass_weights(state["pass_weights"]))
         if self.schedule is not None:
@@ -509,8 +531,18 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             "schedule": None if self.schedule is None else self.schedule.get_state(),
             "sources": [source.get_state() for source in self.sources],
             **({"offset": self._offset} if self._offset else {}),
+            **({"mix_from": self._mix_from} if self._mix_from else {}),
             **({"pass_weights": list(self._pass_weights)} if self._pass_weights is not None else {}),
         }
+
+    def _set_mix_from(self, position: int) -> None:
+        """The exact schedule counts from global ``position`` (a weight edit at resume,
+        ``loader/reweight.py``): the new weights' shares hold from there on."""
+        if position and (self.schedule is None or not self.infinite):
+            raise invalid(("mix_from",), "no mix_from (only an endless exact blend has one)", position, stage=self.tag)
+        if position != self._mix_from and isinstance(self._own_schedule, ScheduledExactSchedule):
+            self._own_schedule = self.schedule = ScheduledExactSchedule(self.weights, self.schedules, origin=position)
+        self._mix_from = position
 
     def _check_pass_weights(self, value: Any) -> list[int]:
         if self.schedule is None or self.infinite:
@@ -532,7 +564,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         """Each source's remainder as dataset ``k``'s, and where this blend stood (epochized: the
         rest of the pass of each dataset, ``epochs`` the pass)."""
         schedule = self.schedule.get_state() if self.schedule is not None and self.infinite else None
-        cursor = BlendCursor(self._offset + self._emitted, tuple(self._counts), tuple(self._costs), schedule)
+        cursor = BlendCursor(self._emitted, tuple(self._counts), tuple(self._costs), schedule, offset=self._offset, mix_from=self._mix_from)
         if self.infinite:
             parts = [source.undelivered() for source in self.sources]
             epochs, layers = tuple(part.epochs[0] for part in parts), None
@@ -568,6 +600,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             self._carry_in_pass(remainder)
         else:
             if self.schedule is not None:
+                self._set_mix_from(cursor.mix_from)
                 self._check_reads_carried(remainder, cursor)
                 if cursor.schedule is not None:  # an untabulated schedule steps on from there
                     self.schedule.reset(cursor.schedule)
@@ -590,20 +623,24 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             self._carry_pass_weights(carried)
 
     # --- iteration -----------------------------------------------------------------------------
-    def schedule_rates(self, offset: int, start: dict | None = None) -> list[int] | None:
+    def schedule_rates(self, offset: int, start: dict | None = None, mix_from: int = 0) -> list[int] | None:
         """Exact mode: how many of this worker's positions in one period of the schedule take each
         dataset, its stream starting at global position ``offset`` (None in other modes, where
         every worker draws the datasets at the same rates).  A worker's positions are one
         residue class modulo the period when its stride (global workers x batch size) shares a
         factor with the period: it may then never take some dataset.  (Periods too long to
         tabulate: over a window, see :meth:`ExactSchedule.rates`; ``start``, a schedule cursor
-        not past ``offset``, spares walking it from the beginning.)"""
+        not past ``offset``, spares walking it from the beginning; ``mix_from``: the global
+        position where the schedule starts, after a weight edit at resume.)"""
         if self.schedule is None or not self.infinite:
             return None  # an epochized blend's schedule is per worker: it takes every dataset
         # Positions are affine per batch: item k * batch + j sits at position(j) + k * stride.
         bases = [self.position(j) for j in range(self.position_batch)]
         stride = self.position(self.position_batch) - bases[0]
-        return self.schedule.rates(offset, bases, stride, start=start)
+        schedule = self.schedule
+        if mix_from != getattr(schedule, "origin", mix_from):  # a fresh pipeline's: counted from 0
+            schedule = ScheduledExactSchedule(self.weights, self.schedules, origin=mix_from)
+        return schedule.rates(offset - mix_from, bases, stride, start=start)
 
     def _check_reads_carried(self, remainder: Remainder, cursor: BlendCursor) -> None:
         """A worker that never takes dataset ``k`` must not be given samples of ``k`` to carry:
@@ -611,7 +648,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         safety net)."""
         if self.schedule.period is None:
             return  # a weight schedule's rates are over a window: a dataset may start later
-        rates = self.schedule_rates(cursor.emitted, cursor.schedule)
+        rates = self.schedule_rates(cursor.emitted, cursor.schedule, cursor.mix_from)
         for k, ranges in enumerate(remainder.ranges):
             if ranges and not rates[k]:
                 raise NotSupportedError(
@@ -639,7 +676,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
             live = [i for i, done in enumerate(self._exhausted) if not done]
             return max(live, key=lambda i: (self.weights[i] * total - self._costs[i], self.weights[i], -i))
         if self.schedule is not None:
-            return self.schedule.source_at(self.clock())
+            return self.schedule.source_at(self.clock() - self._mix_from)
         live = [0.0 if done else w for w, done in zip(self.current_weights(), self._exhausted)]
         cumulative = list(accumulate(live))
         draw = self._stream.at(self._draws) * cumulative[-1]

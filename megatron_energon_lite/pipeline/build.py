@@ -299,7 +299,7 @@ def rank_length(spec: PipelineSpec, lengths: list[int] | None = None) -> int:
     return total
 
 
-def _slice_order(seed: int, multiplier: int, num_slices: int, epoch: int) -> list[int]:
+def _slice_order(multiplier: int, num_slices: int, epoch: int, seed: int) -> list[int]:
     return epoch_slice_order(num_slices, seed=seed, epoch=epoch, shuffle_over_epochs=multiplier)
 
 
@@ -310,7 +310,7 @@ def _dataset_pipeline(spec: PipelineSpec, k: int, slices, *, seed: int, guard, h
     hooks = spec.hooks
     loader = leaf_loader(spec, k, runtime)
     multiplier = combine_shuffle_over_epochs(spec.shuffle_over_epochs_multiplier, leaf.shuffle_over_epochs_multiplier)
-    order = partial(_slice_order, seed, multiplier) if spec.training else None
+    order = partial(_slice_order, multiplier) if spec.training else None
     node: Node = SliceSource(
         loader,
         slices,

@@ -57,12 +57,17 @@ class BlendCursor:
     """Where a worker's blend stood, for elastic resume: the items it yielded (its place in the
     exact schedule) and, per dataset, how many items and how much cost came from it; ``schedule``:
     an endless exact blend's schedule cursor (``{"position", "counts"}``), so a schedule too long
-    to tabulate need not be walked from its beginning."""
+    to tabulate need not be walked from its beginning.  ``offset``: the global position where the
+    worker's stream began (after an elastic restore; counted once when workers are pooled, not once
+    per worker); ``mix_from``: where the exact schedule of the current weights began (after a
+    weight edit at resume; the schedule cursor's positions count from it)."""
 
     emitted: int
     counts: tuple[int, ...]
     costs: tuple[int, ...]
     schedule: dict | None = None
+    offset: int = 0
+    mix_from: int = 0
 
 
 @dataclass(frozen=True)

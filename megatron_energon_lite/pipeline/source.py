@@ -9,8 +9,10 @@ order, one at a time.  The end of the slices is the end of an epoch (``StopItera
 
 State keys: ``epoch``, ``next_slice`` (position in this epoch's slice order of the next slice to
 open), ``open`` (``[slice id, samples taken]`` of each open slice, in draw order), ``draws`` (how
-many random draws this epoch has used), ``failures`` (consecutive samples that failed to load).
-Nothing else: the rest is recomputed.  After an elastic restore (``carry_in``) the running epoch
+many random draws this epoch has used), ``failures`` (consecutive samples that failed to load);
+``seed`` only where it differs from the one the loader gives this dataset (a weight edit at resume
+moved the dataset to another place in its blend, ``loader/reweight.py``: it reads on in the order
+of the place it was saved from).  Nothing else: the rest is recomputed.  After an elastic restore (``carry_in``) the running epoch
 is the ranges carried over from the saved topology instead of this worker's own slices: they are
 in ``carried`` (``[start, end]`` split indices; slice ids ``len(slices) + i``) until it ends.
 """
@@ -30,7 +32,7 @@ from .sharding import SliceDraws, Slices
 from .state_check import check_count, check_index, check_list, check_stage, invalid
 
 
-def sequential_order(num_slices: int, epoch: int) -> list[int]:
+def sequential_order(num_slices: int, epoch: int, seed: int) -> list[int]:
     return list(range(num_slices))
 
 
@@ -46,14 +48,14 @@ class SliceSource(Node, OwnsEpochs, Elastic):
         *,
         seed: int,
         parallel_slices: int = 1,
-        slice_order: Callable[[int, int], list[int]] = sequential_order,
+        slice_order: Callable[[int, int, int], list[int]] = sequential_order,
         guard: SampleGuard | None = None,
     ) -> None:
         self.loader = loader
         self.slices = slices if isinstance(slices, Slices) else list(map(tuple, slices))
-        self.seed = seed
+        self.seed = self._own_seed = seed
         self.parallel_slices = max(1, parallel_slices)
-        self.slice_order = slice_order  # (num_slices, epoch) -> order of slice ids
+        self.slice_order = slice_order  # (num_slices, epoch, seed) -> order of slice ids
         # Read and decode failures go through the bad-sample policy: skipped, logged, counted.
         self.guard = guard if guard is not None else SampleGuard(stage="load")
         self._stream: UniformStream | None = None
@@ -88,6 +90,26 @@ class SliceSource(Node, OwnsEpochs, Elastic):
         pending = [self._slice(int(s)) for s in self._order[self._next_slice :]]
         return Remainder.of_one(self._epoch, [*opened, *pending])
 
+    def running_epoch_carried(self, base: int) -> State:
+        """This source's state with the rest of its running epoch as carried ranges, in the
+        order it reads them (its open slices, then the pending ones, with the same draws), for a
+        source of the same dataset grown by appended shards that has ``base`` slices of its own:
+        it finishes this epoch exactly as this one would, then reads its own slices."""
+        if isinstance(self._order, SliceDraws):
+            raise NotSupportedError(
+                format_message(
+                    "slices drawn with replacement (shuffle_over_epochs_multiplier=-1) have no end of epoch: a dataset that grew cannot finish its running epoch first",
+                    fix="restore into the data the state was saved with",
+                )
+            )
+        ranges = [self._slice(s) for s, _ in self._open] + [self._slice(int(s)) for s in self._order[self._next_slice :]]
+        return {
+            **self.get_state(),
+            "next_slice": len(self._open),
+            "open": [[base + i, taken] for i, (_, taken) in enumerate(self._open)],
+            "carried": [list(r) for r in ranges],
+        }
+
     def _slice(self, slice_id: int) -> tuple[int, int]:
         n = len(self.slices)
         return self.slices[slice_id] if slice_id < n else self._carried[slice_id - n]  # type: ignore[index]
@@ -95,7 +117,7 @@ class SliceSource(Node, OwnsEpochs, Elastic):
     def _epoch_order(self, epoch: int):
         if self._carried is not None:
             return list(range(len(self.slices), len(self.slices) + len(self._carried)))
-        return self.slice_order(len(self.slices), epoch)
+        return self.slice_order(len(self.slices), epoch, self.seed)
 
     def _begin(self, epoch: int) -> None:
         self._epoch = epoch
@@ -110,9 +132,15 @@ class SliceSource(Node, OwnsEpochs, Elastic):
     def reset(self, state: State | None = None) -> None:
         if state is None:
             self.guard.reset()
+            self.seed, self._stream_epoch = self._own_seed, None
             self.start_epoch(0)
             return
         check_stage(state, self.tag, "epoch", "next_slice", "open", "draws", "failures")
+        seed = state.get("seed", self._own_seed)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise invalid(("seed",), "the dataset's seed (an integer)", seed, stage=self.tag)
+        if seed != self.seed:
+            self.seed, self._stream_epoch = seed, None  # the draws of the other seed
         epoch = check_count(state["epoch"], "epoch", stage=self.tag)
         self._carried = None if "carried" not in state else self._check_carried(state["carried"])
         order = self._epoch_order(epoch)
@@ -161,6 +189,8 @@ class SliceSource(Node, OwnsEpochs, Elastic):
             "draws": self._draws,
             "failures": self.guard.failures,
         }
+        if self.seed != self._own_seed:
+            state["seed"] = self.seed
         if self._carried is not None:  # only after an elastic restore, until that epoch ends
             state["carried"] = [list(r) for r in self._carried]
         return state

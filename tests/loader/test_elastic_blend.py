@@ -61,6 +61,17 @@ def _loader(path: Path, rank: int, world: int, workers: int, *, mode: str, batch
     return get_savable_loader(ds)
 
 
+def _in_lock_step(loaders, steps: int, stream: list[str], share_a: float) -> None:
+    """``steps`` global steps (each rank's next batch, ranks in lock step) appended to ``stream``;
+    after each, dataset a's count is within one sample of ``share_a`` of the stream."""
+    iterators = [iter(loader) for loader in loaders]
+    for _ in range(steps):
+        for it in iterators:
+            stream.extend(next(it).__key__)
+        count_a = sum(key.startswith("a") for key in stream)
+        assert abs(count_a - len(stream) * share_a) < 1, (len(stream), count_a)
+
+
 def _carried(state) -> list[bool]:
     return carried_datasets(state, len(SIZES))
 
@@ -115,22 +126,14 @@ def test_each_dataset_finishes_its_running_epoch_once(blend: Path, old, new_worl
 # of dataset a's rest and the others take it.
 @pytest.mark.parametrize(("old", "new"), [((2, 2), (1, 2)), ((1, 0), (2, 1)), ((3, 1), (2, 0)), ((2, 1), (1, 3))])
 def test_exact_blend_holds_its_weights_at_every_step_across_the_change(blend: Path, old, new) -> None:
-    def run(loaders, steps: int, stream: list[str]) -> None:
-        iterators = [iter(loader) for loader in loaders]
-        for _ in range(steps):
-            for it in iterators:  # ranks in lock step: one global step
-                stream.extend(next(it).__key__)
-            share_a = sum(key.startswith("a") for key in stream)
-            assert abs(share_a - len(stream) / 3) <= 1, (len(stream), share_a)
-
     stream: list[str] = []
     saving = [_loader(blend, rank, *old, mode="exact") for rank in range(old[0])]
-    run(saving, 4, stream)
+    _in_lock_step(saving, 4, stream, 1 / 3)
     states = [loader.save_state_rank() for loader in saving]
     restored = [_loader(blend, rank, *new, mode="exact") for rank in range(new[0])]
     for loader in restored:
         loader.restore_state_global(states)
-    run(restored, 12, stream)
+    _in_lock_step(restored, 12, stream, 1 / 3)
 
 
 @pytest.mark.parametrize("mode", ["random", "cost"])
@@ -286,12 +289,7 @@ def test_an_exact_schedule_too_long_to_tabulate_moves_without_walking_its_period
     stream: list[str] = []
 
     def run(loaders, steps: int) -> None:
-        iterators = [iter(loader) for loader in loaders]
-        for _ in range(steps):
-            for it in iterators:
-                stream.extend(next(it).__key__)
-            share_a = sum(key.startswith("a") for key in stream)
-            assert abs(share_a - len(stream) * 0.3333333) < 1, (len(stream), share_a)
+        _in_lock_step(loaders, steps, stream, 0.3333333)
 
     saving = [_loader(path, rank, 2, 1, mode="exact") for rank in range(2)]
     run(saving, 5)
@@ -300,3 +298,30 @@ def test_an_exact_schedule_too_long_to_tabulate_moves_without_walking_its_period
     for loader in restored:
         loader.restore_state_global(states)
     run(restored, 10)
+
+
+def _blend_stage(state):
+    """The Blend stage's state inside a worker's pipeline state."""
+    if state.get("stage") == "Blend":
+        return state
+    for child in [state.get("source"), *(state.get("sources") or [])]:
+        if isinstance(child, dict) and (found := _blend_stage(child)) is not None:
+            return found
+    return None
+
+
+def test_two_elastic_restores_count_the_blended_items_once(blend: Path) -> None:
+    """After an elastic restore every new worker's stream starts at the saved global position
+    (its ``offset``); a second elastic restore counts that position once, not once per worker,
+    so the exact schedule goes on where the stream is."""
+    stream: list[str] = []
+    loaders = [_loader(blend, rank, 2, 0, mode="exact") for rank in range(2)]
+    for new_world in (3, 1):
+        _in_lock_step(loaders, 3, stream, 1 / 3)
+        states = [loader.save_state_rank() for loader in loaders]
+        loaders = [_loader(blend, rank, new_world, 0, mode="exact") for rank in range(new_world)]
+        for loader in loaders:
+            loader.restore_state_global(states)
+        for loader in loaders:
+            assert _blend_stage(loader.save_state_rank()["worker_states"][0])["offset"] == len(stream)
+    _in_lock_step(loaders, 12, stream, 1 / 3)

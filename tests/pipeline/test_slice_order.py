@@ -103,7 +103,7 @@ def test_none_reads_the_samples_in_dataset_order_like_energon(dataset: Path) -> 
     """Energon's None: slices in order, one at a time (it needs parallel_shard_iters=1)."""
     count = 2 * SHARDS * PER_SHARD + 5  # two epochs and a bit
     expected = energon_keys(dataset, None, count)
-    source = SliceSource(SampleLoader(dataset, "train"), our_slices(dataset), seed=0, parallel_slices=1, slice_order=lambda n, e: epoch_slice_order(n, seed=0, epoch=e, shuffle_over_epochs=None))
+    source = SliceSource(SampleLoader(dataset, "train"), our_slices(dataset), seed=0, parallel_slices=1, slice_order=lambda n, e, _seed: epoch_slice_order(n, seed=0, epoch=e, shuffle_over_epochs=None))
     node = RepeatNode(source)
     assert [node.next().__key__ for _ in range(count)] == expected
 

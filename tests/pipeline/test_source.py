@@ -14,7 +14,7 @@ from megatron_energon_lite.pipeline.repeat import RepeatNode
 from megatron_energon_lite.pipeline.source import SliceSource
 
 
-def _random_order(num_slices: int, epoch: int) -> list[int]:
+def _random_order(num_slices: int, epoch: int, seed: int) -> list[int]:
     import numpy as np
 
     return list(np.random.default_rng((99, epoch)).permutation(num_slices))
