@@ -65,8 +65,7 @@ class SkippedSample:
 
     def describe(self) -> str:
         where = f"{self.shard} #{self.index_in_shard}" if self.shard is not None else f"index {self.index}"
-        key = f"{self.key!r} " if self.key is not None else ""
-        return f"{key}of dataset {self.dataset} ({self.path}) {where}"
+        return f"{where} of dataset {self.dataset} ({self.path})" + (f", key {self.key!r}" if self.key is not None else "")
 
     def to_json(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "index": self.index, "path": self.path, "shard": self.shard, "index_in_shard": self.index_in_shard, "key": self.key}

@@ -78,7 +78,8 @@ class SkipNamedNode(PassThroughNode[Any], ForwardsEpochs, ForwardsElastic):
     def _report(self, item: Any, identity: tuple[int, int]) -> None:
         key = item.get("__key__") if isinstance(item, dict) else getattr(item, "__key__", None)
         where = self.skips[identity]
-        message = f"skipped sample {where} (key {key!r}): named in the loader's skip list"
+        named = f", key {key!r}" if key is not None and f"key {key!r}" not in where else ""
+        message = f"skipped sample {where}{named}: named in the loader's skip list"
         record = SkipRecord(key, 1, f"dataset {identity[0]}", None, REPLAY_SKIP_STAGE, "named in the skip list", message)
         sink = self.runtime.skips if self.runtime is not None else None
         if sink is not None:

@@ -234,4 +234,4 @@ def test_checkpoint_info_shows_the_skip_list(prepared_text: Path, tmp_path: Path
     (tmp_path / "state.json").write_text(json.dumps(loader.save_state_rank()))
     result = CliRunner().invoke(cli_main, ["checkpoint", "info", "--no-workers", str(tmp_path / "state.json")])
     assert result.exit_code == 0, result.output
-    assert "Skip list: 1 sample(s)" in result.output and "'0001_000004' of dataset 0" in result.output
+    assert "Skip list: 1 sample(s)" in result.output and "data-0001.tar #4 of dataset 0" in result.output
