@@ -90,12 +90,17 @@ def _read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+def _dataset_name(record: dict) -> str:
+    """How ``run.json`` and messages name a dataset (a data record or a file header's table)."""
+    return f"{record.get('path')} (split {record.get('split_part')})"
+
+
 def run_identity(config: dict, data: list | None) -> dict[str, Any]:
     """What ``run.json`` records: a fingerprint of the loader's configuration (the topology may
     change on an elastic resume) and of its data, and the datasets by name for messages."""
     stable = {k: v for k, v in config.items() if k not in _TOPOLOGY_KEYS}
     digest = hashlib.sha256(json.dumps([stable, data], sort_keys=True, default=str).encode()).hexdigest()[:32]
-    names = [f"{d.get('path')} (split {d.get('split_part')})" for d in (data or [])] or [str(config.get("path"))]
+    names = [_dataset_name(d) for d in (data or [])] or [str(config.get("path"))]
     return {"format": "energon-lite manifest", "version": 1, "fingerprint": digest, "datasets": names, "config": json.loads(json.dumps(stable, default=str))}
 
 
@@ -377,8 +382,13 @@ def read_rank_file(path: Path) -> RankFile:
     (length,) = _U32.unpack_from(data, 4)
     end = 8 + length
     if end + 4 > len(data) or _U32.unpack_from(data, end)[0] != zlib.crc32(data[8:end]):
-        return RankFile(path, rank, seq, {}, [], f"{path}: the header is truncated or damaged")
-    header = json.loads(data[8:end])
+        return RankFile(path, rank, seq, {}, [], f"{path}: the header is truncated or damaged ({len(data)} bytes, the header needs {end + 4}); no record read")
+    try:
+        header = json.loads(data[8:end])
+    except ValueError as exc:
+        header = exc
+    if not isinstance(header, dict) or not isinstance(header.get("datasets", []), list):
+        return RankFile(path, rank, seq, {}, [], f"{path}: the header is not a manifest header (a JSON object with rank and datasets); no record read")
     pos = end + 4
     shapes: list[tuple[str, ...]] = []
     records: list[tuple[int, tuple, list[ManifestSample]]] = []
@@ -433,7 +443,19 @@ def read_rank_files(folder: str | os.PathLike[str]) -> list[RankFile]:
     if not (folder / RUN_FILE).is_file():
         raise DatasetError(format_message("not a manifest folder", where=str(folder), expected=f"{RUN_FILE} and rank*.emf files written by a loader made with manifest=", found=", ".join(sorted(os.listdir(folder))[:5]) if folder.is_dir() else "no such folder"))
     files = sorted((int(m.group(1)), int(m.group(2)), folder / name) for name in os.listdir(folder) if (m := _FILE_NAME.match(name)))
-    return [read_rank_file(path) for _, _, path in files]
+    run = read_run(folder)
+    return [_of_this_run(read_rank_file(path), run) for _, _, path in files]
+
+
+def _of_this_run(rank_file: RankFile, run: dict[str, Any]) -> RankFile:
+    """``rank_file``, or, when its header names other datasets than the folder's ``run.json``
+    (a file copied in from another run), no records and a problem naming both."""
+    theirs = [_dataset_name(d) for d in rank_file.header.get("datasets") or [] if isinstance(d, dict)]
+    ours = run.get("datasets")
+    if not theirs or not isinstance(ours, list) or theirs == ours or rank_file.problem is not None and not rank_file.records:
+        return rank_file
+    problem = f"{rank_file.path}: written by a run reading {', '.join(theirs)}, but the folder's run.json is of a run reading {', '.join(map(str, ours))}; its records are left out (a file of another run)"
+    return RankFile(rank_file.path, rank_file.rank, rank_file.seq, rank_file.header, [], problem)
 
 
 def read_run(folder: str | os.PathLike[str]) -> dict[str, Any]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -246,3 +248,37 @@ def test_a_full_disk_is_raised_in_the_loop_not_hung(prepared_text: Path, small_d
     with pytest.raises(DatasetError, match="manifest could not be written"):
         _run(loader, 3)
         loader.save_state_rank()
+
+
+def test_a_truncated_or_garbled_header_is_reported_not_raised(prepared_text: Path, tmp_path: Path) -> None:
+    loader = get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")
+    _run(loader, 3)
+    loader.save_state_rank()
+    (file,) = read_rank_files(tmp_path / "m")
+    whole = file.path.read_bytes()
+    header_end = 8 + int.from_bytes(whole[4:8], "little") + 4
+    for cut in (2, 10, header_end - 1):
+        file.path.write_bytes(whole[:cut])
+        (torn,) = read_rank_files(tmp_path / "m")
+        assert torn.records == [] and str(file.path) in torn.problem, cut
+    # A header whose CRC matches but that is no JSON object (a hostile or foreign file).
+    for body in (b"not json", b"[1, 2]"):
+        file.path.write_bytes(b"EMF1" + struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body)) + whole[header_end:])
+        (bad,) = read_rank_files(tmp_path / "m")
+        assert bad.records == [] and "not a manifest header" in bad.problem
+    assert list(read_manifest(tmp_path / "m")) == []
+
+
+def test_a_file_of_another_run_in_the_folder_is_left_out_naming_both(prepared_text: Path, prepared_blend: Path, tmp_path: Path) -> None:
+    ours = get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")
+    seen = [key for key, _ in _run(ours, 3)]
+    ours.save_state_rank()
+    theirs = get_savable_loader(_dataset(prepared_blend, 0, batch_size=4), manifest=tmp_path / "other")
+    _run(theirs, 5)
+    theirs.save_state_rank()
+    (foreign,) = read_rank_files(tmp_path / "other")
+    (tmp_path / "m" / "rank00000-00007.emf").write_bytes(foreign.path.read_bytes())  # copied in by mistake
+    files = read_rank_files(tmp_path / "m")
+    (problem,) = manifest_problems(files)
+    assert "rank00000-00007.emf" in problem and str(prepared_blend.parent / "a") in problem and str(prepared_text) in problem
+    assert [step.batches[0][0] for step in read_manifest(tmp_path / "m")] == seen  # the foreign steps 0..4 are not mixed in
