@@ -68,10 +68,17 @@ class SampleKeys:
 @click.option("--html", "html_path", default=None, metavar="OUT.html", help="Write the step's samples to one self-contained HTML page (the preview's renderer) instead of listing them.")
 def show(folder: Path, step_number: int, rank: int | None, keys: bool, html_path: str | None) -> None:
     """The samples of step N on every rank: dataset, shard, index in the shard, sample key and restore key."""
-    steps = {s.step: s for s in _read(folder)[1]}
-    step = steps.get(step_number)
+    problems: list[str] = []
+    step, first, last = None, None, None
+    for found in read_manifest(folder, problems=problems):  # step by step: the rest is not held
+        first = found.step if first is None else first
+        last = found.step
+        if found.step == step_number:
+            step = found  # read on all the same, to report damage further on
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
     if step is None or (rank is not None and rank not in step.batches):
-        known = f"steps {min(steps)}..{max(steps)}" if steps else "no steps"
+        known = f"steps {first}..{last}" if first is not None else "no steps"
         raise click.ClickException(f"{folder} has no step {step_number}{'' if rank is None else f' on rank {rank}'} (it holds {known})")
     if html_path is not None:
         groups = [

@@ -255,11 +255,13 @@ def _steps(entry: dict, datasets: _Datasets, manifest: Any, manifests: dict) -> 
     if folder is None:
         return [f"{entry!r}: steps are read from a manifest: make the loader with manifest=DIR or add \"manifest\": DIR"]
     folder = str(folder)
-    if folder not in manifests:
-        manifests[folder] = {step.step: step for step in read_manifest(folder)}
+    wanted = set(steps)
+    known = manifests.setdefault(folder, {})
+    if not wanted <= set(known):  # read once more, keeping only the steps asked for
+        known.update((s.step, s) for s in read_manifest(folder) if s.step in wanted)
     found: list[SkippedSample | str] = []
     for step in steps:
-        recorded = manifests[folder].get(step)
+        recorded = known.get(step)
         if recorded is None:
             found.append(f"step {step}: not in the manifest {folder}")
         elif rank is not None and rank not in recorded.batches:
