@@ -161,7 +161,7 @@ class ManifestWriter:
         self.rank = rank
         self.rotate_bytes = DEFAULT_ROTATE_BYTES if rotate_bytes is None else rotate_bytes
         self._header = {"rank": rank, "world_size": world_size, "num_workers": num_workers, "datasets": datasets}
-        self._seq = 1 + max((int(m.group(2)) for m in map(_FILE_NAME.match, os.listdir(self.folder)) if m and int(m.group(1)) == rank), default=-1)
+        self._seq = 0  # numbered when the first file opens (_open)
         self._fd: int | None = None
         self._size = 0
         self._shapes: dict[tuple[str, ...], int] = {}
@@ -257,12 +257,24 @@ class ManifestWriter:
         self._append(payload)
         return bytes(self._buffer[start:])
 
+    def _next_seq(self) -> int:
+        """The sequence number after this rank's last file in the folder."""
+        return 1 + max((int(m.group(2)) for m in map(_FILE_NAME.match, os.listdir(self.folder)) if m and int(m.group(1)) == self.rank), default=-1)
+
     def _open(self) -> None:
-        path = self.folder / f"rank{self.rank:05d}-{self._seq:05d}.emf"
-        self._seq += 1
         header = json.dumps(self._header, separators=(",", ":")).encode()
         blob = MAGIC + _U32.pack(len(header)) + header + _U32.pack(zlib.crc32(header))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        # Numbered when opened, not when made: another loader of this rank (a resumed run made
+        # while the old one still lived) may have opened files since; later files win a step.
+        self._seq = max(self._seq, self._next_seq())
+        while True:
+            path = self.folder / f"rank{self.rank:05d}-{self._seq:05d}.emf"
+            self._seq += 1
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                break
+            except FileExistsError:  # taken between the listing and the open: the next one
+                continue
         try:
             os.write(fd, blob)
         except OSError:

@@ -45,7 +45,8 @@ from .handover.bundles import (
 from .handover.queues import DirectForkContext, direct_queues_from_env
 from .handover.slabs import SlabRing, slab_bytes_from_env
 from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data, saved_manifest_step, saved_sample_skips
-from .sample_skips import SKIPS_ENV, SkipList, resolve_skips, skips_from_env
+from .env_settings import SKIPS_ENV, skips_from_env
+from .sample_skips import SkipList, resolve_skips
 from .skip_report import SkipLedger
 from .stall import StageTimes, StallClock, StallReport
 from .streams import (

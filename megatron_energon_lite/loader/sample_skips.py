@@ -1,8 +1,8 @@
 """Replay with skips (issue 41): the loader's skip list, how it is named, checked and saved.
 
-``loader.restore_state_rank(state, skip_samples=[...])`` (or ``ENERGON_LITE_SKIP_SAMPLES=FILE``)
-resumes the run without the named samples: the stage of ``pipeline/skip.py`` drops them where
-they would enter batching or packing.  A sample is named
+``loader.restore_state_rank(state, skip_samples=[...])`` (or ``ENERGON_LITE_SKIP_SAMPLES=FILE``,
+read by ``env_settings.skips_from_env``) resumes the run without the named samples: the stage
+of ``pipeline/skip.py`` drops them where they would enter batching or packing.  A sample is named
 
 * by its ``__key__`` (a string, or ``{"key": ..., "dataset": k}``), looked up in each dataset's
   index.sqlite;
@@ -25,11 +25,9 @@ versioned field, so a later resume keeps skipping::
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import ConfigError, format_message
@@ -40,12 +38,10 @@ from ..pipeline.node import as_key
 from ..pipeline.skip import sample_identity
 from ..pipeline.state_check import invalid
 
-__all__ = ["SKIPS_ENV", "SKIPS_VERSION", "SkipList", "SkippedSample", "resolve_skips", "skips_from_env"]
+__all__ = ["SKIPS_VERSION", "SkipList", "SkippedSample", "resolve_skips"]
 
 logger = logging.getLogger("megatron_energon_lite.loader")
 
-#: A JSON file with the skip list for code that cannot pass ``skip_samples`` (training loaders).
-SKIPS_ENV = "ENERGON_LITE_SKIP_SAMPLES"
 SKIPS_VERSION = 1
 #: Unknown names a refusal lists (then only counted).
 _LISTED_UNKNOWN = 20
@@ -269,20 +265,3 @@ def _steps(entry: dict, datasets: _Datasets, manifest: Any, manifests: dict) -> 
         else:
             found += [f for sample in recorded.samples(rank) for f in datasets.of_manifest(sample)]
     return found
-
-
-def skips_from_env() -> tuple[list[Any], bool] | None:
-    """``(entries, ignore_unknown)`` of the file ``ENERGON_LITE_SKIP_SAMPLES`` names (a JSON list
-    of entries, or ``{"samples": [...], "ignore_unknown": bool}``); None when unset."""
-    path = os.environ.get(SKIPS_ENV, "").strip()
-    if not path:
-        return None
-    try:
-        value = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(format_message(f"{SKIPS_ENV} names a file that cannot be read as JSON", where=path, found=f"{type(exc).__name__}: {exc}", fix="point it at a JSON list of samples to skip, or unset it")) from exc
-    if isinstance(value, dict) and isinstance(value.get("samples"), list):
-        return value["samples"], bool(value.get("ignore_unknown", False))
-    if isinstance(value, list):
-        return value, False
-    raise ConfigError(format_message(f"{SKIPS_ENV}: the file holds no skip list", where=path, expected='a JSON list of samples, or {"samples": [...], "ignore_unknown": false}', found=type(value).__name__))

@@ -304,3 +304,16 @@ def test_read_manifest_streams_and_reports_what_it_leaves_out(prepared_text: Pat
     problems = []
     assert len(list(read_manifest(tmp_path / "m", problems=problems))) == 5
     assert any("step 1 after step 1" in p for p in problems)
+
+
+def test_two_loaders_of_one_rank_made_before_either_writes_take_their_own_files(prepared_text: Path, tmp_path: Path) -> None:
+    first = get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")
+    second = get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")  # made before first writes
+    first_keys = [key for key, _ in _run(first, 2)]
+    first.save_state_rank()
+    second_keys = [key for key, _ in _run(second, 3)]
+    second.save_state_rank()  # raised FileExistsError when both took file 0
+    files = read_rank_files(tmp_path / "m")
+    assert [(f.seq, len(f.records)) for f in files] == [(0, 2), (1, 3)]
+    assert [s.batches[0][0] for s in read_manifest(tmp_path / "m")] == second_keys  # the later file wins
+    assert first_keys == second_keys[:2]

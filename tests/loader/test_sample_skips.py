@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from megatron_energon_lite import ConfigError, DefaultTaskEncoder, Sample, StateError, TextSample, WorkerConfig, get_savable_loader, get_train_dataset, stateless
 from megatron_energon_lite.cli.main import cli as cli_main
-from megatron_energon_lite.loader.sample_skips import SKIPS_ENV
+from megatron_energon_lite.loader.env_settings import SKIPS_ENV
 from megatron_energon_lite.manifest import read_manifest
 
 
