@@ -6,7 +6,10 @@ from outside.  Version 2 (this one) puts a ``Pass`` stage (``pipeline/passes.py`
 worker pipeline that had none; version 1 states are upgraded on load.  Version 3 (this one) adds
 ``data``: per dataset, the shards, sample counts and a digest the state was saved against
 (``format/resolved.data_record``), which a restore compares with the data it finds
-(:func:`check_saved_data`); older states restore unchecked, with a logged note.
+(:func:`check_saved_data`); older states restore unchecked, with a logged note.  Two optional
+fields, written only when they apply so that other states keep their shape: ``manifest_step``
+(``manifest.py``) and ``sample_skips`` (a replay's skip list with its own version,
+``sample_skips.py``).
 """
 
 from __future__ import annotations
