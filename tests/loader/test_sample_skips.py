@@ -235,3 +235,18 @@ def test_checkpoint_info_shows_the_skip_list(prepared_text: Path, tmp_path: Path
     result = CliRunner().invoke(cli_main, ["checkpoint", "info", "--no-workers", str(tmp_path / "state.json")])
     assert result.exit_code == 0, result.output
     assert "Skip list: 1 sample(s)" in result.output and "data-0001.tar #4 of dataset 0" in result.output
+
+
+def test_an_elastic_resume_keeps_and_takes_skip_lists(prepared_blend: Path) -> None:
+    """Saved on 2 workers with a skip list, resumed on 0 workers with one more: both are skipped
+    from then on, and the state saved after carries both."""
+    first = get_savable_loader(_dataset(prepared_blend, 2, batch_size=3))
+    first.restore_state_rank(None, skip_samples=["a0_001"])
+    _batches(first, 4)
+    states = first.save_state_global(0)
+    resumed = get_savable_loader(_dataset(prepared_blend, 0, batch_size=3))
+    resumed.restore_state_global(states, skip_samples=["b1_002"])
+    assert {s.key for s in resumed.sample_skips.samples} == {"a0_001", "b1_002"}
+    rest = [k for _, keys in _batches(resumed, 40) for k in keys]
+    assert "a0_001" not in rest and "b1_002" not in rest
+    assert resumed.save_state_rank()["sample_skips"]["samples"][1]["key"] == "b1_002"
