@@ -90,9 +90,11 @@ if _typing.TYPE_CHECKING:  # the names, as static analysers and IDEs see them
     from .energon.task_encoder.loader import (
         get_val_datasets,
     )
+    from .loader.blend_report import (
+        blend_report,
+    )
     from .loader.dataloader import (
         SavableDataLoader,
-        blend_report,
     )
     from .map_view import (
         MapStyleDataset,
@@ -216,7 +218,7 @@ _LAZY: dict[str, str] = {
     "VQAWebdataset": ".energon.flavors",
     "Blender": ".format.metadataset",
     "SavableDataLoader": ".loader.dataloader",
-    "blend_report": ".loader.dataloader",
+    "blend_report": ".loader.blend_report",
     "get_loader": ".loader.api",
     "get_savable_loader": ".loader.api",
     "get_train_dataset": ".loader.api",

@@ -435,10 +435,10 @@ class TokensSample(Sample):
 
 _SAMPLE_TYPES: dict[str, type[Sample]] = {}
 
-_S = TypeVar("_S", bound=type)
+SampleTypeT = TypeVar("SampleTypeT", bound=type)
 
 
-def register_sample_type(cls: _S, *, replace: bool = False) -> _S:
+def register_sample_type(cls: SampleTypeT, *, replace: bool = False) -> SampleTypeT:
     """Registers a :class:`Sample` subclass under its class name; usable as a decorator.
 
     Registering the same class again is a no-op; another class under a taken name is a

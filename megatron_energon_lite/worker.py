@@ -38,8 +38,9 @@ class WorkerConfig:
     workers always persist here, because each one carries its pipeline's position.
     """
 
-    rank: int = None  # type: ignore[assignment]  # None: from torch.distributed
-    world_size: int = None  # type: ignore[assignment]
+    #: None: from torch.distributed (an int once constructed).
+    rank: int | None = None
+    world_size: int | None = None
     num_workers: int
     data_parallel_group: Any = dataclasses.field(default=None, compare=False)
     seed_offset: int = dataclasses.field(default=0, compare=False)
@@ -192,6 +193,22 @@ class WorkerConfig:
             file = _DEBUG_FILES[path] = open(path, "w")  # noqa: SIM115 - kept open for the life of the process
         file.write(line)
         file.flush()
+
+
+def global_position(worker_config: WorkerConfig, batch: int, local_worker_id: int) -> Callable[[int], int]:
+    """Where this worker's ``n``-th sample sits in the global training stream (a blend's clock).
+
+    The stream is ordered by training step, then rank, then position in the batch: the loader
+    takes one batch from each local worker in turn, so this worker's ``k``-th batch is rank step
+    ``k * workers + local_worker_id``, taken by all ranks at once.
+    """
+    workers, ranks, rank = worker_config.workers_per_rank, worker_config.world_size, worker_config.rank
+
+    def position(n: int) -> int:
+        k, j = divmod(n, batch)
+        return ((k * workers + local_worker_id) * ranks + rank) * batch + j
+
+    return position
 
 
 #: Debug files this process has open, by path: one handle per file even when several equal

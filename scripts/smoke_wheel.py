@@ -1,13 +1,14 @@
 """Run by scripts/smoke_wheel.sh inside a fresh venv holding only torch and the installed wheel:
 what a user's first minutes do (import, the CLI, prepare and load a dataset, save and restore, the
-one-line switch from Energon), then README's and docs/quickstart.md's code blocks (through
-tests/docs/run_doc_blocks.py). Generates its data with tarfile and Pillow only.
+one-line switch from Energon), then README's and every docs page's code blocks (through
+tests/docs/run_doc_blocks.py, on data the installed package generates).
 
 Usage: python smoke_wheel.py WORK_FOLDER CHECKOUT"""
 
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -37,12 +38,21 @@ def write_shards(root: Path, shards: int = 3, per_shard: int = 8) -> None:
                     tar.addfile(info, io.BytesIO(data))
 
 
-def run_page_blocks(checkout: Path, page: str, folder: Path) -> None:
-    """The page's code blocks, in a folder holding my_data/ (unprepared shards), with this venv's
-    energon-lite first on PATH."""
-    write_shards(folder / "my_data", shards=10, per_shard=4)
+def run_every_page(checkout: Path, folder: Path) -> None:
+    """README's and every docs page's code blocks (tests/docs/run_doc_blocks.py), each page in its
+    own copy of the driver's generated data, with this venv's energon-lite first on PATH. A page
+    that needs a dev-only module (its ``doc-test: needs`` line) is reported as skipped."""
+    driver = str(checkout / "tests/docs/run_doc_blocks.py")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    subprocess.run([sys.executable, str(checkout / "tests/docs/run_doc_blocks.py"), str(checkout / page), page], cwd=folder, env=env, check=True)
+    subprocess.run([sys.executable, driver, "--fixture", str(folder / "fixture")], env=env, check=True)
+    pages = [checkout / "README.md", *sorted((checkout / "docs").rglob("*.md"))]
+    for page in pages:
+        name = str(page.relative_to(checkout))
+        work = folder / name.replace("/", "_")
+        shutil.copytree(folder / "fixture", work)
+        result = subprocess.run([sys.executable, driver, str(page), name], cwd=work, env=env, capture_output=True, text=True)
+        check(result.returncode == 0, f"the code blocks of {name}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        print(f"smoke: {name}: {result.stdout.strip().splitlines()[-1]}")
 
 
 def main() -> None:
@@ -81,9 +91,9 @@ def main() -> None:
 
     switch = "import megatron_energon_lite.as_energon; import megatron.energon as e; assert e.get_train_dataset.__module__.startswith('megatron_energon_lite'), e.get_train_dataset.__module__"
     subprocess.run([sys.executable, "-c", switch], check=True)
-    for page in ("README.md", "docs/quickstart.md"):
-        run_page_blocks(checkout, page, work / page.replace("/", "_"))
-    print(f"smoke: megatron-energon-lite {lite.__version__}: import, CLI, prepare, lint, load, save/restore, the switch and the quick starts work")
+    print(f"smoke: megatron-energon-lite {lite.__version__}: import, CLI, prepare, lint, load, save/restore and the switch work")
+    run_every_page(checkout, work / "pages")
+    print("smoke: README's and the docs' code blocks ran from the installed wheel")
 
 
 if __name__ == "__main__":

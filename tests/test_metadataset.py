@@ -396,6 +396,17 @@ def test_exact_blend_warns_when_weights_need_stepping(root: Path, caplog) -> Non
     assert "schedule period" not in caplog.text
 
 
+
+def test_exact_scheduled_blend_warns_of_its_cost_on_several_workers(root: Path, caplog) -> None:
+    path = schedule_yaml(root, "{linear: {0: 1, 300: 0}}", "1", extra="    blend_mode: exact\n")
+    with caplog.at_level("WARNING"):
+        train(path, 0)
+    assert "weight schedules" not in caplog.text
+    with caplog.at_level("WARNING"):
+        train(path, 2)
+    assert "exact blend with weight schedules" in caplog.text and "about 2 positions per sample" in caplog.text and "use blend_mode random" in caplog.text
+
+
 def test_shuffle_over_epochs_multipliers_none_and_minus_one_combine_as_energon(root: Path) -> None:
     """None (no shuffling) wins over every level, then -1 (with replacement), else the product."""
     from megatron_energon_lite.format.metadataset import load_blend_plan
@@ -527,6 +538,47 @@ def test_blend_report_target_of_a_scheduled_entry_is_its_share_at_the_start(root
     loader = get_savable_loader(train(schedule_yaml(root, "{linear: {0: 3, 100: 0}}", "1"), 0))
     next(iter(loader))
     assert [row["target_share"] for row in loader.blend_report()] == [0.75, 0.25]
+
+
+def _ramp_share(clock: int) -> float:
+    """A's share under A = linear 3 -> 0 over 100 samples, B = 1."""
+    weight = max(0.0, 3 * (1 - clock / 100))
+    return weight / (weight + 1)
+
+
+def test_blend_report_compares_the_realized_share_with_the_schedule_so_far(root: Path) -> None:
+    """After 40 samples of an exact blend the clock is 40, the target now is the share at 40 and
+    the target so far is the mean share over clocks 0..39, which the realized share meets to
+    within one sample."""
+    loader = get_savable_loader(train(schedule_yaml(root, "{linear: {0: 3, 100: 0}}", "1", extra="    blend_mode: exact\n"), 0))
+    it = iter(loader)
+    for _ in range(40):
+        next(it)
+    rows = loader.blend_report()
+    so_far = sum(_ramp_share(t) for t in range(40)) / 40
+    assert [row["clock"] for row in rows] == [40, 40]
+    assert [row["target_share_now"] for row in rows] == pytest.approx([_ramp_share(40), 1 - _ramp_share(40)])
+    assert [row["target_share_so_far"] for row in rows] == pytest.approx([so_far, 1 - so_far])
+    assert abs(rows[0]["samples"] - 40 * so_far) < 1
+
+
+def test_blend_report_clock_counts_every_ranks_samples(root: Path) -> None:
+    """Two ranks x two workers, batch 2, three steps each: the global stream holds 12 samples,
+    so the next blended sample is at clock 12 (from both ranks' states; a constant blend's
+    targets are its weights)."""
+    path = schedule_yaml(root, *SWITCHING)
+    ranks = [get_savable_loader(get_train_dataset(path, worker_config=config(2, rank, 2), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)) for rank in range(2)]
+    iterators = [iter(loader) for loader in ranks]
+    for _ in range(3):
+        for it in iterators:
+            next(it)
+    rows = blend_report([loader.save_state_rank() for loader in ranks])
+    assert [row["clock"] for row in rows] == [12, 12]
+    assert [row["samples"] for row in rows] == [12, 0]
+    assert [row["target_share_so_far"] for row in rows] == [1.0, 0.0]
+    constant = get_savable_loader(train(blend_yaml(root), 0))
+    next(iter(constant))
+    assert all(row["target_share_now"] == row["target_share_so_far"] == row["target_share"] for row in constant.blend_report())
 
 
 def test_an_exact_elastic_restore_before_a_dataset_starts(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

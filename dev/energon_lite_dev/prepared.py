@@ -8,6 +8,7 @@ specifications from here (``from conftest import`` is ambiguous: there are sever
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 from .synthetic import CAPTIONING_SAMPLE_YAML, generate_captioning_dataset, prepared_text_dataset, write_text_blend
@@ -21,6 +22,7 @@ __all__ = [
     "build_prepared_blend",
     "build_prepared_captioning",
     "build_prepared_text",
+    "prepared_content",
 ]
 
 #: ``prepared_text``: ``prepared_text_dataset`` arguments; 3 shards x 37 ``TextSample`` of 1-8
@@ -56,3 +58,28 @@ def build_prepared_blend(base: str | os.PathLike[str]) -> Path:
     """The ``prepared_blend`` datasets under ``base`` (``base/a``, ``base/b``); returns the
     path of the YAML blending them (``base/blend.yaml``)."""
     return write_text_blend(base, PREPARED_BLEND_SIZES, PREPARED_BLEND_WEIGHTS)
+
+
+#: ``.nv-meta`` files that differ between two prepares of the same shards: a random UUID, and
+#: files that record modification times.
+VOLATILE_META = {"index.uuid", ".lite-prepare.json", ".lite-split-cache.json"}
+
+
+def prepared_content(root: str | os.PathLike[str]) -> dict:
+    """What a prepare wrote under ``root``, to compare two prepares: every table of
+    ``index.sqlite`` row by row (in rowid order) with its schema, every other ``.nv-meta`` file
+    byte by byte (only the names of :data:`VOLATILE_META`), and every ``.tar.idx``.  Only the
+    time ``media_filters`` records is left out."""
+    root = Path(root)
+    meta = root / ".nv-meta"
+    db = sqlite3.connect(f"file:{meta / 'index.sqlite'}?mode=ro", uri=True)
+    try:
+        schema = db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name").fetchall()
+        tables = {name: db.execute(f'SELECT * FROM "{name}" ORDER BY rowid').fetchall() for kind, name, _, _ in schema if kind == "table"}
+        if "media_filters" in tables:  # its last column is when the row was written
+            tables["media_filters"] = [row[:-1] for row in tables["media_filters"]]
+    finally:
+        db.close()
+    files = {p.name: (None if p.name in VOLATILE_META else p.read_bytes()) for p in meta.iterdir() if p.name != "index.sqlite"}
+    indexes = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.tar.idx"))}
+    return {"schema": schema, "tables": tables, "files": files, "tar_idx": indexes}

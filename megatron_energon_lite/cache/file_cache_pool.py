@@ -133,7 +133,7 @@ class _Attempt:
 
 
 @dataclass(eq=False)
-class _CacheEntry:
+class CacheEntry:
     """What the pool knows about one file of one store; shared by the lazies that name it.
 
     ``state`` says where the fetch is (for messages and tests): ``queued``, ``reading``,
@@ -166,7 +166,7 @@ class _CacheEntry:
 
     def __repr__(self) -> str:
         return (
-            f"_CacheEntry(fname={self.fname!r}, path={self.key[0]!r}, state={self.state!r}, "
+            f"CacheEntry(fname={self.fname!r}, path={self.key[0]!r}, state={self.state!r}, "
             f"refcount={self.refcount}, data_size={self.data_size})"
         )
 
@@ -181,9 +181,9 @@ class FileCacheLazy(Lazy[T]):
     :class:`LazyNotPicklableError`.
     """
 
-    entry: _CacheEntry = field(repr=False)
+    entry: CacheEntry = field(repr=False)
     #: ``(data, SourceInfo)`` once read.
-    _data: tuple[Any, SourceInfo] | None = field(default=None, repr=False)
+    _data: tuple[Any, SourceInfo] | None = field(default=None, init=False, repr=False)
     #: Whether this lazy still holds one reference on ``entry``.
     _holds_ref: bool = field(default=True, init=False, repr=False)
 
@@ -228,7 +228,7 @@ class CacheFileLazy(Lazy[T]):
 
     ds: Any = None
     cache_path: Path | None = None
-    _data: Any = field(default=_NOT_LOADED, repr=False)
+    _data: Any = field(default=_NOT_LOADED, init=False, repr=False)
 
     def get(self, sample: Any = None) -> T:
         if self._data is _NOT_LOADED:
@@ -403,9 +403,9 @@ class FileStoreCachePool(CachePool, ForkMixin):
         #: The thread holding ``_lock`` (a lazy collected inside the pool defers its release).
         self._owner: int | None = None
         #: Entries whose lazies were collected while this thread held the lock.
-        self._dropped: deque[_CacheEntry] = deque()
+        self._dropped: deque[CacheEntry] = deque()
         # Key: (store path, file name, id(store)); see get_lazy.
-        self._entries: dict[tuple, _CacheEntry] = {}
+        self._entries: dict[tuple, CacheEntry] = {}
         self.current_cache_size = 0
         self.current_cache_count = 0
         self._executor = ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="CacheWorker")
@@ -450,12 +450,12 @@ class FileStoreCachePool(CachePool, ForkMixin):
             and self.current_cache_size + size <= self._max_cache_size
         )
 
-    def _reserve(self, entry: _CacheEntry, size: int) -> None:
+    def _reserve(self, entry: CacheEntry, size: int) -> None:
         self.current_cache_size += size
         self.current_cache_count += 1
         entry.reserved, entry.reserved_size = True, size
 
-    def _unreserve(self, entry: _CacheEntry) -> None:
+    def _unreserve(self, entry: CacheEntry) -> None:
         if entry.reserved:
             self.current_cache_size -= entry.reserved_size
             self.current_cache_count -= 1
@@ -495,7 +495,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
             self._owner = threading.get_ident()
         self._drain()
 
-    def _drop(self, entry: _CacheEntry) -> None:
+    def _drop(self, entry: CacheEntry) -> None:
         """A lazy holding a reference on ``entry`` was collected."""
         if os.getpid() != self._pid:
             return  # inherited from the parent: not ours
@@ -507,7 +507,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
 
     # -- references ---------------------------------------------------------------------------
 
-    def _release(self, entry: _CacheEntry) -> None:
+    def _release(self, entry: CacheEntry) -> None:
         """Gives back one reference (lock held); the last one deletes the file and frees room."""
         if self._entries.get(entry.key) is not entry:
             return  # forgotten already (closed, or inherited across a fork)
@@ -526,7 +526,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
             return
         self._forget(entry)
 
-    def _forget(self, entry: _CacheEntry) -> None:
+    def _forget(self, entry: CacheEntry) -> None:
         """Removes ``entry`` (lock held): a queued fetch is cancelled, a running one gives up."""
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
@@ -539,7 +539,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
         self._unreserve(entry)
         self._cond.notify_all()  # a fetch waiting for room for this entry gives up
 
-    def _submit(self, entry: _CacheEntry) -> None:
+    def _submit(self, entry: CacheEntry) -> None:
         """Queues a fetch of ``entry`` (lock held)."""
         attempt = _Attempt()
         entry.attempt = attempt
@@ -548,21 +548,21 @@ class FileStoreCachePool(CachePool, ForkMixin):
 
     # -- the background fetch -----------------------------------------------------------------
 
-    def _gone(self, entry: _CacheEntry) -> bool:
+    def _gone(self, entry: CacheEntry) -> bool:
         return _exiting or self._closed or entry.refcount <= 0 or self._entries.get(entry.key) is not entry
 
     def _wake_all(self) -> None:
         with self._locked():
             self._cond.notify_all()
 
-    def _hand_over(self, entry: _CacheEntry, attempt: _Attempt, payload: Any, state: str = "not cached") -> bool:
+    def _hand_over(self, entry: CacheEntry, attempt: _Attempt, payload: Any, state: str = "not cached") -> bool:
         """Leaves the bytes read for the consumers waiting now; the file is not cached."""
         if attempt.waiting:
             attempt.payload = payload
         entry.state = state
         return False
 
-    def _fetch(self, entry: _CacheEntry, attempt: _Attempt) -> bool:
+    def _fetch(self, entry: CacheEntry, attempt: _Attempt) -> bool:
         """Runs on a CacheWorker thread: read, wait for room, reserve, write. True: cached."""
         with self._locked():
             if self._gone(entry):
@@ -629,7 +629,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
 
     # -- consuming ----------------------------------------------------------------------------
 
-    def _decode(self, entry: _CacheEntry, payload: Any) -> Any:
+    def _decode(self, entry: CacheEntry, payload: Any) -> Any:
         if self.method == "pickle":
             return pickle.loads(payload)
         if entry.pickled:
@@ -705,7 +705,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
             key = (path, fname, id(ds))
             entry = self._entries.get(key)
             if entry is None:
-                entry = _CacheEntry(ds=ds, fname=fname, key=key, serial=next(_serials))
+                entry = CacheEntry(ds=ds, fname=fname, key=key, serial=next(_serials))
                 self._entries[key] = entry
                 self._submit(entry)
             else:
@@ -726,7 +726,9 @@ class FileStoreCachePool(CachePool, ForkMixin):
         except OSError as exc:
             with self._locked():
                 self._warn_write_failed(path, exc)
-            return CacheFileLazy(fname=name, pool=self, cache_path=None, _data=data)
+            in_memory: CacheFileLazy[T] = CacheFileLazy(fname=name, pool=self, cache_path=None)
+            in_memory._data = data  # the write failed: keep the data itself
+            return in_memory
         return CacheFileLazy(fname=name, pool=self, cache_path=path)
 
     def close(self) -> None:
@@ -781,7 +783,7 @@ class FileStoreCachePool(CachePool, ForkMixin):
             self._warned.add(kind)
             logger.warning("%s", message)
 
-    def _warn_too_large(self, entry: _CacheEntry, size: int) -> None:
+    def _warn_too_large(self, entry: CacheEntry, size: int) -> None:
         self._warn_once(
             "too-large",
             format_message(

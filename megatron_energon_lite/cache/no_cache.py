@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..source_info import SourceInfo, add_source_info
@@ -17,7 +17,7 @@ T = TypeVar("T")
 class DirectLazy(Lazy[T]):
     """Reads its file on the first :meth:`get` and keeps it; every ``get(sample)`` adds the source."""
 
-    _data: tuple[T, SourceInfo] | None = None
+    _data: tuple[T, SourceInfo] | None = field(default=None, init=False, repr=False)
 
     def get(self, sample: Any = None) -> T:
         if self._data is None:

@@ -17,6 +17,7 @@ import click
 
 from ..errors import ConfigError, format_message
 from ..format.safe_parse import check_nesting, parse_json
+from ..loader.blend_report import blend_report
 from ..loader.rank_state import MOVED_FROM, REDISTRIBUTED_FROM, saved_sample_skips
 from .params import Command, ValueProblem
 
@@ -242,6 +243,31 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
             click.echo(f"    Worker {worker}:")
             for line in describe_pipeline(worker_state):
                 click.echo(f"      {line}")
+    for line in blend_lines(states):
+        click.echo(line)
+
+
+def blend_lines(states: list[SavedRank]) -> list[str]:
+    """Where a blend stands: the clock of its weight schedules and, per dataset, the realized
+    share against the target so far and now (nothing for a state without a blend)."""
+    config = states[0].state.get("config", {})
+    if len(config.get("datasets") or ()) < 2 or any(rank.redistributed for rank in states):
+        return []
+    try:
+        rows = blend_report([rank.state for rank in states])
+    except (ConfigError, KeyError, TypeError, ValueError, IndexError) as exc:
+        return [f"\nBlend: not shown, the states' blend is not readable ({type(exc).__name__}: {str(exc)[:200]})"]
+    clock = rows[0]["clock"]
+    scheduled = any(leaf.get("weight_schedule") for leaf in config["datasets"])
+    where = "" if clock is None else f" at clock {clock} (its place in the global stream: samples the blend yielded, shuffle buffers included{'; the weight schedules read it' if scheduled else ''})"
+    partial = "" if len(states) > 1 or config.get("worker_config.world_size") == 1 else f", this rank's samples of {config.get('worker_config.world_size')} ranks"
+    lines = [f"\nBlend ({config.get('blend_kind', 'blend')}, mode {config.get('blend_mode') or 'random'}){where}{partial}:"]
+    for k, row in enumerate(rows):
+        lines.append(
+            f"  ds{k} {row['path']} [{row['split_part']}]: {row['samples']} samples, share {row['share']:.3f}; "
+            f"target so far {row['target_share_so_far']:.3f}, now {row['target_share_now']:.3f}"
+        )
+    return lines
 
 
 def _echo_sample_skips(state: dict) -> None:

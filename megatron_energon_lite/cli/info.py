@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import click
 import numpy as np
@@ -19,10 +20,11 @@ from ..format.metadata import (
     read_split_config,
     resolve_split,
 )
-from ..format.metadataset import is_metadataset_path
+from ..format.metadataset import is_metadataset_path, load_blend_plan
 from ..storage import AnyPath, list_files, local_view
 from .blend_tree import echo_trees, read_trees
 from .params import DATASET_PATH, Command, counted
+from .share_plot import plan_targets, plot_shares, schedule_clocks, schedule_points
 
 
 def _size(num_bytes: float) -> str:
@@ -65,6 +67,25 @@ def echo_indexed(prefix: AnyPath) -> None:
     reader.close()
 
 
+def _plot_schedule(path: AnyPath, split: str, until: int | None, output: Path) -> None:
+    """The target share of each dataset of ``split`` at each point of its schedules, and a PNG of
+    the shares over the clock."""
+    plan = load_blend_plan(path, split, training=True)
+    if plan.kind != "blend":
+        raise click.UsageError(f"split {split} of {path} is a {plan.kind} plan: only a blend with weights has a schedule to draw")
+    targets = plan_targets(plan)
+    names = [f"{leaf.path} [{leaf.split_part}]" for leaf in plan.leaves]
+    clocks, end = schedule_clocks(plan, until)
+    points = [x for x in schedule_points(plan) if x <= end] or [0]
+    click.echo(f"\nTarget shares of split {split} (clock: samples the blend has yielded, all ranks):")
+    click.echo("  " + f"{'clock':>10}  " + "  ".join(f"ds{k:<5}" for k in range(len(names))))
+    for clock in points:
+        click.echo("  " + f"{clock:>10}  " + "  ".join(f"{share:7.3f}" for share in targets.at(clock)))
+    for k, name in enumerate(names):
+        click.echo(f"  ds{k}: {name}")
+    plot_shares(output, names, target=[(clock, targets.at(clock)) for clock in clocks], xlabel="clock (samples the blend has yielded, all ranks)", title=f"{Path(str(path)).name}, split {split}: target shares")
+
+
 def _describe_config(root: AnyPath, name: str | None) -> str:
     """The sample type line; raises our error when the dataset yaml exists but cannot be read."""
     if not (meta_dir(root) / (name or "dataset.yaml")).exists():
@@ -81,12 +102,18 @@ def _describe_config(root: AnyPath, name: str | None) -> str:
 @click.argument("path", type=DATASET_PATH)
 @click.option("--split-config", default=None, help="Split file in .nv-meta/ (default split.yaml).")
 @click.option("--dataset-config", default=None, help="Dataset file in .nv-meta/ (default dataset.yaml).")
-def info(path: AnyPath, split_config: str | None, dataset_config: str | None) -> None:
+@click.option("--plot-schedule", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Metadataset only: draw the split's target shares over the blend's clock (global samples) as a PNG.")
+@click.option("--split", "schedule_split", default="train", show_default=True, help="The split whose schedule --plot-schedule draws.")
+@click.option("--until", type=click.IntRange(min=1), default=None, help="Draw the schedule up to this clock (global samples; default: a quarter past its last point).")
+def info(path: AnyPath, split_config: str | None, dataset_config: str | None, plot_schedule: Path | None, schedule_split: str, until: int | None) -> None:
     """Print sample counts, sizes, splits, sample type and parts of the dataset at PATH.
 
-    For a metadataset YAML: each split's blend, with one line per dataset it reads.  For a
-    Megatron indexed dataset (its prefix, X.idx or X.bin): tokens, documents and their lengths.
+    For a metadataset YAML: each split's blend, with one line per dataset it reads, and with
+    --plot-schedule a picture of its weight schedule.  For a Megatron indexed dataset (its
+    prefix, X.idx or X.bin): tokens, documents and their lengths.
     """
+    if plot_schedule is not None and not is_metadataset_path(path):
+        raise click.UsageError("--plot-schedule draws a metadataset's blend: give a metadataset YAML")
     if is_metadataset_path(path):
         if split_config or dataset_config:
             raise click.UsageError("--split-config and --dataset-config apply to a dataset folder; a metadataset sets them per entry")
@@ -94,6 +121,8 @@ def info(path: AnyPath, split_config: str | None, dataset_config: str | None) ->
         if problems:
             click.echo(f"{problems} entr{'y' if problems == 1 else 'ies'} of {path} cannot be read", err=True)
             raise SystemExit(1)
+        if plot_schedule is not None:
+            _plot_schedule(path, schedule_split, until, plot_schedule)
         return
     prefix = indexed_prefix(path)
     if prefix is not None:

@@ -14,11 +14,13 @@ import click
 
 from ..errors import EnergonLiteError
 from ..format.split_reader import SplitReader
+from ..format.weight_schedule import target_shares
 from ..manifest import ManifestSample, ManifestStep, RankFile, manifest_problems, read_manifest, read_rank_files, read_run
 from ..preview.collect import collect_indexed
 from ..preview.html import write_html
 from ..storage import as_path
 from .params import Command
+from .share_plot import Shares, plot_shares
 
 _FOLDER = click.Path(exists=True, file_okay=False, path_type=Path)
 
@@ -171,10 +173,12 @@ def stats(folder: Path, window: int, plot: Path | None) -> None:
     ranks = sorted({r for s in steps for r in s.batches})
     click.echo(f"{folder}: {len(steps)} step(s) on {len(ranks)} rank(s), {sum(len(s.samples()) for s in steps)} sample(s)")
     names, shares = share_windows(steps, window)
-    click.echo(f"shares per window of {window} steps:")
-    click.echo("  first step  " + "  ".join(f"ds{k:<5}" for k in range(len(names))))
-    for first, row in shares:
-        click.echo(f"  {first:>10}  " + "  ".join(f"{share:7.3f}" for share in row))
+    targets = window_targets(read_run(folder).get("config", {}), files, [first for first, _ in shares], window)
+    click.echo(f"shares per window of {window} steps" + (" (target in brackets: the blend's mean target share over the window)" if targets else "") + ":")
+    click.echo("  first step  " + "  ".join(f"ds{k:<{15 if targets else 5}}" for k in range(len(names))))
+    for i, (first, row) in enumerate(shares):
+        cells = [f"{share:7.3f}" + (f" ({targets[i][1][k]:.3f})" if targets and k < len(targets[i][1]) else "") for k, share in enumerate(row)]
+        click.echo(f"  {first:>10}  " + "  ".join(cells))
     repeats, seen = repeats_and_coverage(steps, read_run(folder).get("config", {}).get("shuffle_buffer_size") or 0)
     click.echo("coverage:")
     for k in sorted(set(paths) | set(seen)):
@@ -184,27 +188,20 @@ def stats(folder: Path, window: int, plot: Path | None) -> None:
     for step, dataset, index in repeats[:20]:
         click.echo(f"  step {step}: ds{dataset} split index {index}")
     if plot is not None:
-        _plot(plot, names, shares)
+        plot_shares(plot, names, realized=shares, target=targets or None, xlabel="step (first of each window)", title=f"{folder.name}: realized share per window of {window} steps")
 
 
-def _plot(path: Path, names: list[str], shares: list[tuple[int, list[float]]]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        click.echo(f"note: no plot written to {path}: matplotlib is not installed (pip install matplotlib)", err=True)
-        return
-    figure, axes = plt.subplots(figsize=(8, 4))
-    for k, name in enumerate(names):
-        axes.plot([first for first, _ in shares], [row[k] for _, row in shares], label=f"ds{k} {name}")
-    axes.set_xlabel("step")
-    axes.set_ylabel("share of samples")
-    axes.legend(fontsize="small")
-    figure.savefig(path)
-    plt.close(figure)
-    click.echo(f"plot written to {path}")
+def window_targets(config: dict, files: list[RankFile], firsts: list[int], window: int) -> Shares:
+    """Per window of steps, each dataset's mean target share over the blend clocks it covers
+    (a step of every rank takes ``ranks x batch size`` global samples); empty when the run's
+    configuration has no weighted blend or the ranks' count is unknown."""
+    datasets = config.get("datasets") or []
+    ranks = {rank_file.header.get("world_size") for rank_file in files}
+    if config.get("blend_kind") != "blend" or len(datasets) < 2 or len(ranks) != 1 or not isinstance(next(iter(ranks)), int):
+        return []
+    per_step = next(iter(ranks)) * (config.get("batch_size") or 1)
+    targets = target_shares(datasets)
+    return [(first, targets.mean(first * per_step, (first + window) * per_step)) for first in firsts]
 
 
 @click.group(name="manifest", context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)

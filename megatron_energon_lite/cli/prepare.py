@@ -7,6 +7,10 @@ with ``--tar-index-only``).  Two deliberate differences: a malformed ``--split-r
 ``--field-map`` naming fields the sample type lacks fail with 1 before any work (``energon``
 prints a message and exits 0, or writes a dataset.yaml that cannot load).
 
+Under ``torchrun``, or with ``--rank``/``--world-size`` on each node, the ranks share the indexing
+of a dataset folder and rank 0 merges (:mod:`megatron_energon_lite.format.prepare.nodes`); nothing
+is asked then.
+
 A metadataset YAML builds the joins it defines (Energon's join index cache files), see
 :func:`~megatron_energon_lite.format.join.prepare_metadataset_joins`.
 """
@@ -30,7 +34,7 @@ from ..format.jsonl import write_jsonl_index
 from ..format.media_metadata import MediaFilter
 from ..format.metadata import is_prepared, meta_dir, read_info
 from ..format.metadataset import is_metadataset_path
-from ..format.prepare import discover_shards, prepare_dataset
+from ..format.prepare import FileRanks, Ranks, TorchRanks, discover_shards, prepare_across_ranks, prepare_dataset
 from ..format.split_reader import SplitReader
 from ..samples import registered_sample_types, sample_type_by_name
 from ..storage import AnyPath, RemotePath, atomic_write_text
@@ -298,6 +302,42 @@ def _write_dataset_yaml(path: AnyPath, *, sample_type: str | None, parts: list[s
     click.echo(f"Wrote {meta_dir(path) / dataset_yaml_name}")
 
 
+def _ranks(rank: int | None, world_size: int | None, wait_timeout: float) -> Ranks | None:
+    """Who shares this prepare: explicit ``--rank``/``--world-size``, else torchrun's environment
+    (``RANK`` and ``WORLD_SIZE`` above 1), else nobody (None)."""
+    if (rank is None) != (world_size is None):
+        raise click.UsageError("--rank and --world-size go together (e.g. --rank 0 --world-size 4 on the first node)")
+    if rank is not None and world_size is not None:
+        if rank >= world_size:
+            raise ValueProblem(f"{rank} is not below --world-size {world_size}", param_hint="'--rank'")
+        return FileRanks(rank, world_size, wait_timeout) if world_size > 1 else None
+    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return TorchRanks(wait_timeout)
+    return None
+
+
+def _check_across_ranks(
+    path: AnyPath, ranks: Ranks, *, fix_duplicates: bool, tar_index_only: bool, split_parts: tuple[str, ...], split_ratio: str | None
+) -> None:
+    """What a prepare across ranks cannot do: ask questions, rename members, or work on anything
+    but a dataset folder."""
+    where = f"rank {ranks.rank} of {ranks.world_size}"
+    if not path.is_dir():
+        raise ConfigError(format_message("prepare across ranks takes a dataset folder", where=where, found=str(path), fix="prepare a .jsonl file or a metadataset on one process (without torchrun or --rank)"))
+    if fix_duplicates:
+        raise ConfigError(format_message("--fix-duplicates rewrites shards and runs on one process only", where=where, fix="run prepare --fix-duplicates once without torchrun or --rank, then prepare across ranks"))
+    if not tar_index_only and not split_parts and not split_ratio:
+        raise ConfigError(
+            format_message(
+                "prepare across ranks asks no questions",
+                where=where,
+                expected="--split-ratio TRAIN,VAL,TEST or --split-parts NAME:REGEX (or --tar-index-only), and for dataset.yaml "
+                "--sample-type NAME --field-map JSON, or --skip-dataset-yaml",
+                fix="pass those flags, the same on every rank",
+            )
+        )
+
+
 def _part_types(root: AnyPath, split: str | None) -> list[str]:
     """Every part name of the dataset (from index.sqlite), else those of the first samples."""
     from .info import part_counts
@@ -345,6 +385,9 @@ def _first_parts(root: AnyPath, split: str) -> list[str]:
 @click.option("--media-metadata-by-extension", is_flag=True, help="Store media metadata (size, duration, ...) of parts with an image/audio/video extension.")
 @click.option("--media-metadata-by-glob", metavar="PATTERNS", help="Store media metadata of parts matching globs such as '*.jpg,*.wav' (comma-separated).")
 @click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of parts recognised by their first bytes.")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="Prepare across nodes without torchrun: this process's rank (0 merges); give the same command with --rank 0..N-1 and --world-size N on each node. Under torchrun the ranks are taken from its environment (--rank 0 --world-size 1 prepares on this process alone).")
+@click.option("--world-size", type=click.IntRange(min=1), default=None, help="With --rank: how many ranks share the indexing.")
+@click.option("--wait-timeout", type=click.FloatRange(min=0), default=86400.0, show_default=True, help="Across nodes: how many seconds rank 0 waits for the other ranks' shares before giving up (nothing is merged then).")
 @click.option("--tmp-path", type=click.Path(path_type=Path, file_okay=False), default=None, help="When PATH is remote (e.g. s3://...), the local folder to build index.sqlite in before the upload. Default: a new folder under the system temp folder, removed afterwards.")
 def prepare(
     path: AnyPath,
@@ -366,6 +409,9 @@ def prepare(
     media_metadata_by_extension: bool,
     media_metadata_by_glob: str | None,
     media_metadata_by_header: bool,
+    rank: int | None,
+    world_size: int | None,
+    wait_timeout: float,
     tmp_path: Path | None,
 ) -> None:
     """Index the tar shards under PATH and write .nv-meta/ (or index a .jsonl file, or build the
@@ -376,6 +422,11 @@ def prepare(
     media_filter = MediaFilter.from_options(
         glob=media_metadata_by_glob, header=media_metadata_by_header, extension=media_metadata_by_extension
     )
+    ranks = _ranks(rank, world_size, wait_timeout)
+    if ranks is not None:
+        click.get_current_context().call_on_close(ranks.close)  # leaves the gloo group it joined
+        _check_across_ranks(path, ranks, fix_duplicates=fix_duplicates, tar_index_only=tar_index_only, split_parts=split_parts, split_ratio=split_ratio)
+        non_interactive = True
     if is_metadataset_path(path):
         if media_filter is not None:
             raise ValueProblem("Metadatasets cannot store media metadata. Remove --media-metadata-by-... to continue.")
@@ -402,7 +453,11 @@ def prepare(
         raise ValueProblem("--split-ratio is required in non-interactive mode (unless --split-parts or --tar-index-only is used).")
     if not tar_index_only and is_prepared(path) and not force_overwrite:
         if not interactive:
-            raise ConfigError(format_message("the dataset is already prepared", where=str(meta_dir(path)), fix="pass --force-overwrite (unchanged shards are not re-indexed) or --tar-index-only"))
+            # After a refused --field-map the shards are indexed but dataset.yaml is not written:
+            # "already prepared" would read as if it had worked.
+            half_done = not skip_dataset_yaml and not (meta_dir(path) / dataset_yaml_name).is_file()
+            what = f"the shards are indexed already, but {dataset_yaml_name} is not written" if half_done else "the dataset is already prepared"
+            raise ConfigError(format_message(what, where=str(meta_dir(path)), fix="pass --force-overwrite (unchanged shards are not re-indexed) or --tar-index-only"))
         if not click.confirm("It seems the dataset had already been prepared. Do you want to continue?", default=False):
             click.echo("Stopped; the dataset was not changed.")  # energon stops here with status 0 too
             return
@@ -423,21 +478,24 @@ def prepare(
     write_yaml_now = None
     if not skip_dataset_yaml and not tar_index_only and sample_type is not None and (mapping is not None or sample_type == CRUDE):
         write_yaml_now = render_dataset_yaml(sample_type, mapping)
+    options = dict(
+        split_ratio=ratio,
+        split_parts=patterns,
+        exclude=exclude,
+        num_workers=num_workers,
+        progress=progress,
+        tar_index_only=tar_index_only,
+        shuffle_tars=shuffle_tars,
+        force_overwrite=force_overwrite,
+        dataset_yaml=None,  # written below, once its field map is checked against the parts found
+        dataset_yaml_name=dataset_yaml_name,
+        media_filter=media_filter,
+    )
     with _local_build_folder(path, tmp_path):
-        result = prepare_dataset(
-            path,
-            split_ratio=ratio,
-            split_parts=patterns,
-            exclude=exclude,
-            num_workers=num_workers,
-            progress=progress,
-            tar_index_only=tar_index_only,
-            shuffle_tars=shuffle_tars,
-            force_overwrite=force_overwrite,
-            dataset_yaml=None,  # written below, once its field map is checked against the parts found
-            dataset_yaml_name=dataset_yaml_name,
-            media_filter=media_filter,
-        )
+        result = prepare_dataset(path, **options) if ranks is None else prepare_across_ranks(path, ranks, **options)
+    if result is None:
+        click.echo(f"Rank {ranks.rank} of {ranks.world_size}: indexed its share of the shards; rank 0 merges them.")
+        return
     click.echo(
         f"Indexed {len(result.shard_counts)} shards, {result.total_samples} samples "
         f"({len(result.scanned)} scanned, {len(result.reused)} unchanged)."

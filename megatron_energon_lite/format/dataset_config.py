@@ -483,8 +483,9 @@ def make_sample(
                         f"field {name!r} cannot be filled",
                         where=f"{source.dataset_path} shard {source.shard_name} sample {key!r}",
                         expected=f"field_map {name}: {access.expression}",
-                        found=f"parts {', '.join(sorted(decoded)) or 'none'} ({exc.args[0]})",
-                        fix="fix field_map in dataset.yaml or exclude the sample in split.yaml",
+                        # Only the parts field_map reads are loaded: say so, lest the list read as the sample's all.
+                        found=f"{exc.args[0]} (of the parts field_map reads, the sample has: {', '.join(sorted(decoded)) or 'none'})",
+                        fix="fix field_map in dataset.yaml (`energon-lite info` lists the part types the shards hold) or exclude the sample in split.yaml",
                     )
                 ) from None
     fields["__subflavors__"] = flavors

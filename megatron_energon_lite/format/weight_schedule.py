@@ -2,7 +2,7 @@
 
 A schedule is a list of points ``(clock, weight)`` over the blend's clock, the number of samples
 the blend has delivered *globally* (all ranks and workers: the global stream position the exact
-blend uses, ``pipeline/recipe.py: global_position``), so it does not depend on the topology.
+blend uses, ``worker.py: global_position``), so it does not depend on the topology.
 Between points, ``step`` keeps the last point's weight, ``linear`` interpolates, ``cosine`` eases
 from one point's weight to the next (``a + (b - a) * (1 - cos(pi * f)) / 2``); before the first
 point the first weight holds, after the last the last.
@@ -32,10 +32,14 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ConfigError, format_message
 
-__all__ = ["SCHEDULE_KINDS", "LeafSchedule", "ScheduledWeights", "WeightSchedule", "check_level", "parse_weight_schedule"]
+__all__ = ["SCHEDULE_KINDS", "LeafSchedule", "ScheduledWeights", "TargetShares", "WeightSchedule", "check_level", "parse_weight_schedule", "target_shares"]
 
 #: The kinds of schedule a ``weight:`` may name.
 SCHEDULE_KINDS = ("step", "linear", "cosine")
+#: A linear or cosine ramp takes at most this many values: a ramp of ``span`` samples holds each
+#: value for ``span // RAMP_STEPS`` samples when that is 2 or more (the value at the middle of the
+#: stretch), so that weights are evaluated once per stretch, not once per sample.
+RAMP_STEPS = 4096
 _CLOCKS = ("samples", "steps")
 
 
@@ -57,7 +61,10 @@ class WeightSchedule:
         if after == len(self.points) or self.kind == "step":
             return self.points[after - 1][1]
         (x0, a), (x1, b) = self.points[after - 1], self.points[after]
-        fraction = (clock - x0) / (x1 - x0)
+        held = (x1 - x0) // RAMP_STEPS
+        # A long ramp holds each value for ``held`` samples: the mean clock of the stretch's.
+        at = clock if held < 2 else min(x0 + (clock - x0) // held * held + (held - 1) / 2, x1)
+        fraction = (at - x0) / (x1 - x0)
         if self.kind == "cosine":
             fraction = (1 - math.cos(math.pi * fraction)) / 2
         return a + (b - a) * fraction
@@ -66,10 +73,19 @@ class WeightSchedule:
         """Plain JSON for fingerprints."""
         return {self.kind: [[x, w] for x, w in self.points]}
 
+    @classmethod
+    def from_description(cls, data: Mapping[str, Any]) -> "WeightSchedule":
+        """The schedule :meth:`describe` gave (as saved in a state's configuration)."""
+        ((kind, points),) = data.items()
+        return cls(kind, tuple((int(x), float(w)) for x, w in points))
+
     def next_point(self, clock: int) -> float:
-        """The first point after ``clock`` (inf: none)."""
+        """The first point after ``clock`` (inf: none); inside a long ramp, the end of the stretch
+        that holds ``at(clock)``, so that the weight is constant up to the next point."""
         after = bisect.bisect_right(self._clocks, clock)
-        return math.inf if after == len(self.points) else self._clocks[after]
+        if after == len(self.points):
+            return math.inf
+        return self._stretch_end(after, clock) or self._clocks[after]
 
     def holds_until(self, clock: int) -> float:
         """The first clock after ``clock`` at which the weight may differ from ``at(clock)``."""
@@ -78,7 +94,16 @@ class WeightSchedule:
             return math.inf
         if self.kind == "step" or after == 0 or self.points[after - 1][1] == self.points[after][1]:
             return self._clocks[after]
-        return clock + 1
+        return self._stretch_end(after, clock) or clock + 1
+
+    def _stretch_end(self, after: int, clock: int) -> int | None:
+        """Inside a long ramp (``points[after - 1]`` to ``points[after]``), the end of the stretch
+        of ``clock`` (see :data:`RAMP_STEPS`); None elsewhere."""
+        if after == 0 or self.kind == "step":
+            return None
+        x0, x1 = self._clocks[after - 1], self._clocks[after]
+        held = (x1 - x0) // RAMP_STEPS
+        return min(x0 + ((clock - x0) // held + 1) * held, x1) if held >= 2 else None
 
 
 Weight = Fraction | WeightSchedule
@@ -105,6 +130,15 @@ class LeafSchedule:
 
     def describe(self) -> list[Any]:
         return [[[w.describe() if isinstance(w, WeightSchedule) else float(w) for w in siblings], index] for siblings, index in self.levels]
+
+    @classmethod
+    def from_description(cls, data: Sequence[Any]) -> "LeafSchedule":
+        """The leaf schedule :meth:`describe` gave (as saved in a state's configuration)."""
+        levels = []
+        for siblings, index in data:
+            weights = tuple(WeightSchedule.from_description(w) if isinstance(w, Mapping) else Fraction(w) for w in siblings)
+            levels.append((weights, int(index)))
+        return cls(tuple(levels))
 
     def outer(self, siblings: tuple[Weight, ...], index: int) -> "LeafSchedule":
         """This schedule under one more (outer) scheduled level."""
@@ -134,6 +168,11 @@ class ScheduledWeights:
         self.at(clock)
         return self._next_point
 
+    def holds_until(self, clock: int) -> float:
+        """The first clock after ``clock`` at which the weights may differ from ``at(clock)``."""
+        self.at(clock)
+        return self._valid[1]
+
     def _evaluate(self, clock: int) -> tuple[list[float], float, float]:
         shares: dict[int, list[float]] = {}
         until = next_point = math.inf
@@ -151,6 +190,54 @@ class ScheduledWeights:
                 factor *= shares[id(siblings)][index]
             values.append(weight * factor)
         return values, until, next_point
+
+
+class TargetShares:
+    """Each leaf's target share of a blend (its weight over the sum of all leaves' weights) at a
+    clock, and averaged over a range of clocks: what a report compares the realized shares with."""
+
+    #: Clocks evaluated at most per stretch between two points of the schedules (a linear or
+    #: cosine ramp); longer stretches are averaged at this many evenly spaced clocks.
+    SAMPLES_PER_RAMP = 2048
+
+    def __init__(self, weights: Sequence[float], schedules: Sequence[LeafSchedule | None]) -> None:
+        self._weights = ScheduledWeights(weights, schedules)
+
+    def at(self, clock: int) -> list[float]:
+        values = self._weights.at(clock)
+        total = sum(values)
+        return [v / total if total else 0.0 for v in values]
+
+    def mean(self, start: int, stop: int) -> list[float]:
+        """The mean share over clocks ``start <= t < stop``: exact where the weights are piecewise
+        constant, sampled on ramps longer than :attr:`SAMPLES_PER_RAMP`."""
+        if stop <= start:
+            return self.at(start)
+        sums = [0.0] * len(self._weights.weights)
+        clock = start
+        while clock < stop:
+            shares = self.at(clock)
+            held = min(self._weights.holds_until(clock), stop)  # the weights are constant up to here
+            if held > clock + 1:
+                span, points = held - clock, [(clock, held - clock)]
+            else:  # a ramp: every clock up to the next point, or evenly spaced samples of it
+                end = int(min(self._weights.next_point(clock), stop))
+                span = end - clock
+                count = min(span, self.SAMPLES_PER_RAMP)
+                points = [(clock + (2 * i + 1) * span // (2 * count), span / count) for i in range(count)]
+            for at, times in points:
+                for k, share in enumerate(self.at(at) if at != clock else shares):
+                    sums[k] += share * times
+            clock += span
+        return [total / (stop - start) for total in sums]
+
+
+def target_shares(datasets: Sequence[Mapping[str, Any]]) -> TargetShares:
+    """The target shares of the blend a state's configuration describes (its ``datasets`` rows:
+    ``weight`` and, when scheduled, ``weight_schedule``)."""
+    weights = [float(row["weight"]) for row in datasets]
+    schedules = [LeafSchedule.from_description(row["weight_schedule"]) if row.get("weight_schedule") else None for row in datasets]
+    return TargetShares(weights, schedules)
 
 
 def _bad(where: str, what: str, expected: str, found: Any) -> ConfigError:

@@ -17,12 +17,13 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from .api import get_loader, get_savable_loader, get_train_dataset, get_val_dataset, get_val_datasets
-    from .dataloader import SavableDataLoader, blend_report
+    from .blend_report import blend_report
+    from .dataloader import SavableDataLoader
 
 #: Public name -> the module (relative to this package) that defines it.
 _LAZY: dict[str, str] = {
     "SavableDataLoader": ".dataloader",
-    "blend_report": ".dataloader",
+    "blend_report": ".blend_report",
     "get_loader": ".api",
     "get_savable_loader": ".api",
     "get_train_dataset": ".api",

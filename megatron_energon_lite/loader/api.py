@@ -22,6 +22,7 @@ from ..format.metadataset import (
     with_subflavors,
     with_subset,
 )
+from ..pipeline.blend import TABLE_LIMIT, integer_weights
 from ..pipeline.build import PipelineSpec
 from ..pipeline.recipe import ENDLESS, Recipe, Watchdog, pass_end
 from ..pipeline.task_hooks import DefaultHooks, Hooks
@@ -62,11 +63,19 @@ def _plan(path, split_part: str, *, training: bool) -> tuple[str, BlendPlan]:
 
 
 def _warn_slow_exact_schedule(plan: BlendPlan, worker_config: WorkerConfig) -> None:
-    from ..pipeline.blend import TABLE_LIMIT, integer_weights
-
-    period = sum(integer_weights([leaf.weight for leaf in plan.leaves]))
     workers = worker_config.world_size * worker_config.workers_per_rank
-    if period > TABLE_LIMIT and workers > 1:
+    if workers <= 1:
+        return
+    if any(leaf.weight_schedule is not None for leaf in plan.leaves):
+        logger.warning(
+            "exact blend with weight schedules (%s): each worker walks every position of the global stream, "
+            "about %d positions per sample (~20 us each with 16 datasets); on large jobs use blend_mode random, "
+            "where a schedule costs nothing measurable (docs/guide/blending.md, 'Weights that change during a run')",
+            plan.source or "the blend", workers,
+        )
+        return
+    period = sum(integer_weights([leaf.weight for leaf in plan.leaves]))
+    if period > TABLE_LIMIT:
         logger.warning(
             "exact blend: the weights of %s normalise to a schedule period of %d positions (more than %d), "
             "so each worker steps through about %d schedule positions per sample (~0.6 us each); "

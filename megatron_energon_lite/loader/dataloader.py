@@ -35,6 +35,7 @@ from ..pipeline.recipe import Recipe
 from ..pipeline.runtime import Runtime
 from ..policy import PLAIN, Policy
 from ..pipeline.watchdog import StuckReports
+from .blend_report import blend_report
 from .dataset import PipelineDataset
 from .handover.bundles import (
     MAX_BUNDLE_ITEMS,
@@ -60,7 +61,7 @@ from .streams import (
 )
 from .worker_start import StartWatch, worker_start_seconds_from_env
 
-__all__ = ["SavableDataLoader", "blend_report"]
+__all__ = ["SavableDataLoader"]
 
 logger = logging.getLogger("megatron_energon_lite.loader")  # loader.py's, unchanged by the split: the name users configure
 
@@ -510,48 +511,3 @@ class SavableDataLoader(torch.utils.data.DataLoader):
 
     def config(self) -> dict[str, Any]:
         return self.savable_dataset.config()
-
-
-def blend_report(states: dict | list[dict]) -> list[dict[str, Any]]:
-    """Samples consumed per blended dataset and their share, computed from saved states alone.
-
-    ``states`` is one rank's state (``save_state_rank()``) or all ranks' (``save_state_global``),
-    so a blend can be checked while training or from a checkpoint.  Each row holds the dataset's
-    ``path``, ``split_part``, ``target_share`` (its normalised weight; for ``blend_epochized``
-    its share of the samples of one pass), ``samples`` consumed so far (samples waiting in a
-    shuffle buffer are not counted) and ``share`` of all consumed samples; with
-    ``blend_mode="cost"`` also ``cost`` (e.g. tokens) and ``cost_share``, counted as the blend
-    yielded them (a shuffle buffer's waiting samples included).
-    """
-    from ..pipeline.blend import blended_costs, consumed_counts
-
-    rank_states = [states] if isinstance(states, dict) else list(states)
-    datasets = rank_states[0].get("config", {}).get("datasets") if rank_states else None
-    if not datasets:
-        raise ConfigError(format_message("the state holds no blend", expected="a state of a loader over a metadataset with several datasets or a Blender", fix="blend reports exist for blended training datasets"))
-    totals = [0] * len(datasets)
-    costs = [0] * len(datasets)
-    for state in rank_states:
-        for worker_state in state["worker_states"]:
-            counts = consumed_counts(worker_state, len(datasets)) if worker_state is not None else None
-            for i, count in enumerate(counts or ()):
-                totals[i] += count
-            for i, cost in enumerate((blended_costs(worker_state) if worker_state is not None else None) or ()):
-                costs[i] += cost
-    consumed = sum(totals)
-    rows = [
-        {
-            "path": leaf["path"],
-            "split_part": leaf["split_part"],
-            "target_share": leaf["target_share"],
-            "samples": count,
-            "share": count / consumed if consumed else 0.0,
-        }
-        for leaf, count in zip(datasets, totals)
-    ]
-    if rank_states[0]["config"].get("blend_mode") == "cost":
-        # Costs of everything the blends yielded, samples waiting in a shuffle buffer included.
-        for row, cost in zip(rows, costs):
-            row["cost"] = cost
-            row["cost_share"] = cost / sum(costs) if sum(costs) else 0.0
-    return rows

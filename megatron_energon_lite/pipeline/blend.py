@@ -337,15 +337,25 @@ class ScheduledExactSchedule:
         return math.inf
 
     def _step(self) -> int:
-        shares = self.shares(self.position)
+        position = self.position
+        shares = self.shares(position)
         lag = [g + s for g, s in zip(self._lag, shares)]
         best, best_deadline = 0, math.inf
         if len(lag) > 1:
             best = -1
+            # The shares hold until the next point: a deadline before it is one division (what
+            # _deadline's first span computes, without its lookups).
+            constant_for = self._weights_at.next_point(position) - position - 1
             for i, (g, s) in enumerate(zip(lag, shares)):
                 if g < self._threshold:
                     continue
-                deadline = self._deadline(i, g, self.position)
+                need = 1 - self._threshold - g
+                if need <= 0:
+                    deadline = position + need
+                elif s > 0 and need <= s * constant_for:
+                    deadline = position + need / s
+                else:
+                    deadline = self._deadline(i, g, position)
                 if best < 0 or deadline < best_deadline:
                     best, best_deadline = i, deadline
         lag[best] -= 1
@@ -701,6 +711,13 @@ def _blend_state(state: Any) -> dict | None:
         if found is not None:
             return found
     return None
+
+
+def blend_clock(state: Any, position: Callable[[int], int]) -> int | None:
+    """The global stream position of a worker's next blended item (:meth:`BlendNode.clock`), from
+    its state and its position function (``worker.global_position``); None: no blend."""
+    blend = _blend_state(state)
+    return None if blend is None else int(blend.get("offset", 0)) + position(int(blend["emitted"]))
 
 
 def blended_costs(state: Any) -> list[int] | None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Generic, Hashable, Iterator, Sequence, TypeVar
 import torch.utils.data
 
 from ..errors import ConfigError, NotSupportedError, WatchdogTimeoutError, format_message
-from ..worker import WorkerConfig
+from ..worker import WorkerConfig, global_position
 from .batch import BatchNode
 from .blend import BlendNode
 from .concat import ConcatNode
@@ -260,22 +260,6 @@ class Blend(StageRecipe[T]):
     def own_config(self) -> dict[str, Any]:
         scheduled = {"schedules": [None if s is None else s.describe() for s in self.schedules]} if self.schedules is not None else {}
         return {"weights": [float(w) for w in self.weights], "mode": self.mode, **scheduled}
-
-
-def global_position(worker_config: WorkerConfig, batch: int, local_worker_id: int) -> Callable[[int], int]:
-    """Where this worker's ``n``-th blended sample sits in the global training stream.
-
-    The stream is ordered by training step, then rank, then position in the batch: the loader
-    takes one batch from each local worker in turn, so this worker's ``k``-th batch is rank step
-    ``k * workers + local_worker_id``, taken by all ranks at once.
-    """
-    workers, ranks, rank = worker_config.workers_per_rank, worker_config.world_size, worker_config.rank
-
-    def position(n: int) -> int:
-        k, j = divmod(n, batch)
-        return ((k * workers + local_worker_id) * ranks + rank) * batch + j
-
-    return position
 
 
 @stage_recipe

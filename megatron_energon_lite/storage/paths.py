@@ -79,16 +79,18 @@ def file_pool(root: AnyPath) -> LocalFilePool | RemoteFilePool:
     return RemoteFilePool(root.settings) if isinstance(root, RemotePath) else LocalFilePool()
 
 
-def atomic_write_bytes(path: str | os.PathLike | RemotePath, data: bytes) -> None:
-    """Replaces ``path`` with ``data`` all at once: rename locally, one PUT remotely."""
+def atomic_write_bytes(path: str | os.PathLike | RemotePath, data: bytes, *, durable: bool = True) -> None:
+    """Replaces ``path`` with ``data`` all at once: rename locally, one PUT remotely.  Locally,
+    ``durable=False`` leaves flushing the data to the device to the caller (who syncs many
+    files at once)."""
     if isinstance(path, RemotePath):
         path.write_bytes(data)
     else:
-        _local_atomic_write(path, data)
+        _local_atomic_write(path, data, durable=durable)
 
 
-def atomic_write_text(path: str | os.PathLike | RemotePath, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: str | os.PathLike | RemotePath, text: str, *, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
 def replace_with(path: AnyPath, local: Path) -> None:

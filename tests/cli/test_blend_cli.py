@@ -235,3 +235,22 @@ def test_info_shows_a_scheduled_weight_as_its_share_at_the_start(blend_dir: Path
     assert result.exit_code == 0, result.output
     assert _cells(result.output, "splits.train.blend[0]")[3] == "75.0% scheduled"
     assert _cells(result.output, "splits.train.blend[1]")[3] == "25.0% scheduled"
+
+
+def test_info_plots_a_schedule_and_lists_its_points(blend_dir: Path, tmp_path: Path) -> None:
+    """a: linear 3 -> 0 over 100 samples, b: 1 then 3 from sample 50: the table gives the shares
+    at each point (0: 3:1, 50: 1.5:3, 100: 0:3) and the PNG is written."""
+    path = tmp_path / "scheduled.yaml"
+    path.write_text(V2_HEADER + f"splits:\n  train:\n    blend:\n      - {{weight: {{linear: {{0: 3, 100: 0}}}}, path: {blend_dir / 'a'}}}\n      - {{weight: {{step: {{0: 1, 50: 3}}}}, path: {blend_dir / 'b'}}}\n")
+    plot = tmp_path / "schedule.png"
+    result = _run("info", str(path), "--plot-schedule", str(plot))
+    assert result.exit_code == 0, result.output
+    rows = {int(cells[0]): [float(c) for c in cells[1:]] for cells in (line.split() for line in result.output.splitlines()) if len(cells) == 3 and cells[0].isdigit()}
+    assert rows == {0: [0.75, 0.25], 50: pytest.approx([1.5 / 4.5, 3 / 4.5], abs=1e-3), 100: [0.0, 1.0]}
+    matplotlib = pytest.importorskip("matplotlib")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and matplotlib
+
+
+def test_info_plot_schedule_needs_a_metadataset(blend_dir: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["info", str(blend_dir / "a"), "--plot-schedule", str(tmp_path / "x.png")])
+    assert result.exit_code == 2 and "give a metadataset YAML" in result.output

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 from energon_lite_dev.synthetic import write_tar
 
-from megatron_energon_lite import WorkerConfig, get_savable_loader, get_val_dataset
+from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
 from megatron_energon_lite.cli.main import cli
 from megatron_energon_lite.format.dataset_config import render_dataset_yaml
 from megatron_energon_lite.format.prepare import prepare_dataset
@@ -165,3 +165,32 @@ def test_info_describes_each_worker_in_words(tmp_path: Path) -> None:
     assert f"Slices: epoch {source['epoch']}, {source['next_slice']} slices opened, {len(source['open'])} open" in result.output
     quiet = CliRunner().invoke(cli, ["checkpoint", "info", "--no-workers", str(file)])
     assert quiet.exit_code == 0 and "Worker 0" not in quiet.output
+
+
+def test_info_shows_where_a_scheduled_blend_stands(tmp_path: Path) -> None:
+    """A then B (a step schedule switching at global sample 8), two ranks of batch 2, three steps
+    each: the job took 12 samples, 8 of A; A's target so far is 8 / 12 and 0 from now on."""
+    for name in "AB":
+        root = tmp_path / name
+        write_tar(root / "shards/part_0.tar", [(f"{name}{i:03d}", {"txt": b"x"}) for i in range(20)])
+        prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=render_dataset_yaml("TextSample", {"text": "txt"}))
+    path = tmp_path / "scheduled.yaml"
+    path.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {weight: {step: {0: 1, 8: 0}}, path: ./A}\n      - {weight: {step: {0: 0, 8: 1}}, path: ./B}\n"
+    )
+    loaders = [get_savable_loader(get_train_dataset(path, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None, worker_config=WorkerConfig(rank=rank, world_size=2, num_workers=0))) for rank in range(2)]
+    iterators = [iter(loader) for loader in loaders]
+    taken = [key for _ in range(3) for it in iterators for key in next(it).__key__]
+    assert "".join(key[0] for key in taken) == "A" * 8 + "B" * 4
+    state_file = tmp_path / "global.json"
+    state_file.write_text(json.dumps([loader.save_state_rank() for loader in loaders]))
+    result = CliRunner().invoke(cli, ["checkpoint", "info", "--no-workers", str(state_file)])
+    assert result.exit_code == 0, result.output
+    assert "Blend (blend, mode random) at clock 12 (its place in the global stream: samples the blend yielded, shuffle buffers included; the weight schedules read it):" in result.output
+    assert f"ds0 {tmp_path / 'A'} [train]: 8 samples, share 0.667; target so far 0.667, now 0.000" in result.output
+    assert f"ds1 {tmp_path / 'B'} [train]: 4 samples, share 0.333; target so far 0.333, now 1.000" in result.output
+    rank_file = tmp_path / "rank0.json"
+    rank_file.write_text(json.dumps(loaders[0].save_state_rank()))
+    one_rank = CliRunner().invoke(cli, ["checkpoint", "info", "--no-workers", str(rank_file)])
+    assert "at clock 12 (" in one_rank.output and "the weight schedules read it), this rank's samples of 2 ranks:" in one_rank.output

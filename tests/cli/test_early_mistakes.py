@@ -49,6 +49,10 @@ def test_field_map_naming_a_part_the_shards_lack_is_refused_with_the_parts_found
     assert "--field-map names part types the shards do not hold" in result.output
     assert "image: png" in result.output and "jpg, json, txt" in result.output
     assert not (four_shards / ".nv-meta/dataset.yaml").exists()
+    # the corrected command without --force-overwrite says what is missing, not "already prepared"
+    again = _prepare(four_shards, "--split-ratio", "1,0,0", "--sample-type", "CaptioningSample", "--field-map", CAPTIONS)
+    assert again.exit_code == 1
+    assert "the shards are indexed already, but dataset.yaml is not written" in again.output and "--force-overwrite" in again.output
     # alternatives: one existing part is enough (png,jpg), and the fix the message names works
     fixed = _prepare(four_shards, "--split-ratio", "1,0,0", "--force-overwrite", "--sample-type", "CaptioningSample", "--field-map", '{"image": "png,jpg", "caption": "txt"}')
     assert fixed.exit_code == 0, fixed.output
@@ -99,6 +103,9 @@ def test_lint_groups_one_kind_of_problem_and_lists_all_with_verbose(four_shards:
     assert grouped.exit_code == 1
     assert grouped.output.count("BAD") == 1
     assert "BAD (12x) field 'image' cannot be filled" in grouped.output
+    # The sample's jpg is there; only the parts field_map reads were loaded, and the message says so.
+    assert "(of the parts field_map reads, the sample has: txt)" in grouped.output
+    assert "`energon-lite info` lists the part types" in grouped.output
     assert "fix: " in grouped.output and "lint --verbose lists every place" in grouped.output
     verbose = _run("lint", str(four_shards), "--no-progress", "--verbose")
     assert verbose.exit_code == 1

@@ -68,7 +68,7 @@ def test_stats_shares_coverage_and_no_repeats(written) -> None:
     assert result.exit_code == 0, result.output
     assert "8 step(s) on 2 rank(s), 48 sample(s)" in result.output
     shares = [line.split() for line in result.output.splitlines() if line.strip().split(" ")[0] in ("0", "4")]
-    assert len(shares) == 2 and all(abs(sum(map(float, row[1:])) - 1) < 1e-6 for row in shares)
+    assert len(shares) == 2 and all(abs(sum(float(cell) for cell in row[1:] if not cell.startswith("(")) - 1) < 1e-6 for row in shares)
     a = sum(1 for r in (0, 1) for key in keys[r] for sample in key[4:] if sample[1] == 0)
     assert f"{a} of 24 samples seen" in result.output and f"{48 - a} of 39 samples seen" in result.output
     assert "samples seen more than once within an epoch: 0" in result.output
@@ -173,3 +173,33 @@ def test_show_html_renders_the_steps_samples(prepared_captioning: Path, tmp_path
     assert parsed.keys == keys  # the step's samples, in batch order
     assert sum(1 for t, _ in parsed.tags if t == "img") >= 3  # each sample's image
     assert "step 2 rank 0" in page.read_text()
+
+
+def test_stats_compares_each_window_with_the_schedules_target(prepared_blend: Path, tmp_path: Path) -> None:
+    """a then b, switching at global sample 24: two ranks of batch 3 take 6 global samples a step,
+    so windows of 2 steps cover 12 clocks: a's target is 1 in steps 0-3 and 0 from step 4."""
+    yaml = tmp_path / "scheduled.yaml"
+    yaml.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - {{weight: {{step: {{0: 1, 24: 0}}}}, path: {prepared_blend.parent / 'a'}}}\n"
+        f"      - {{weight: {{step: {{0: 0, 24: 1}}}}, path: {prepared_blend.parent / 'b'}}}\n"
+    )
+    _write(yaml, tmp_path / "m", batches=8)
+    result = CliRunner().invoke(cli, ["manifest", "stats", str(tmp_path / "m"), "--window", "2"])
+    assert result.exit_code == 0, result.output
+    assert "target in brackets" in result.output
+    rows = {}
+    for line in result.output.splitlines():
+        cells = line.split()
+        if len(cells) == 5 and cells[0].isdigit():
+            rows[int(cells[0])] = (cells[2], cells[4])
+    assert rows == {0: ("(1.000)", "(0.000)"), 2: ("(1.000)", "(0.000)"), 4: ("(0.000)", "(1.000)"), 6: ("(0.000)", "(1.000)")}
+
+
+def test_stats_of_a_constant_blend_shows_its_weights_as_target(written) -> None:
+    folder, _, _ = written
+    result = CliRunner().invoke(cli, ["manifest", "stats", str(folder), "--window", "4"])
+    assert result.exit_code == 0, result.output
+    first = next(line.split() for line in result.output.splitlines() if line.split()[:1] == ["0"])
+    shares = [float(cell.strip("()")) for cell in first[2::2]]
+    assert len(shares) == 2 and sum(shares) == pytest.approx(1.0) and min(shares) > 0

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from megatron_energon_lite.errors import ConfigError
 from megatron_energon_lite.format.metadataset import load_blend_plan
-from megatron_energon_lite.format.weight_schedule import LeafSchedule, ScheduledWeights, WeightSchedule, check_level, parse_weight_schedule
+from megatron_energon_lite.format.weight_schedule import RAMP_STEPS, LeafSchedule, ScheduledWeights, TargetShares, WeightSchedule, check_level, parse_weight_schedule, target_shares
 
 HEADER = {"__module__": "megatron.energon", "__class__": "MetadatasetV2"}
 
@@ -167,3 +167,81 @@ def test_cached_weights_equal_the_schedules_at_every_clock(raw, clocks: list[int
         if sum(w.at(clock) for w in level) == 0:
             continue
         assert cached.at(clock) == pytest.approx([2.0 * leaf.factor(clock) for leaf in leaves]), clock
+
+
+def _shares_by_hand(level: tuple[WeightSchedule, ...], clock: int) -> list[float]:
+    values = [w.at(clock) for w in level]
+    return [v / sum(values) for v in values]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["step", "linear", "cosine"]), st.dictionaries(st.integers(0, 300), st.sampled_from([1, 2, 5]), min_size=1, max_size=4)), min_size=2, max_size=3),
+    st.integers(0, 400),
+    st.integers(1, 400),
+)
+def test_mean_target_shares_equal_the_sum_over_every_clock(raw, start: int, length: int) -> None:
+    """Ramps shorter than SAMPLES_PER_RAMP and constant stretches are summed exactly."""
+    level = tuple(WeightSchedule(kind, tuple((x, float(w)) for x, w in sorted(points.items()))) for kind, points in raw)
+    shares = TargetShares([1.0] * len(level), [LeafSchedule(((level, i),)) for i in range(len(level))])
+    by_hand = [_shares_by_hand(level, t) for t in range(start, start + length)]
+    assert shares.mean(start, start + length) == pytest.approx([sum(column) / length for column in zip(*by_hand)])
+    assert shares.at(start) == pytest.approx(by_hand[0])
+
+
+def test_mean_target_shares_sample_long_ramps_closely() -> None:
+    """A 1 -> 0 ramp over a million samples against a constant 1: the mean share of the ramp is
+    the integral of (1 - x) / (2 - x) over [0, 1], 1 - ln 2."""
+    ramp = WeightSchedule("linear", ((0, 1.0), (1_000_000, 0.0)))
+    level = (ramp, Fraction(1))
+    shares = TargetShares([1.0, 1.0], [LeafSchedule(((level, 0),)), LeafSchedule(((level, 1),))])
+    mean = shares.mean(0, 1_000_000)
+    assert mean[0] == pytest.approx(1 - math.log(2), abs=1e-6)
+    assert sum(mean) == pytest.approx(1.0)
+
+
+def test_target_shares_read_back_a_states_description() -> None:
+    """What a state's configuration holds (``LeafDataset.describe``) rebuilds the same shares,
+    a schedule nested in a schedule included."""
+    inner = (WeightSchedule("step", ((0, 1.0), (50, 3.0))), Fraction(1))
+    outer = (WeightSchedule("cosine", ((0, 2.0), (80, 0.5))), Fraction(1))
+    leaves = [LeafSchedule(((inner, 0),)).outer(outer, 0), LeafSchedule(((inner, 1),)).outer(outer, 0), LeafSchedule(((outer, 1),))]
+    weights = [1.0, 1.0, 1.0]
+    rows = [{"weight": w, "weight_schedule": leaf.describe()} for w, leaf in zip(weights, leaves)] + [{"weight": 0.0}]
+    rebuilt, original = target_shares(rows), TargetShares(weights + [0.0], leaves + [None])
+    for clock in (0, 10, 49, 50, 79, 80, 500):
+        assert rebuilt.at(clock) == pytest.approx(original.at(clock))
+    # Outer level: 2 -> 0.5 cosine against 1; inner: 1 then 3 against 1.
+    outer_share = outer[0].at(60) / (outer[0].at(60) + 1)
+    assert rebuilt.at(60) == pytest.approx([outer_share * 3 / 4, outer_share / 4, 1 - outer_share, 0.0])
+
+
+def test_a_long_ramp_holds_each_value_for_a_stretch_at_its_middle() -> None:
+    """100,000 samples from 1 to 0: stretches of 100,000 // RAMP_STEPS = 24 samples, each at the
+    ramp's value at the mean clock of the stretch; points and short ramps are untouched."""
+    ramp = WeightSchedule("linear", ((1000, 1.0), (101_000, 0.0)))
+    held = 100_000 // RAMP_STEPS
+    assert held == 24
+    for first in (1000, 1000 + 24 * 7, 1000 + 24 * 4000):
+        middle = 1 - (first + (held - 1) / 2 - 1000) / 100_000
+        assert [ramp.at(first + j) for j in range(held)] == [pytest.approx(middle)] * held
+        assert ramp.holds_until(first) == ramp.holds_until(first + held - 1) == first + held
+        assert ramp.next_point(first + 3) == first + held
+    last = 1000 + 24 * 4166  # the final, shorter stretch ends at the point
+    assert ramp.holds_until(last) == 101_000 and ramp.at(101_000) == 0.0 and ramp.at(999) == 1.0
+    short = WeightSchedule("linear", ((0, 1.0), (8000, 0.0)))  # 8000 // 4096 = 1: every sample
+    assert [short.at(t) for t in (0, 1, 4000, 7999)] == [1.0, 1 - 1 / 8000, 0.5, 1 - 7999 / 8000]
+    assert short.holds_until(10) == 11
+
+
+def test_a_held_ramps_sum_stays_within_a_hundredth_of_the_true_ramps() -> None:
+    """What an exact blend is held to (the running sum of the shares) moves by less than 0.01
+    samples over a million-sample cosine ramp against a constant weight."""
+    ramp = WeightSchedule("cosine", ((0, 5.0), (1_000_000, 0.5)))
+    true_sum = held_sum = 0.0
+    for t in range(1_000_000):
+        w = 5.0 + (0.5 - 5.0) * (1 - math.cos(math.pi * t / 1_000_000)) / 2
+        true_sum += w / (w + 1)
+        held = ramp.at(t)
+        held_sum += held / (held + 1)
+    assert abs(true_sum - held_sum) < 0.01, true_sum - held_sum

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from energon_lite_dev.prepared import prepared_content
 from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import (
@@ -23,7 +24,8 @@ from megatron_energon_lite.errors import (
     MissingDependencyError,
     StorageError,
 )
-from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.format.prepare import FileRanks, prepare_across_ranks, prepare_dataset
+from megatron_energon_lite.format.prepare.nodes import PARTS_DIR
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.storage import (
     RemotePath,
@@ -72,6 +74,21 @@ def test_prepare_remote_writes_what_local_prepare_writes(remote, s3_server) -> N
     remote_info = json.loads(fs.cat_file(f"{url}/.nv-meta/.info.json"))
     assert remote_info == json.loads((local / ".nv-meta/.info.json").read_bytes())
     assert fs.exists(f"{url}/.nv-meta/index.sqlite")
+
+
+def test_prepare_across_ranks_on_s3_writes_what_one_process_writes(remote, s3_server, tmp_path) -> None:
+    local, url = remote
+    prepare_dataset(local, split_ratio=(2, 1, 0), progress=False, dataset_yaml=DATASET_YAML, num_workers=1)
+    for rank in (1, 0):  # rank 1 writes its parts and returns; rank 0 indexes its share and merges
+        prepare_across_ranks(url, FileRanks(rank, 2, 30), split_ratio=(2, 1, 0), progress=False, dataset_yaml=DATASET_YAML, num_workers=1)
+    fs = s3_server.filesystem()
+    fs.invalidate_cache()
+    copy = tmp_path / "copy"
+    fs.get(f"{url}/", f"{copy}/", recursive=True)
+    assert not (copy / ".nv-meta" / PARTS_DIR).exists()  # removed once merged
+    expected = prepared_content(local)
+    del expected["files"][".lite-split-cache.json"]  # written for local datasets only
+    assert prepared_content(copy) == expected
 
 
 def test_remote_reprepare_skips_unchanged_shards(remote) -> None:

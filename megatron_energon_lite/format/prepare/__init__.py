@@ -34,6 +34,8 @@ worker processes' task), :mod:`.splits` assigns shards to splits and writes ``sp
 :mod:`.incremental` holds what a re-prepare reuses (``.lite-prepare.json``, the unchanged shards,
 the temporary ``.tar.idx`` names), :mod:`.write` writes the new index, ``.tar.idx`` files and
 metadata, and :mod:`.run` is :func:`prepare_dataset`, which runs those steps in order.
+:mod:`.nodes` shares the scanning over the ranks of a job (``torchrun``, or ``--rank`` and
+``--world-size``) and has rank 0 run the same steps on the ranks' scans.
 """
 
 from __future__ import annotations
@@ -42,19 +44,25 @@ from braceexpand import braceexpand  # importable from here as before (flavors.w
 
 from .discover import discover_shards
 from .incremental import PREPARE_STATE, PREPARE_STATE_VERSION
+from .nodes import FileRanks, Ranks, TorchRanks, prepare_across_ranks, shares_by_size
 from .run import PrepareResult, prepare_dataset
 from .scan import ShardScan, scan_shard
 from .splits import DEFAULT_SPLIT_NAMES, split_counts_by_ratio, splits_by_patterns, splits_by_ratio
 
 __all__ = [
     "DEFAULT_SPLIT_NAMES",
+    "FileRanks",
     "PREPARE_STATE",
     "PREPARE_STATE_VERSION",
     "PrepareResult",
+    "Ranks",
     "ShardScan",
+    "TorchRanks",
     "discover_shards",
+    "prepare_across_ranks",
     "prepare_dataset",
     "scan_shard",
+    "shares_by_size",
     "split_counts_by_ratio",
     "splits_by_patterns",
     "splits_by_ratio",

@@ -13,7 +13,7 @@ from ..metadata import is_prepared, meta_dir, read_info, unreadable_shard_name
 from .discover import _discover
 from .incremental import _kept_media_filter, _load_prepare_state, _remove_leftovers, _unchanged_shards
 from .splits import _choose_splits
-from .write import _build_and_install, _write_metadata
+from .write import ShardScans, _build_and_install, _write_metadata
 
 
 @dataclass
@@ -50,6 +50,7 @@ def prepare_dataset(
     confirm_overwrite: Callable[[], bool] | None = None,
     media_filter: MediaFilter | None = None,
     shards: Sequence[str] | None = None,
+    shard_scans: ShardScans | None = None,
 ) -> PrepareResult:
     """Indexes the tars under ``root`` and writes Energon-compatible metadata.
 
@@ -58,9 +59,78 @@ def prepare_dataset(
     ``dataset_yaml`` is the text of ``.nv-meta/<dataset_yaml_name>`` to write, if any.
     ``shards``: the tar paths (relative to ``root``) to index instead of every tar found there.
     ``media_filter`` stores media metadata (Energon's ``--media-metadata-by-*``); None keeps the
-    filter of an existing index, if it has one.
+    filter of an existing index, if it has one.  ``shard_scans``: where the changed shards'
+    scans come from (None: scanned here, in ``num_workers`` processes; a prepare across ranks
+    reads them from the ranks' part files, :mod:`.nodes`).
     """
     root = as_path(root)
+    names, dotted, splits = _shards_and_splits(
+        root,
+        split_ratio=split_ratio,
+        split_parts=split_parts,
+        exclude=exclude,
+        tar_index_only=tar_index_only,
+        shuffle_tars=shuffle_tars,
+        force_overwrite=force_overwrite,
+        confirm_overwrite=confirm_overwrite,
+        shards=shards,
+    )
+    meta = meta_dir(root)
+    meta.mkdir(exist_ok=True)
+    _remove_leftovers(root, meta, names, dotted)
+    if media_filter is None:
+        media_filter = _kept_media_filter(meta)
+    state = _load_prepare_state(root)
+    unchanged = _unchanged_shards(root, names, media_filter, state)
+    built, unchanged = _build_and_install(
+        root,
+        meta,
+        names,
+        unchanged,
+        state,
+        num_workers=num_workers,
+        progress=progress,
+        media_filter=media_filter,
+        shard_scans=shard_scans,
+    )
+    _write_metadata(
+        root,
+        meta,
+        names,
+        built,
+        splits=splits,
+        state=state,
+        unchanged=unchanged,
+        media_filter=media_filter,
+        dataset_yaml=dataset_yaml,
+        dataset_yaml_name=dataset_yaml_name,
+    )
+    return PrepareResult(
+        root,
+        built.counts,
+        scanned=[n for n in names if n not in unchanged],
+        reused=list(unchanged),
+        splits=splits,
+        media_filter=media_filter,
+        media_entries=built.media_entries,
+        media_skipped=len(built.media_failures),
+    )
+
+
+def _shards_and_splits(
+    root: AnyPath,
+    *,
+    split_ratio: Sequence[float] | None,
+    split_parts: Sequence[tuple[str, str]] | None,
+    exclude: str | None,
+    tar_index_only: bool,
+    shuffle_tars: bool,
+    force_overwrite: bool,
+    confirm_overwrite: Callable[[], bool] | None,
+    shards: Sequence[str] | None,
+) -> tuple[list[str], set[str] | None, dict[str, list[str]]]:
+    """The checks a prepare makes before any work, and what it works on: the shards, the
+    folders the walk saw temporaries in (see :func:`~.discover._discover`) and the splits."""
     if not root.is_dir():
         raise DatasetError(format_message("dataset folder not found", where=str(root)))
     dotted: set[str] | None = set() if shards is None and not tar_index_only else None  # see discover._discover
@@ -85,38 +155,7 @@ def prepare_dataset(
     if not tar_index_only:
         splits = _choose_splits(names, split_ratio, split_parts, shuffle=shuffle_tars)
 
-    meta = meta_dir(root)
-    meta.mkdir(exist_ok=True)
-    _remove_leftovers(root, meta, names, dotted)
-    if media_filter is None:
-        media_filter = _kept_media_filter(meta)
-    state = _load_prepare_state(root)
-    unchanged = _unchanged_shards(root, names, media_filter, state)
-    built, unchanged = _build_and_install(
-        root, meta, names, unchanged, state, num_workers=num_workers, progress=progress, media_filter=media_filter
-    )
-    _write_metadata(
-        root,
-        meta,
-        names,
-        built,
-        splits=splits,
-        state=state,
-        unchanged=unchanged,
-        media_filter=media_filter,
-        dataset_yaml=dataset_yaml,
-        dataset_yaml_name=dataset_yaml_name,
-    )
-    return PrepareResult(
-        root,
-        built.counts,
-        scanned=[n for n in names if n not in unchanged],
-        reused=list(unchanged),
-        splits=splits,
-        media_filter=media_filter,
-        media_entries=built.media_entries,
-        media_skipped=len(built.media_failures),
-    )
+    return names, dotted, splits
 
 
 def _prepared_shards(root: AnyPath) -> list[str]:

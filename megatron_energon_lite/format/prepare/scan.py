@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 from dataclasses import dataclass
@@ -142,12 +143,47 @@ def _write_pending_index(final: str, owner: int, data: bytes) -> tuple[str, list
 def _scan_task(args: tuple[AnyPath, str, int, MediaFilter | None, int | None]) -> _Scanned:
     root, name, shard_id, media_filter, owner = args
     samples, offsets, media, tar_stat = _scan(root, name, media_filter)
-    bounds = offsets.tolist()
-    sample_rows = [(shard_id, s.key, i, bounds[i], bounds[i + 1] - bounds[i]) for i, s in enumerate(samples)]
-    part_rows = [(shard_id, i, part, offset, size) for i, s in enumerate(samples) for part, offset, size in s.parts]
+    tar_stamp = [tar_stat.st_size, str(tar_stat.st_mtime_ns)]
+    return _scanned(root, name, shard_id, owner, _ShardColumns.of(samples, offsets), media, tar_stamp)
+
+
+@dataclass
+class _ShardColumns:
+    """One shard's scan as columns: what its index rows are made of (and a prepare across
+    ranks stores in its part files)."""
+
+    keys: list[str]  # of each sample
+    offsets: np.ndarray  # N+1: each sample's first header, then the end of the archive
+    part_samples: list[int]  # of each part: its sample's index in the shard,
+    part_names: list[str]  # its name ("jpg"),
+    part_offsets: list[int]  # where its data starts
+    part_sizes: list[int]  # and its size
+
+    @classmethod
+    def of(cls, samples: list[SampleEntry], offsets: np.ndarray) -> _ShardColumns:
+        parts = [(i, *part) for i, s in enumerate(samples) for part in s.parts]
+        part_samples, part_names, part_offsets, part_sizes = (list(column) for column in zip(*parts)) if parts else ([], [], [], [])
+        return cls([s.key for s in samples], offsets, part_samples, part_names, part_offsets, part_sizes)
+
+
+def _scanned(
+    root: AnyPath,
+    name: str,
+    shard_id: int,
+    owner: int | None,
+    columns: _ShardColumns,
+    media: MediaScan | None,
+    tar_stamp: list | None,
+) -> _Scanned:
+    """One shard's scan as the index build takes it: its rows for ``shard_id`` and its new
+    ``.tar.idx``, written to a temporary file for process ``owner`` locally, kept as bytes for
+    the upload when ``owner`` is None (remotely)."""
+    ids = itertools.repeat(shard_id)
+    offsets = columns.offsets
+    sample_rows = list(zip(ids, columns.keys, range(len(columns.keys)), offsets[:-1].tolist(), np.diff(offsets).tolist()))
+    part_rows = list(zip(ids, columns.part_samples, columns.part_names, columns.part_offsets, columns.part_sizes))
     data = offsets.tobytes()
     if owner is None:  # remote: the main process uploads the index after the build
         return _Scanned(sample_rows, part_rows, data, None, None, media)
     temporary, index_stamp = _write_pending_index(os.path.join(os.fspath(root), index_name(name)), owner, data)
-    tar_stamp = [tar_stat.st_size, str(tar_stat.st_mtime_ns)]
     return _Scanned(sample_rows, part_rows, None, tar_stamp, index_stamp, media, temporary)

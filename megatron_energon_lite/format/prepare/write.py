@@ -39,6 +39,9 @@ from .splits import _write_splits
 # The package's name, the one prepare's log records had when it was a single module.
 logger = logging.getLogger(__package__)
 
+#: Scans of the changed shards, in order, from the jobs of :func:`~.scan._scan_task`.
+ShardScans = Callable[[list[tuple]], Iterator[_Scanned]]
+
 # Tables of index.sqlite that _write_media rebuilds (sqlite_sequence: media_filters' AUTOINCREMENT).
 _MEDIA_TABLES = ("media_metadata", "media_filters", "sqlite_sequence")
 
@@ -147,6 +150,7 @@ def _build_and_install(
     num_workers: int | None,
     progress: bool,
     media_filter: MediaFilter | None,
+    shard_scans: ShardScans | None = None,
 ) -> tuple[_Built, dict[str, tuple[int, int]]]:
     """Builds the new ``index.sqlite`` and puts it and the new ``.tar.idx`` files in place.
     Returns what the build produced and the shards it kept (none when the previous index turned
@@ -155,7 +159,8 @@ def _build_and_install(
     SQLite needs local files: the new index is built next to the old one locally (so the final
     rename is atomic), in a temporary folder for a remote dataset (then uploaded).  Locally the
     workers write each new .tar.idx under a temporary name; they are renamed into place only
-    once the whole index is built (and removed if it is not).
+    once the whole index is built (and removed if it is not).  ``shard_scans``: see
+    :func:`_build_index`.
     """
     local = not isinstance(root, RemotePath)
     base = os.fspath(root) if local else ""
@@ -166,7 +171,7 @@ def _build_and_install(
     try:
         tmp_index = scratch / INDEX_SQLITE
         previous_index = local_view(meta / INDEX_SQLITE) if unchanged or media_filter is not None else None
-        build = dict(num_workers=num_workers, progress=progress, media_filter=media_filter, owner=owner, pending=pending)
+        build = dict(num_workers=num_workers, progress=progress, media_filter=media_filter, owner=owner, pending=pending, shard_scans=shard_scans)
         with reporting_no_room(meta / INDEX_SQLITE):
             try:
                 in_place = _update_in_place(names, unchanged, state)
@@ -247,6 +252,7 @@ def _build_index(
     media_filter: MediaFilter | None,
     owner: int | None,
     pending: set[str],
+    shard_scans: ShardScans | None = None,
     in_place: bool = False,
 ) -> _Built:
     """Scans the changed shards and writes the new index, one shard at a time.
@@ -256,13 +262,18 @@ def _build_index(
     dataset's sample count.  ``owner``: the process id in the temporary .tar.idx names that the
     workers write (None remotely); ``pending`` collects the shards that may have one.
     ``in_place``: update a copy of the previous index instead of building a new one.
+    ``shard_scans``: where the scans come from, given the jobs of :func:`~.scan._scan_task` (the
+    changed shards, in order); None scans them in a process pool.
     """
     to_scan = [n for n in names if n not in unchanged]
     if owner is not None:
         pending.update(to_scan)
     ids = {name: shard_id for shard_id, name in enumerate(names)}
     jobs = [(root, name, ids[name], media_filter, owner) for name in to_scan]
-    scans = scan_in_order(_scan_task, jobs, num_workers=num_workers, progress=progress, desc="Indexing shards", unit="shard")
+    if shard_scans is None:
+        scans = scan_in_order(_scan_task, jobs, num_workers=num_workers, progress=progress, desc="Indexing shards", unit="shard")
+    else:
+        scans = shard_scans(jobs)
     try:
         built, media = _write_index(tmp_index, previous_index, names, scans, unchanged, in_place=in_place, media_filter=media_filter)
     finally:
