@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ..errors import ConfigError, format_message
-from ..format.sqlite_index import sample_key_positions
+from ..format.sqlite_index import sample_key_positions, shard_sample_keys
 from ..manifest import ManifestSample, ManifestStep, read_manifest
 from ..pipeline.build import PipelineSpec
 from ..pipeline.node import as_key
@@ -137,6 +137,8 @@ class _Datasets:
         if names is not None:
             k = bisect.bisect_right(self.starts[dataset], index) - 1
             shard, index_in_shard = names[k], index - self.starts[dataset][k]
+            if key is None:  # for the report and checkpoint info: from the index.sqlite, when there is one
+                key = next(iter(shard_sample_keys(f"{self.paths[dataset].rstrip('/')}/{shard}", index_in_shard, limit=1)), None)
         return SkippedSample(dataset, index, self.paths[dataset], shard, index_in_shard, key)
 
     def by_shard(self, dataset: int, shard: str, index_in_shard: int, key: str | None = None) -> SkippedSample | str:

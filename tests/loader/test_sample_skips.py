@@ -151,6 +151,7 @@ def test_skipping_whole_steps_through_the_manifest(prepared_blend: Path, tmp_pat
     by_key = make()
     by_key.restore_state_rank(None, skip_samples=sorted(step_keys))
     assert set(replay.sample_skips.identities()) == set(by_key.sample_skips.identities())
+    assert {s.key for s in replay.sample_skips.samples} == step_keys  # looked up for the report
     after = _streams(_batches(replay, 8))
     _check_minus(_streams(original), _streams(head), after, step_keys)
     # A whole step read with the Python API names the same samples.
