@@ -251,3 +251,17 @@ def test_an_elastic_resume_keeps_and_takes_skip_lists(prepared_blend: Path) -> N
     rest = [k for _, keys in _batches(resumed, 40) for k in keys]
     assert "a0_001" not in rest and "b1_002" not in rest
     assert resumed.save_state_rank()["sample_skips"]["samples"][1]["key"] == "b1_002"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_exact_blend_keeps_its_draws(prepared_blend: Path, workers: int) -> None:
+    """The exact schedule counts draws: the skipped sample was drawn, so every later draw (and
+    with it the dataset of every later sample) is the original run's."""
+
+    def skip_of(original):
+        return [original[0][7], original[max(original)][9]]
+
+    make = lambda: get_savable_loader(_dataset(prepared_blend, workers, batch_size=3, blend_mode="exact"))  # noqa: E731
+    original, before, after, replay = _replay(make, skip_of, before=2, total=18)
+    _check_minus(original, before, after, set(skip_of(original)))
+    assert replay.replay_skipped_samples == 2
