@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 import json
 import logging
+import mmap
 import os
 import queue
 import re
@@ -90,12 +92,17 @@ def _read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+def _dataset_name(record: dict) -> str:
+    """How ``run.json`` and messages name a dataset (a data record or a file header's table)."""
+    return f"{record.get('path')} (split {record.get('split_part')})"
+
+
 def run_identity(config: dict, data: list | None) -> dict[str, Any]:
     """What ``run.json`` records: a fingerprint of the loader's configuration (the topology may
     change on an elastic resume) and of its data, and the datasets by name for messages."""
     stable = {k: v for k, v in config.items() if k not in _TOPOLOGY_KEYS}
     digest = hashlib.sha256(json.dumps([stable, data], sort_keys=True, default=str).encode()).hexdigest()[:32]
-    names = [f"{d.get('path')} (split {d.get('split_part')})" for d in (data or [])] or [str(config.get("path"))]
+    names = [_dataset_name(d) for d in (data or [])] or [str(config.get("path"))]
     return {"format": "energon-lite manifest", "version": 1, "fingerprint": digest, "datasets": names, "config": json.loads(json.dumps(stable, default=str))}
 
 
@@ -154,7 +161,7 @@ class ManifestWriter:
         self.rank = rank
         self.rotate_bytes = DEFAULT_ROTATE_BYTES if rotate_bytes is None else rotate_bytes
         self._header = {"rank": rank, "world_size": world_size, "num_workers": num_workers, "datasets": datasets}
-        self._seq = 1 + max((int(m.group(2)) for m in map(_FILE_NAME.match, os.listdir(self.folder)) if m and int(m.group(1)) == rank), default=-1)
+        self._seq = 0  # numbered when the first file opens (_open)
         self._fd: int | None = None
         self._size = 0
         self._shapes: dict[tuple[str, ...], int] = {}
@@ -250,12 +257,24 @@ class ManifestWriter:
         self._append(payload)
         return bytes(self._buffer[start:])
 
+    def _next_seq(self) -> int:
+        """The sequence number after this rank's last file in the folder."""
+        return 1 + max((int(m.group(2)) for m in map(_FILE_NAME.match, os.listdir(self.folder)) if m and int(m.group(1)) == self.rank), default=-1)
+
     def _open(self) -> None:
-        path = self.folder / f"rank{self.rank:05d}-{self._seq:05d}.emf"
-        self._seq += 1
         header = json.dumps(self._header, separators=(",", ":")).encode()
         blob = MAGIC + _U32.pack(len(header)) + header + _U32.pack(zlib.crc32(header))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        # Numbered when opened, not when made: another loader of this rank (a resumed run made
+        # while the old one still lived) may have opened files since; later files win a step.
+        self._seq = max(self._seq, self._next_seq())
+        while True:
+            path = self.folder / f"rank{self.rank:05d}-{self._seq:05d}.emf"
+            self._seq += 1
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                break
+            except FileExistsError:  # taken between the listing and the open: the next one
+                continue
         try:
             os.write(fd, blob)
         except OSError:
@@ -367,33 +386,84 @@ def _sample(header: dict, sample_key: tuple) -> ManifestSample:
     return ManifestSample(dataset, table["path"], table["split_part"], shard, index_in_shard, split_index, sample_key)
 
 
+class _FileScan:
+    """One manifest file, read lazily: :meth:`header` checks the header; :meth:`records` maps the
+    file (its pages are read as the records are, not held) and yields the valid records, setting
+    :attr:`problem` when the rest is torn or damaged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        match = _FILE_NAME.match(path.name)
+        self.rank, self.seq = (int(match.group(1)), int(match.group(2))) if match else (-1, -1)
+        self.header: dict[str, Any] = {}
+        self.problem: str | None = None
+        self._records_from = 0
+
+    def read_header(self) -> bool:
+        """Whether the file starts with a valid header (else :attr:`problem` says why)."""
+        with open(self.path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8 or head[:4] != MAGIC:
+                self.problem = f"{self.path}: not a manifest file (no {MAGIC!r} header)"
+                return False
+            (length,) = _U32.unpack_from(head, 4)
+            body = f.read(length + 4)
+        if len(body) < length + 4 or _U32.unpack_from(body, length)[0] != zlib.crc32(body[:length]):
+            self.problem = f"{self.path}: the header is truncated or damaged ({8 + len(body)} bytes, the header needs {length + 12}); no record read"
+            return False
+        try:
+            header = json.loads(body[:length])
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or not isinstance(header.get("datasets", []), list):
+            self.problem = f"{self.path}: the header is not a manifest header (a JSON object with rank and datasets); no record read"
+            return False
+        self.header = header
+        self._records_from = 12 + length
+        return True
+
+    def records(self) -> Iterator[tuple[int, tuple, list[ManifestSample]]]:
+        """The valid records in order (steps increasing); after them, :attr:`problem` is set when
+        bytes were left that are not a valid record."""
+        with open(self.path, "rb") as f:  # the map outlives the descriptor: many files may be open at once
+            size = os.fstat(f.fileno()).st_size
+            if size <= self._records_from:
+                return
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        with data:
+            yield from self._parse(data, size)
+
+    def _parse(self, data: mmap.mmap, size: int) -> Iterator[tuple[int, tuple, list[ManifestSample]]]:
+        pos = self._records_from
+        shapes: list[tuple[str, ...]] = []
+        count, last_step = 0, -1
+        while pos < size:
+            start = pos
+            try:
+                length, pos = _read_varint(data, pos)
+                if pos + length + 4 > size:
+                    raise ValueError("length or CRC does not match")
+                payload = data[pos : pos + length]
+                if _U32.unpack_from(data, pos + length)[0] != zlib.crc32(payload):
+                    raise ValueError("length or CRC does not match")
+                pos += length + 4
+                decoded = _decode(payload, shapes, self.header)
+                if decoded and decoded[0][0] <= last_step:
+                    raise ValueError(f"step {decoded[0][0]} after step {last_step}")
+            except (ValueError, IndexError, KeyError) as exc:
+                self.problem = f"{self.path}: {size - start} bytes from offset {start} are torn or damaged ({exc}); {count} batch record(s) before them read"
+                return
+            for record in decoded:
+                last_step = record[0]
+                count += 1
+                yield record
+
+
 def read_rank_file(path: Path) -> RankFile:
     """Reads one file: its valid records, and what is wrong with the rest (None: nothing)."""
-    match = _FILE_NAME.match(path.name)
-    rank, seq = (int(match.group(1)), int(match.group(2))) if match else (-1, -1)
-    data = path.read_bytes()
-    if len(data) < 12 or data[:4] != MAGIC:
-        return RankFile(path, rank, seq, {}, [], f"{path}: not a manifest file (no {MAGIC!r} header)")
-    (length,) = _U32.unpack_from(data, 4)
-    end = 8 + length
-    if end + 4 > len(data) or _U32.unpack_from(data, end)[0] != zlib.crc32(data[8:end]):
-        return RankFile(path, rank, seq, {}, [], f"{path}: the header is truncated or damaged")
-    header = json.loads(data[8:end])
-    pos = end + 4
-    shapes: list[tuple[str, ...]] = []
-    records: list[tuple[int, tuple, list[ManifestSample]]] = []
-    while pos < len(data):
-        start = pos
-        try:
-            size, pos = _read_varint(data, pos)
-            payload = data[pos : pos + size]
-            if pos + size + 4 > len(data) or _U32.unpack_from(data, pos + size)[0] != zlib.crc32(payload):
-                raise ValueError("length or CRC does not match")
-            pos += size + 4
-            records.extend(_decode(payload, shapes, header))
-        except (ValueError, IndexError, KeyError) as exc:
-            return RankFile(path, rank, seq, header, records, f"{path}: {len(data) - start} bytes from offset {start} are torn or damaged ({exc}); {len(records)} batch record(s) before them read")
-    return RankFile(path, rank, seq, header, records, None)
+    scan = _FileScan(path)
+    records = list(scan.records()) if scan.read_header() else []
+    return RankFile(path, scan.rank, scan.seq, scan.header, records, scan.problem)
 
 
 def _decode(payload: bytes, shapes: list[tuple[str, ...]], header: dict) -> list[tuple[int, tuple, list[ManifestSample]]]:
@@ -428,12 +498,31 @@ def _decode(payload: bytes, shapes: list[tuple[str, ...]], header: dict) -> list
 
 
 def read_rank_files(folder: str | os.PathLike[str]) -> list[RankFile]:
-    """Every manifest file of ``folder``, by rank then sequence; a folder without ``run.json`` is refused."""
-    folder = Path(folder)
+    """Every manifest file of ``folder``, by rank then sequence, its records read; a folder
+    without ``run.json`` is refused; a file of another run gets no records and a problem."""
+    run = read_run(folder)
+    files = []
+    for _, _, path in _listing(Path(folder)):
+        rank_file = read_rank_file(path)
+        foreign = _foreign(path, rank_file.header, run) if rank_file.header else None
+        files.append(rank_file if foreign is None else RankFile(path, rank_file.rank, rank_file.seq, rank_file.header, [], foreign))
+    return files
+
+
+def _listing(folder: Path) -> list[tuple[int, int, Path]]:
     if not (folder / RUN_FILE).is_file():
         raise DatasetError(format_message("not a manifest folder", where=str(folder), expected=f"{RUN_FILE} and rank*.emf files written by a loader made with manifest=", found=", ".join(sorted(os.listdir(folder))[:5]) if folder.is_dir() else "no such folder"))
-    files = sorted((int(m.group(1)), int(m.group(2)), folder / name) for name in os.listdir(folder) if (m := _FILE_NAME.match(name)))
-    return [read_rank_file(path) for _, _, path in files]
+    return sorted((int(m.group(1)), int(m.group(2)), folder / name) for name in os.listdir(folder) if (m := _FILE_NAME.match(name)))
+
+
+def _foreign(path: Path, header: dict[str, Any], run: dict[str, Any]) -> str | None:
+    """Why a file whose header names other datasets than the folder's ``run.json`` (a file
+    copied in from another run) is left out; None when it is of this run."""
+    theirs = [_dataset_name(d) for d in header.get("datasets") or [] if isinstance(d, dict)]
+    ours = run.get("datasets")
+    if not theirs or not isinstance(ours, list) or theirs == ours:
+        return None
+    return f"{path}: written by a run reading {', '.join(theirs)}, but the folder's run.json is of a run reading {', '.join(map(str, ours))}; its records are left out (a file of another run)"
 
 
 def read_run(folder: str | os.PathLike[str]) -> dict[str, Any]:
@@ -449,14 +538,56 @@ def manifest_problems(files: list[RankFile]) -> list[str]:
     return [f.problem for f in files if f.problem]
 
 
-def read_manifest(folder: str | os.PathLike[str], *, files: list[RankFile] | None = None) -> Iterator[ManifestStep]:
-    """The steps of a manifest in order, each with every rank's batch.  A step written again by
-    a resumed run (after its checkpoint) is taken from the later file.  Torn or damaged file
-    tails are skipped (their valid prefix is read); :func:`manifest_problems` lists them."""
-    by_step: dict[int, dict[int, tuple[tuple, list[ManifestSample]]]] = {}
-    for rank_file in files if files is not None else read_rank_files(folder):
-        rank = rank_file.header.get("rank", rank_file.rank)
-        for step, key, samples in rank_file.records:
-            by_step.setdefault(step, {})[rank] = (key, samples)  # later files overwrite
-    for step in sorted(by_step):
-        yield ManifestStep(step, by_step[step])
+def read_manifest(folder: str | os.PathLike[str], *, files: list[RankFile] | None = None, problems: list[str] | None = None) -> Iterator[ManifestStep]:
+    """The steps of a manifest in order, each with every rank's batch, read as they are asked
+    for (the files are merged step by step, not loaded).  A step written again by a resumed run
+    (after its checkpoint) is taken from the later file.  Torn or damaged file tails are skipped
+    (their valid prefix is read) and files of another run left out; what is wrong is appended
+    to ``problems`` as it is found (``files``: read by :func:`read_rank_files` already, whose
+    :func:`manifest_problems` say so)."""
+    if files is not None:
+        sources = [((f.header.get("rank", f.rank), f.seq), iter(f.records)) for f in files]
+    else:
+        sources = []
+        for scan in _scans(folder):
+            if scan.problem is not None:
+                if problems is not None:
+                    problems.append(scan.problem)
+                continue
+            sources.append(((scan.header.get("rank", scan.rank), scan.seq), _noting(scan, problems)))
+    # Each source yields its steps in increasing order: merged by (step, rank, newest file first).
+    tagged = [_tagged(rank, seq, records) for (rank, seq), records in sources]
+    current: ManifestStep | None = None
+    for step, rank, _, key, samples in heapq.merge(*tagged, key=lambda r: r[:3]):
+        if current is None or current.step != step:
+            if current is not None:
+                yield current
+            current = ManifestStep(step, {})
+        current.batches.setdefault(rank, (key, samples))  # the newest file's comes first
+    if current is not None:
+        yield current
+
+
+def _tagged(rank: int, seq: int, records: Iterator[tuple[int, tuple, list[ManifestSample]]]) -> Iterator[tuple[int, int, int, tuple, list[ManifestSample]]]:
+    for step, key, samples in records:
+        yield step, rank, -seq, key, samples
+
+
+def _scans(folder: str | os.PathLike[str]) -> Iterator[_FileScan]:
+    """The files of a manifest folder with their headers read; a file of another run than the
+    folder's ``run.json`` gets a problem."""
+    folder = Path(folder)
+    run = read_run(folder)
+    for _, _, path in _listing(folder):
+        scan = _FileScan(path)
+        if scan.read_header():
+            foreign = _foreign(path, scan.header, run)
+            if foreign is not None:
+                scan.problem = foreign
+        yield scan
+
+
+def _noting(scan: _FileScan, problems: list[str] | None) -> Iterator[tuple[int, tuple, list[ManifestSample]]]:
+    yield from scan.records()
+    if scan.problem is not None and problems is not None:
+        problems.append(scan.problem)

@@ -42,14 +42,16 @@ from .errors import (
     format_message,
 )
 from .loader.api import plan_spec  # the argument handling of get_train_dataset
+from .manifest import ManifestWriter, dataset_tables
 from .pipeline.build import default_recipe, leaf_cooking, leaf_loader, validate
+from .pipeline.load import BLEND_TAG, RESTORE_TAG
 from .pipeline.hooks import hook_spec
 from .rng import stage_id
 from .pipeline.marks import HookState, invoke
 from .pipeline.task_hooks import DefaultHooks, Hooks
 from .worker import WorkerConfig
 
-__all__ = ["MapStyleDataset", "blend_counts", "blend_order", "get_map_dataset"]
+__all__ = ["MapManifest", "MapStyleDataset", "blend_counts", "blend_order", "get_map_dataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -305,6 +307,11 @@ class MapStyleDataset(torch.utils.data.Dataset):
         k = int(self._order[i])
         return k, self._leaves[k].split_index(int(self._draws[i]))
 
+    def manifest(self, folder: str | os.PathLike[str], *, rank: int = 0, world_size: int = 1) -> MapManifest:
+        """A per-step manifest of a loop over this view (``manifest.py``): ``add(step, indices)``
+        records the samples each step read, ``read_manifest(folder)`` reads them back."""
+        return MapManifest(self, folder, rank=rank, world_size=world_size)
+
     def _reader(self, k: int) -> tuple[Any, Any]:
         """Dataset ``k``'s loader and cooking arguments in this process (made on first use; a forked
         worker makes its own)."""
@@ -391,6 +398,37 @@ class MapStyleDataset(torch.utils.data.Dataset):
         if self._hooks.batch_encoder:
             batch = self._call(self.task_encoder.encode_batch, (batch,), None, None)
         return batch
+
+
+class MapManifest:
+    """The manifest of a loop over a :class:`MapStyleDataset`: the loop (whose sampler picks the
+    indices) tells each step's indices; each is recorded as its dataset and split index, the
+    same entries the streaming loader writes (``("Blend", k, "Webdataset", i)``; a batch key
+    ``("Worker", 0, "Batch", step, ...)``), so ``read_manifest``, ``energon-lite manifest`` and
+    skip lists by manifest entry read them alike.  The folder's run is the view's configuration
+    and data (with its seed and length: another layout is another run)."""
+
+    def __init__(self, view: MapStyleDataset, folder: str | os.PathLike[str], *, rank: int, world_size: int) -> None:
+        spec = view.spec
+        self._view = view
+        self._blend = len(spec.plan.leaves) > 1
+        config = {**spec.fingerprint(), "map_view": True, "seed": view.seed, "length": len(view)}
+        self._writer = ManifestWriter(folder, rank=rank, world_size=world_size, num_workers=0, config=config, data=spec.data_record(), datasets=dataset_tables(spec))
+
+    def add(self, step: int, indices: Sequence[int | EpochIndex]) -> None:
+        """Records that ``step`` read the view's ``indices`` (in batch order)."""
+        keys = []
+        for index in indices:
+            k, split_index = self._view.locate(index)
+            keys.append((BLEND_TAG, k, RESTORE_TAG, split_index) if self._blend else (RESTORE_TAG, split_index))
+        self._writer.add(step, ("Worker", 0, "Batch", step, *keys))
+
+    def flush(self) -> None:
+        """Returns when every step added so far is on disk (call it with each checkpoint)."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def _rebuild(arguments: Mapping[str, Any]) -> MapStyleDataset:

@@ -46,6 +46,7 @@ from megatron_energon_lite import (
     get_train_dataset,
     stateless,
 )
+from megatron_energon_lite.manifest import read_manifest
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.map_view import blend_counts, blend_order
 
@@ -531,3 +532,20 @@ def test_collate_batches_like_the_task_encoder(texts: Path) -> None:
     batch = view.collate([view[0], view[1]])
     assert batch.keys == [view[0].__key__, view[1].__key__]
     assert batch.lengths.tolist() == [10 * len(view[0].text), 10 * len(view[1].text)]
+
+
+def test_a_loop_over_the_view_writes_a_manifest_of_indices(prepared_blend: Path, tmp_path: Path) -> None:
+    view = get_map_dataset(prepared_blend)
+    steps = [[5, 0, 17], [40, 2, 33], [9, 61, 12]]
+    manifest = view.manifest(tmp_path / "m")
+    for step, indices in enumerate(steps):
+        manifest.add(step, indices)
+    manifest.close()
+    read = list(read_manifest(tmp_path / "m"))
+    assert [s.step for s in read] == [0, 1, 2]
+    for step, indices in zip(read, steps):
+        samples = step.samples(rank=0)
+        assert [(s.dataset, s.split_index) for s in samples] == [view.locate(i) for i in indices]
+        for sample, index in zip(samples, indices):
+            assert sample.dataset_path == str(prepared_blend.parent / ("a" if sample.dataset == 0 else "b"))
+            assert view[index].__key__ == f"{'ab'[sample.dataset]}{int(sample.shard[len('shards/'):-len('.tar')])}_{sample.index_in_shard:03d}"

@@ -18,7 +18,7 @@ import click
 from ..errors import ConfigError, format_message
 from ..format.safe_parse import check_nesting, parse_json
 from ..loader.blend_report import blend_report
-from ..loader.rank_state import MOVED_FROM, REDISTRIBUTED_FROM
+from ..loader.rank_state import MOVED_FROM, REDISTRIBUTED_FROM, saved_sample_skips
 from .params import Command, ValueProblem
 
 _FILES = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -221,6 +221,7 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
                 f"from a checkpoint of {len(source)} rank(s) x {source_config.get('worker_config.num_workers', '?')} worker(s); "
                 "the rest of the running epoch is divided when this rank restores it"
             )
+            _echo_sample_skips(state)
             continue
         moved = state.get(MOVED_FROM)
         placed = "Moved to" if isinstance(moved, dict) else "Saved on"
@@ -232,6 +233,7 @@ def info(input_files: tuple[Path, ...], show_workers: bool) -> None:
             )
         click.echo(f"    Next worker ID: {state.get('next_worker')}; the loop over the loader had {'ended' if state.get('pass_ended') else 'not ended'}")
         click.echo(f"    Number of worker states: {rank_state.num_workers}")
+        _echo_sample_skips(state)
         if not show_workers:
             continue
         for worker, worker_state in enumerate(state["worker_states"]):
@@ -266,6 +268,18 @@ def blend_lines(states: list[SavedRank]) -> list[str]:
             f"target so far {row['target_share_so_far']:.3f}, now {row['target_share_now']:.3f}"
         )
     return lines
+
+
+def _echo_sample_skips(state: dict) -> None:
+    """The replay's skip list a state carries (``loader/sample_skips.py``), when it has one."""
+    skips = saved_sample_skips(state)
+    if not skips:
+        return
+    click.echo(f"    Skip list: {len(skips)} sample(s) left out of the run (a replay's; restored states keep skipping them)")
+    for sample in skips.samples[:20]:
+        click.echo(f"      {sample.describe()}")
+    if len(skips) > 20:
+        click.echo(f"      ... and {len(skips) - 20} more")
 
 
 @click.command(cls=Command, name="redist")

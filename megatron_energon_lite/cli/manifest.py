@@ -16,6 +16,9 @@ from ..errors import EnergonLiteError
 from ..format.split_reader import SplitReader
 from ..format.weight_schedule import target_shares
 from ..manifest import ManifestSample, ManifestStep, RankFile, manifest_problems, read_manifest, read_rank_files, read_run
+from ..preview.collect import collect_indexed
+from ..preview.html import write_html
+from ..storage import as_path
 from .params import Command
 from .share_plot import Shares, plot_shares
 
@@ -64,13 +67,30 @@ class SampleKeys:
 @click.option("--step", "step_number", type=click.IntRange(min=0), required=True, help="The step (the rank's batch count, from 0).")
 @click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this rank.")
 @click.option("--keys/--no-keys", default=True, show_default=True, help="Read each sample's __key__ from its shard (the datasets must be readable here).")
-def show(folder: Path, step_number: int, rank: int | None, keys: bool) -> None:
+@click.option("--html", "html_path", default=None, metavar="OUT.html", help="Write the step's samples to one self-contained HTML page (the preview's renderer) instead of listing them.")
+def show(folder: Path, step_number: int, rank: int | None, keys: bool, html_path: str | None) -> None:
     """The samples of step N on every rank: dataset, shard, index in the shard, sample key and restore key."""
-    steps = {s.step: s for s in _read(folder)[1]}
-    step = steps.get(step_number)
+    problems: list[str] = []
+    step, first, last = None, None, None
+    for found in read_manifest(folder, problems=problems):  # step by step: the rest is not held
+        first = found.step if first is None else first
+        last = found.step
+        if found.step == step_number:
+            step = found  # read on all the same, to report damage further on
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
     if step is None or (rank is not None and rank not in step.batches):
-        known = f"steps {min(steps)}..{max(steps)}" if steps else "no steps"
+        known = f"steps {first}..{last}" if first is not None else "no steps"
         raise click.ClickException(f"{folder} has no step {step_number}{'' if rank is None else f' on rank {rank}'} (it holds {known})")
+    if html_path is not None:
+        groups = [
+            (f"step {step.step} rank {r}: batch key {key[:4]}", [(s.dataset_path, s.split_part, s.split_index) for s in samples])
+            for r, (key, samples) in sorted(step.batches.items())
+            if rank is None or r == rank
+        ]
+        count = write_html(as_path(html_path), collect_indexed(groups), title=f"{folder} step {step.step}")
+        click.echo(f"Wrote {count} samples to {html_path}")
+        return
     lookup = SampleKeys() if keys else None
     for r, (key, samples) in sorted(step.batches.items()):
         if rank is not None and r != rank:

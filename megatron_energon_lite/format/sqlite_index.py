@@ -626,3 +626,19 @@ def shard_sample_keys(tar_path: str | os.PathLike, first: int, *, limit: int) ->
         except (sqlite3.Error, OSError, DatasetError, ValueError):
             return []
     return []
+
+
+def sample_key_positions(root: str | os.PathLike, key: str) -> list[tuple[str, int]] | None:
+    """``(shard name, position in the shard)`` of every sample with ``__key__`` ``key`` in the
+    prepared dataset at ``root``, from its index.sqlite; None when it has none to read (a
+    dataset prepared without it, a JSONL file, a token dataset)."""
+    database = meta_dir(as_path(root)) / INDEX_SQLITE
+    try:
+        if not isinstance(database, os.PathLike) or not os.path.isfile(database):
+            return None
+        names = list(read_info(root).shard_counts)
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+            rows = db.execute("SELECT tar_file_id, sample_index FROM samples WHERE sample_key = ?", (key,)).fetchall()
+    except (sqlite3.Error, OSError, DatasetError, ValueError):
+        return None
+    return [(names[shard], index) for shard, index in rows if 0 <= shard < len(names)]

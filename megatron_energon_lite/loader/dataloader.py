@@ -45,9 +45,11 @@ from .handover.bundles import (
 )
 from .handover.queues import DirectForkContext, direct_queues_from_env
 from .handover.slabs import SlabRing, slab_bytes_from_env
-from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data, saved_manifest_step
+from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data, saved_manifest_step, saved_sample_skips
+from .env_settings import SKIPS_ENV, skips_from_env
 from .grown import grown_states, prefix_records
 from .reweight import apply_weight_edit
+from .sample_skips import SkipList, resolve_skips
 from .skip_report import SkipLedger
 from .stall import StageTimes, StallClock, StallReport
 from .streams import (
@@ -209,6 +211,14 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         self.step = 0
         #: The per-step manifest (``manifest.py``), None unless asked for.
         self._manifest = _manifest_writer(manifest, dataset)
+        #: The samples this loader skips (a replay's, ``sample_skips.py``): named by the
+        #: environment, restored from a state, or given to the restore.
+        self._sample_skips = SkipList()
+        from_env = skips_from_env()
+        if from_env is not None:
+            pipeline = _pipeline_dataset(dataset)
+            if pipeline is not None and pipeline.spec.training:  # validation loaders read other data
+                self._use_skips(self._resolve_skips(from_env[0], from_env[1], f"{SKIPS_ENV}={os.environ[SKIPS_ENV]}"))
         self._debug_log = LoaderLog.create(self.worker_config, self.id, dataset)  # None unless worker_log_level >= 1
 
     def __len__(self) -> int:
@@ -266,7 +276,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
                 raise DatasetError(entry.message)
             item, logical, state, skips = entry
             if skips[0] or skips[1]:
-                self._skips.add(logical, *skips)
+                self._skips.add(logical, *skips, step=self.step)
             if item is SKIPS_ONLY:
                 continue
             self._worker_states[logical] = state
@@ -333,6 +343,16 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         """Skips of the default error handler so far (one may name several samples: a batch)."""
         return self._skips.skips
 
+    @property
+    def replay_skipped_samples(self) -> int:
+        """Samples dropped so far because the loader's skip list names them (each logged at INFO)."""
+        return self._skips.replayed
+
+    @property
+    def sample_skips(self) -> SkipList:
+        """The samples this loader skips (a replay's skip list; empty: none)."""
+        return self._sample_skips
+
     def skip_report(self) -> dict[str, Any]:
         """The samples the default error handler skipped so far, also in worker processes: counts
         per dataset and shard, and the first ones with key, shard, stage and reason (see
@@ -366,18 +386,26 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             config=self.savable_dataset.config(),
             data=self.savable_dataset.data_record(),
             manifest_step=self.step if self._manifest is not None else None,
+            sample_skips=self._sample_skips or None,
         ).to_json()
 
     def _current_worker_states(self) -> tuple[dict | None, ...]:
         return tuple(state_value(state) for state in self._worker_states)
 
-    def restore_state_rank(self, state: dict | None, *, allow_weight_edit: bool | None = None) -> None:
+    def restore_state_rank(self, state: dict | None, *, allow_weight_edit: bool | None = None, skip_samples: Any = None, ignore_unknown_skips: bool = False) -> None:
         """Continue from ``state`` (from :meth:`save_state_rank`); only before iterating.
 
         ``allow_weight_edit``: a state saved over a blend whose weights, weight schedules or
         datasets have changed since continues with the new mix (``reweight.py``; None: as
-        ``ENERGON_LITE_ALLOW_WEIGHT_EDIT`` says); otherwise it is refused, naming the change."""
+        ``ENERGON_LITE_ALLOW_WEIGHT_EDIT`` says); otherwise it is refused, naming the change.
+
+        ``skip_samples``: samples to leave out from here on (a replay; ``sample_skips.py``: by
+        ``__key__``, manifest entry or step, or position), dropped where they would enter
+        batching or packing; added to the state's own list, and saved with the next states.
+        Names that match no sample are refused unless ``ignore_unknown_skips``."""
+        named = self._named_skips(skip_samples, ignore_unknown_skips)
         if state is None:
+            self._use_skips(self._sample_skips.merged(named))
             return
         if self._started:
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
@@ -388,13 +416,38 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
             from .elastic import redistributed_rank_state
 
-            self._restore(dataclasses.replace(redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy), manifest_step=saved_manifest_step(state)))
+            restored = redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy)
+            self._restore(dataclasses.replace(restored, manifest_step=saved_manifest_step(state), sample_skips=saved_sample_skips(state)), named)
             return
-        self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config, policy=self.policy))
+        self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config, policy=self.policy), named)
 
-    def _restore(self, restored: RankState) -> None:
+    def _named_skips(self, skip_samples: Any, ignore_unknown: bool) -> SkipList:
+        if skip_samples is None:
+            return SkipList()
+        if self._started:
+            raise StateError(format_message("samples to skip must be given before iterating the loader", fix="create a fresh loader, restore with skip_samples=..., then iterate"))
+        return self._resolve_skips(skip_samples, ignore_unknown, "skip_samples")
+
+    def _resolve_skips(self, entries: Any, ignore_unknown: bool, what: str) -> SkipList:
+        pipeline = _pipeline_dataset(self.savable_dataset)
+        if pipeline is None:
+            raise ConfigError(format_message(f"{what}: this loader's dataset is not one of get_train_dataset / get_val_dataset", fix="skip lists name samples of the loader's datasets"))
+        if not isinstance(ignore_unknown, bool):
+            raise ConfigError(format_message("ignore_unknown_skips must be True or False", found=repr(ignore_unknown)[:80]))
+        return resolve_skips(entries, pipeline.spec, manifest=None if self._manifest is None else self._manifest.folder, ignore_unknown=ignore_unknown)
+
+    def _use_skips(self, skips: SkipList) -> None:
+        """Skips ``skips`` from the next batch on (the workers start after this)."""
+        if skips and len(skips) != len(self._sample_skips):
+            listed = "; ".join(s.describe() for s in skips.samples[:10])
+            logger.info("the loader skips %d sample(s) named in its skip list: %s%s", len(skips), listed, " ..." if len(skips) > 10 else "")
+        self._sample_skips = skips
+        self.dataset.sample_skips = skips.identities() or None
+
+    def _restore(self, restored: RankState, named: SkipList) -> None:
         if self._started:
             raise StateError(format_message("a loader state must be restored before iterating the loader", fix="create a fresh loader, restore, then iterate"))
+        self._use_skips((restored.sample_skips or SkipList()).merged(self._sample_skips).merged(named))
         self.dataset.restore(restored)
         self._worker_states = list(restored.worker_states)
         self._next_worker = self._first_worker = restored.next_worker
@@ -416,12 +469,12 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         dist.gather_object(state, gathered, dst=global_dst_rank, group=group)
         return gathered
 
-    def restore_state_global(self, states: list[dict] | None, *, src_rank: int | None = None, allow_weight_edit: bool | None = None) -> None:
+    def restore_state_global(self, states: list[dict] | None, *, src_rank: int | None = None, allow_weight_edit: bool | None = None, skip_samples: Any = None, ignore_unknown_skips: bool = False) -> None:
         """Restores from every rank's state (``save_state_global``; sent from ``src_rank`` when
         given).  Saved on the same topology, this rank takes its own entry; saved on another
         number of ranks or workers, the rest of the running epoch is divided over this topology
-        (``elastic.py``: every sample not yet delivered comes once).  ``allow_weight_edit``: as
-        in :meth:`restore_state_rank`."""
+        (``elastic.py``: every sample not yet delivered comes once).  ``allow_weight_edit``,
+        ``skip_samples`` and ``ignore_unknown_skips``: as in :meth:`restore_state_rank`."""
         import torch.distributed as dist
 
         if src_rank is not None and dist.is_available() and dist.is_initialized():
@@ -429,6 +482,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             dist.broadcast_object_list(box, src=src_rank, group=self.worker_config.data_parallel_group)
             states = box[0]
         if states is None:
+            self.restore_state_rank(None, skip_samples=skip_samples, ignore_unknown_skips=ignore_unknown_skips)
             return
         check_nesting(states, "the loader states passed to restore_state_global", StateError)
         if isinstance(states, (list, tuple)):
@@ -439,7 +493,7 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             c.get("worker_config.world_size") == wc.world_size and c.get("worker_config.num_workers") == wc.num_workers for c in saved
         )
         if same_topology:
-            self.restore_state_rank(states[wc.rank])
+            self.restore_state_rank(states[wc.rank], skip_samples=skip_samples, ignore_unknown_skips=ignore_unknown_skips)
             return
         from .elastic import elastic_rank_state
 
@@ -449,7 +503,8 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if isinstance(states, (list, tuple)):
             states = grown_states(states, self.savable_dataset, grown)
         step = saved_manifest_step(states[0]) if isinstance(states, (list, tuple)) and states else None
-        self._restore(dataclasses.replace(elastic_rank_state(states, self.savable_dataset, wc, self.policy), manifest_step=step))
+        restored = elastic_rank_state(states, self.savable_dataset, wc, self.policy)
+        self._restore(dataclasses.replace(restored, manifest_step=step, sample_skips=saved_sample_skips(list(states))), self._named_skips(skip_samples, ignore_unknown_skips))
 
     def restore_sample(self, restore_key: tuple) -> Any:
         """Rebuilds a sample or batch from its ``__restore_key__`` (for a plain dict, which has none:

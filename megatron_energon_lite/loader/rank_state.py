@@ -6,7 +6,10 @@ from outside.  Version 2 (this one) puts a ``Pass`` stage (``pipeline/passes.py`
 worker pipeline that had none; version 1 states are upgraded on load.  Version 3 (this one) adds
 ``data``: per dataset, the shards, sample counts and a digest the state was saved against
 (``format/resolved.data_record``), which a restore compares with the data it finds
-(:func:`check_saved_data`); older states restore unchecked, with a logged note.
+(:func:`check_saved_data`); older states restore unchecked, with a logged note.  Two optional
+fields, written only when they apply so that other states keep their shape: ``manifest_step``
+(``manifest.py``) and ``sample_skips`` (a replay's skip list with its own version,
+``sample_skips.py``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from ..policy import PLAIN, Policy, log_once
 from ..pipeline.passes import upgrade_v1_worker_state
 from ..pipeline.state_check import check_bool, check_index, invalid
 from ..worker import WorkerConfig
+from .sample_skips import SkipList
 
-__all__ = ["MOVED_FROM", "saved_manifest_step", "PrefixRecord", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
+__all__ = ["MOVED_FROM", "saved_manifest_step", "saved_sample_skips", "PrefixRecord", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
 
 STATE_VERSION = 3
 #: Versions this one reads (older ones are upgraded).
@@ -60,6 +64,8 @@ class RankState:
     #: Batches the rank delivered (the step of its manifest, ``manifest.py``); only a loader
     #: with a manifest records it, so other states keep their shape.
     manifest_step: int | None = None
+    #: The samples a replay skips (``sample_skips.py``); only a state with some records them.
+    sample_skips: SkipList | None = None
 
     def to_json(self) -> dict:
         return {
@@ -73,6 +79,7 @@ class RankState:
             "pass_ended": self.pass_ended,
             **({"data": self.data} if self.data is not None else {}),
             **({"manifest_step": self.manifest_step} if self.manifest_step is not None else {}),
+            **({"sample_skips": self.sample_skips.to_json()} if self.sample_skips else {}),
         }
 
     @classmethod
@@ -108,6 +115,7 @@ class RankState:
             config=config,
             data=state.get("data"),
             manifest_step=saved_manifest_step(state),
+            sample_skips=saved_sample_skips(state),
         )
 
 
@@ -122,6 +130,18 @@ def saved_manifest_step(state: Any) -> int | None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise invalid(("manifest_step",), "the number of batches delivered (an integer >= 0)", step)
     return step
+
+
+def saved_sample_skips(states: Any) -> SkipList | None:
+    """The skip list of a rank state, or of every state of a list (a global state, a
+    redistributed one) together; None: none."""
+    if isinstance(states, dict) and isinstance(states.get(REDISTRIBUTED_FROM), list):
+        states = states[REDISTRIBUTED_FROM]
+    found = SkipList()
+    for state in states if isinstance(states, list) else [states]:
+        if isinstance(state, dict) and state.get("sample_skips") is not None:
+            found = found.merged(SkipList.from_json(state["sample_skips"]))
+    return found or None
 
 
 #: Parts of the configuration Energon does not compare on restore: under Energon's policy a state

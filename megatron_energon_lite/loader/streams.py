@@ -25,6 +25,7 @@ from ..pipeline.node import Node, get_restore_key, set_restore_key
 from ..pipeline.passes import ending_pass, on_top
 from ..pipeline.recipe import Recipe, check_takes_runtime, passes_continue
 from ..pipeline.runtime import Runtime
+from ..pipeline.skip import skipping
 from ..pipeline.state_check import nested
 from ..pipeline.watchdog import StuckReports
 from .handover.bundles import Bundle, BundleLimits, bundled
@@ -63,6 +64,9 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         self.start_watch: StartWatch | None = None
         #: Set by the loader: the cache pool its cookers get (through each pipeline's runtime).
         self.cache_pool: CachePool | None = None
+        #: Set by the loader before its workers start: the samples a replay skips
+        #: (``pipeline/skip.py``; ``(dataset, split index)`` -> description), None: none.
+        self.sample_skips: dict[tuple[int, int], str] | None = None
         #: Set by the loader when it runs worker processes: the shared memory items go out through.
         self.slabs: SlabRing | None = None
         #: Set by the loader when its workers send items in bundles: the main process's limits
@@ -87,13 +91,14 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         runtime = self._runtimes.get(logical)
         if runtime is None:
             sink = self.stuck_reports.sink() if in_worker and self.stuck_reports is not None else None
-            runtime = self._runtimes[logical] = Runtime(skips=SkipSink(), cache_pool=self.cache_pool, report_sink=sink)
+            runtime = self._runtimes[logical] = Runtime(skips=SkipSink(), cache_pool=self.cache_pool, report_sink=sink, sample_skips=self.sample_skips)
         return runtime
 
     def _pipeline(self, logical: int, runtime: Runtime) -> Node:
         pipeline = self._pipelines.get(logical)
         if pipeline is None:
-            pipeline = on_top(self.recipe.build_worker(logical, runtime), restart=self._restart_passes)
+            # A replay's skips enter below the first batching or packing stage, else on top.
+            pipeline = on_top(skipping(self.recipe.build_worker(logical, runtime), runtime), restart=self._restart_passes)
             restored = self._restored
             if restored is not None and restored.worker_states[logical] is not None:
                 with nested("worker_states", logical):  # names the field of a bad value (state_check)

@@ -36,6 +36,7 @@ from .passes import PassNode
 from .repeat import RepeatNode
 from .runtime import Runtime
 from .shuffle import ShuffleBufferNode
+from .skip import skipping
 from .watchdog import WatchdogNode
 
 __all__ = [
@@ -349,7 +350,7 @@ class Pack(StageRecipe[T]):
 
     def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         return PackNode(
-            self.dataset.build_worker(local_worker_id, runtime),
+            skipping(self.dataset.build_worker(local_worker_id, runtime), runtime),  # a replay's skips enter here
             self.buffer_size,
             self._stage_fn(self.select, local_worker_id, runtime),
             self._stage_fn(self.pack, local_worker_id, runtime),
@@ -384,7 +385,7 @@ class GroupBatch(StageRecipe[T]):
 
     def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         return GroupBatchNode(
-            self.dataset.build_worker(local_worker_id, runtime),
+            skipping(self.dataset.build_worker(local_worker_id, runtime), runtime),  # a replay's skips enter here
             self._stage_fn(self.criterion, local_worker_id, runtime),
             self._stage_fn(self.batcher, local_worker_id, runtime, batch=True),
             batch_size=self.batch_size,
@@ -410,7 +411,7 @@ class Batch(StageRecipe[T]):
 
     def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         return BatchNode(
-            self.dataset.build_worker(local_worker_id, runtime),
+            skipping(self.dataset.build_worker(local_worker_id, runtime), runtime),  # a replay's skips enter here
             self.batch_size,
             self._stage_fn(self.batcher, local_worker_id, runtime, batch=True),
             drop_last=self.drop_last,

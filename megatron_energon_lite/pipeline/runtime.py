@@ -11,7 +11,7 @@ without worker processes) thus never see each other's clock, skips or cache pool
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 if TYPE_CHECKING:
     from ..cache.base import CachePool
@@ -33,3 +33,6 @@ class Runtime:
     #: Where a stuck-item report of the watchdog goes (a dataloader worker's channel to the main
     #: process); None: logged here.
     report_sink: Callable[[str], None] | None = None
+    #: The samples a replay skips (``pipeline/skip.py``): ``(dataset, split index)`` -> how the
+    #: report names it; None: none (the pipeline has no skip stage).
+    sample_skips: Mapping[tuple[int, int], str] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..decode import SampleDecoder
@@ -22,7 +22,7 @@ from ..samples import CrudeSample
 from ..storage import AnyPath
 from .views import ErrorView, View, view_of
 
-__all__ = ["PreviewField", "PreviewSample", "Section", "collect", "sample_fields"]
+__all__ = ["PreviewField", "PreviewSample", "Section", "collect", "collect_indexed", "sample_fields"]
 
 #: Fields Energon's preview leaves out: bookkeeping, not data.
 HIDDEN_FIELDS = ("__restore_key__", "__subflavors__", "__sources__")
@@ -84,6 +84,39 @@ def collect(
             yield _section(loader, f"{path} split {split}", decoder, range(len(loader)), num_samples, offset)
         finally:
             loader.close()
+
+
+def collect_indexed(groups: Iterable[tuple[str, Sequence[tuple[str, str, int | None]]]]) -> Iterator[Section]:
+    """One section per ``(title, samples)`` group, each sample named by ``(dataset path, split,
+    split index)`` (the samples of a manifest step; index None: a sample the manifest does not
+    name alone, shown as an error).  Each dataset is opened once."""
+    decoder = SampleDecoder(image_decode="pil", untrusted_pickle="bytes")
+    loaders: dict[tuple[str, str], SampleLoader | str] = {}
+    try:
+        for title, samples in groups:
+            shown = []
+            for path, split, index in samples:
+                if index is None:
+                    shown.append(PreviewSample(-1, None, None, error="not one sample of a dataset (a packed or grouped item's key): see its restore key"))
+                    continue
+                loader = loaders.get((path, split))
+                if loader is None:
+                    try:
+                        loader = SampleLoader(path, split, decoder=decoder)
+                        if _decodes_parts_itself(loader):
+                            loader.decoder = None  # raw parts: decoded one by one, as collect() does
+                    except EnergonLiteError as exc:  # a dataset gone or not readable here
+                        loader = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                    loaders[(path, split)] = loader
+                if isinstance(loader, str):
+                    shown.append(PreviewSample(index, None, None, error=loader))
+                else:
+                    shown.append(_load(loader, index, decoder if loader.decoder is None else None))
+            yield Section(title, tuple(shown))
+    finally:
+        for loader in loaders.values():
+            if not isinstance(loader, str):
+                loader.close()
 
 
 def _metadataset_sections(path: AnyPath, split: str, decoder: SampleDecoder, num_samples: int, offset: int, dataset_config: str | None, trust: bool) -> Iterator[Section]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,49 @@ def test_a_torn_file_is_reported_and_its_prefix_shown(written) -> None:
 def test_not_a_manifest_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["manifest", "stats", str(tmp_path)])
     assert result.exit_code != 0 and "not a manifest folder" in result.output
+
+
+def _captioning_step_page(prepared_captioning: Path, tmp_path: Path) -> tuple[Path, list[str]]:
+    """A manifest of a captioning run, and the page ``manifest show --html`` writes of step 2
+    (with the sample keys of that step's batch)."""
+    dataset = get_train_dataset(prepared_captioning, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=3)
+    loader = get_savable_loader(dataset, manifest=tmp_path / "m")
+    it = iter(loader)
+    keys = [list(next(it).__key__) for _ in range(4)]
+    loader.save_state_rank()
+    page = tmp_path / "step.html"
+    result = CliRunner().invoke(cli, ["manifest", "show", str(tmp_path / "m"), "--step", "2", "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    assert "Wrote 3 samples" in result.output
+    return page, keys[2]
+
+
+def test_show_html_renders_the_steps_samples(prepared_captioning: Path, tmp_path: Path) -> None:
+    page, keys = _captioning_step_page(prepared_captioning, tmp_path)
+
+    class Structure(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: list[tuple[str, str | None]] = []
+            self.keys: list[str] = []
+            self._in_key = False
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append((tag, dict(attrs).get("class")))
+            self._in_key = tag == "span" and dict(attrs).get("class") == "key"
+
+        def handle_data(self, data):
+            if self._in_key:
+                self.keys.append(data)
+                self._in_key = False
+
+    parsed = Structure()
+    parsed.feed(page.read_text())
+    assert [c for t, c in parsed.tags if t == "section"] == [None]  # one rank
+    assert sum(1 for t, c in parsed.tags if t == "div" and c == "sample") == 3
+    assert parsed.keys == keys  # the step's samples, in batch order
+    assert sum(1 for t, _ in parsed.tags if t == "img") >= 3  # each sample's image
+    assert "step 2 rank 0" in page.read_text()
 
 
 def test_stats_compares_each_window_with_the_schedules_target(prepared_blend: Path, tmp_path: Path) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -166,12 +168,18 @@ def test_a_folder_of_another_run_is_refused_naming_both(prepared_text: Path, pre
     get_savable_loader(_dataset(prepared_text, 2), manifest=tmp_path / "m")  # another topology: the same run
 
 
-def test_torn_tail_keeps_the_valid_prefix(prepared_text: Path, tmp_path: Path) -> None:
-    loader = get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")
-    seen = [key for key, _ in _run(loader, 6)]
+def _one_file(path: Path, folder: Path, batches: int):
+    """A loader that delivered ``batches`` batches of 4 into the manifest ``folder``; its batch
+    keys, its one file and that file's bytes."""
+    loader = get_savable_loader(_dataset(path, 0, batch_size=4), manifest=folder)
+    seen = [key for key, _ in _run(loader, batches)]
     loader.save_state_rank()
-    (file,) = read_rank_files(tmp_path / "m")
-    whole = file.path.read_bytes()
+    (file,) = read_rank_files(folder)
+    return loader, seen, file, file.path.read_bytes()
+
+
+def test_torn_tail_keeps_the_valid_prefix(prepared_text: Path, tmp_path: Path) -> None:
+    loader, seen, file, whole = _one_file(prepared_text, tmp_path / "m", 6)
     header = 8 + int.from_bytes(whole[4:8], "little") + 4
     clean = 0
     for cut in range(header, len(whole)):
@@ -246,3 +254,66 @@ def test_a_full_disk_is_raised_in_the_loop_not_hung(prepared_text: Path, small_d
     with pytest.raises(DatasetError, match="manifest could not be written"):
         _run(loader, 3)
         loader.save_state_rank()
+
+
+def test_a_truncated_or_garbled_header_is_reported_not_raised(prepared_text: Path, tmp_path: Path) -> None:
+    _, _, file, whole = _one_file(prepared_text, tmp_path / "m", 3)
+    header_end = 8 + int.from_bytes(whole[4:8], "little") + 4
+    for cut in (2, 10, header_end - 1):
+        file.path.write_bytes(whole[:cut])
+        (torn,) = read_rank_files(tmp_path / "m")
+        assert torn.records == [] and str(file.path) in torn.problem, cut
+    # A header whose CRC matches but that is no JSON object (a hostile or foreign file).
+    for body in (b"not json", b"[1, 2]"):
+        file.path.write_bytes(b"EMF1" + struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body)) + whole[header_end:])
+        (bad,) = read_rank_files(tmp_path / "m")
+        assert bad.records == [] and "not a manifest header" in bad.problem
+    assert list(read_manifest(tmp_path / "m")) == []
+
+
+def test_a_file_of_another_run_in_the_folder_is_left_out_naming_both(prepared_text: Path, prepared_blend: Path, tmp_path: Path) -> None:
+    ours = get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")
+    seen = [key for key, _ in _run(ours, 3)]
+    ours.save_state_rank()
+    theirs = get_savable_loader(_dataset(prepared_blend, 0, batch_size=4), manifest=tmp_path / "other")
+    _run(theirs, 5)
+    theirs.save_state_rank()
+    (foreign,) = read_rank_files(tmp_path / "other")
+    (tmp_path / "m" / "rank00000-00007.emf").write_bytes(foreign.path.read_bytes())  # copied in by mistake
+    files = read_rank_files(tmp_path / "m")
+    (problem,) = manifest_problems(files)
+    assert "rank00000-00007.emf" in problem and str(prepared_blend.parent / "a") in problem and str(prepared_text) in problem
+    assert [step.batches[0][0] for step in read_manifest(tmp_path / "m")] == seen  # the foreign steps 0..4 are not mixed in
+
+
+def test_read_manifest_streams_and_reports_what_it_leaves_out(prepared_text: Path, tmp_path: Path) -> None:
+    loader, seen, file, whole = _one_file(prepared_text, tmp_path / "m", 6)
+    file.path.write_bytes(whole[:-3])  # the last record torn
+    problems: list[str] = []
+    steps = read_manifest(tmp_path / "m", problems=problems)
+    assert next(steps).batches[0][0] == seen[0] and problems == []  # read as asked for
+    assert [s.batches[0][0] for s in steps] == seen[1:5]
+    (problem,) = problems
+    assert "torn or damaged" in problem and str(file.path) in problem
+    # A record whose step does not follow the one before (a damaged or hostile file) ends it.
+    records = read_rank_files(tmp_path / "m")[0].records
+    writer = manifest_module.ManifestWriter(tmp_path / "m", rank=0, world_size=1, num_workers=0, config=loader.config(), data=loader.savable_dataset.data_record(), datasets=[])
+    for step in (0, 1, 1):
+        writer.add(step, records[0][1])
+    writer.close()
+    problems = []
+    assert len(list(read_manifest(tmp_path / "m", problems=problems))) == 5
+    assert any("step 1 after step 1" in p for p in problems)
+
+
+def test_two_loaders_of_one_rank_made_before_either_writes_take_their_own_files(prepared_text: Path, tmp_path: Path) -> None:
+    first = get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")
+    second = get_savable_loader(_dataset(prepared_text, 0, batch_size=4), manifest=tmp_path / "m")  # made before first writes
+    first_keys = [key for key, _ in _run(first, 2)]
+    first.save_state_rank()
+    second_keys = [key for key, _ in _run(second, 3)]
+    second.save_state_rank()  # raised FileExistsError when both took file 0
+    files = read_rank_files(tmp_path / "m")
+    assert [(f.seq, len(f.records)) for f in files] == [(0, 2), (1, 3)]
+    assert [s.batches[0][0] for s in read_manifest(tmp_path / "m")] == second_keys  # the later file wins
+    assert first_keys == second_keys[:2]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from PIL import Image
 from preview_helpers import (
     COLOURS,
@@ -31,6 +32,9 @@ from preview_helpers import (
     solid,
     wav_bytes,
 )
+
+from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
+from megatron_energon_lite.cli.main import cli
 
 CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome") if (path := shutil.which(name))), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (scripts/setup.sh installs Debian's chromium when run as root): the HTML page is not rendered")
@@ -143,3 +147,17 @@ def test_detector_catches_a_broken_image_a_thrown_error_and_a_blocked_script(pag
     blocked = tmp_path / "blocked.html"  # our page forbids scripts: an injected one would be refused
     blocked.write_text(text.replace("</body>", "<script>document.title = 'ran'</script></body>"))
     assert any("CSP violation" in p for p in inspect(blocked)[0]["problems"])
+
+
+def test_a_manifest_step_page_renders_without_errors(prepared_captioning: Path, tmp_path: Path) -> None:
+    """``energon-lite manifest show --html``: the same renderer, a step's samples."""
+    dataset = get_train_dataset(prepared_captioning, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=3)
+    loader = get_savable_loader(dataset, manifest=tmp_path / "m")
+    next(iter(loader))
+    loader.save_state_rank()
+    page = tmp_path / "step.html"
+    result = CliRunner().invoke(cli, ["manifest", "show", str(tmp_path / "m"), "--step", "0", "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    report, _ = inspect(page)
+    assert report["problems"] == []
+    assert len(report["images"]) == 3 and all(image["natural"][0] > 0 for image in report["images"])
