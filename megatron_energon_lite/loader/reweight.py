@@ -203,6 +203,22 @@ def _rewrite(state: Any, edit: BlendEdit, current: dict, current_data: list | No
         # Another length: left as it is, for the data check to name.
         if len(state["data"]) == edit.saved_count:
             out["data"] = [current_data[j] if i is None else state["data"][i] for j, i in enumerate(edit.saved_index)]
+    skips = state.get("sample_skips")
+    if isinstance(skips, dict) and isinstance(skips.get("samples"), list):
+        out["sample_skips"] = {**skips, "samples": _renumbered_skips(skips["samples"], edit)}
+    return out
+
+
+def _renumbered_skips(samples: list, edit: BlendEdit) -> list:
+    """A saved skip list (``sample_skips.py``) names samples by dataset index: the current
+    index of each kept dataset; samples of removed datasets are dropped (nothing to skip)."""
+    current = {saved: now for now, saved in enumerate(edit.saved_index) if saved is not None}
+    out = []
+    for sample in samples:
+        if isinstance(sample, dict) and sample.get("dataset") in current:
+            out.append({**sample, "dataset": current[sample["dataset"]]})
+        elif not isinstance(sample, dict) or not isinstance(sample.get("dataset"), int) or isinstance(sample.get("dataset"), bool):
+            out.append(sample)  # malformed: left for the restore's own check to name
     return out
 
 

@@ -369,3 +369,17 @@ def test_ranks_restoring_their_own_states_start_the_new_exact_schedule_together(
             stream.extend(next(it).__key__)
         share_a = sum(key[0] == "a" for key in stream)
         assert abs(share_a - len(stream) * 3 / 5) < 1, (len(stream), stream)
+
+
+def test_a_weight_edit_renumbers_the_saved_skip_list(blends) -> None:
+    """Skip lists name samples by dataset index: after abc -> ac (c first now, b removed), the
+    skipped sample of c is dataset 0 and the one of b is gone (nothing of b is read)."""
+    saving = _loader(blends["abc"], workers=0, mode="random")
+    saving.restore_state_rank(None, skip_samples=[{"dataset": 2, "index": 0}, {"dataset": 1, "index": 1}])
+    _run(saving, 2)
+    state = saving.save_state_rank()
+    assert [(s["dataset"], s["path"].rsplit("/", 1)[-1]) for s in state["sample_skips"]["samples"]] == [(2, "c"), (1, "b")]
+    restored = _loader(blends["ac"], workers=0, mode="random")
+    restored.restore_state_rank(state, allow_weight_edit=True)
+    after = restored.save_state_rank()["sample_skips"]["samples"]
+    assert [(s["dataset"], s["index"], s["path"].rsplit("/", 1)[-1]) for s in after] == [(0, 0, "c")]
