@@ -78,6 +78,10 @@ logger = logging.getLogger(__name__)
 #: ``fn(data, decoder) -> value``: decodes one part; may read the decoder's settings.
 DecoderFn = Callable[[bytes, "SampleDecoder"], Any]
 
+#: Where images are decoded: in the workers (``"pixels"`` handed over) or after the hand-over
+#: (``"bytes"``: :class:`~.image.EncodedImage`, decoded in the main process).
+IMAGE_HANDOVERS: tuple[str, ...] = ("pixels", "bytes")
+
 #: Energon's ``av_decode`` values: a lazy :class:`~.av.AVDecoder` (default), everything decoded
 #: to :class:`~.av.AVData` (``"torch"``), or the opened PyAV container (``"pyav"``).
 AV_DECODE_MODES: tuple[str, ...] = ("torch", "AVDecoder", "pyav")
@@ -236,6 +240,12 @@ class SampleDecoder:
             CHANGES the decoded size and, slightly, the pixels after the resize (see
             docs/guide/images.md); other formats are decoded at full size. Bomb limits apply
             to the size the file declares.
+        image_handover: ``"pixels"`` (the default): images are decoded in the workers.
+            ``"bytes"``: the workers check an image's header against the limits below and hand
+            over an :class:`~.image.EncodedImage` (the bytes and these settings) instead of
+            pixels, for the main process to decode a batch at once, e.g. on the GPU
+            (:class:`~.gpu.ImageBatchDecoder`); ``EncodedImage.decode()`` gives the pixels the
+            worker would have.
         image_max_size: like ``image_min_side`` for the LONGER side: JPEGs are decoded at the
             smallest scale where their longer side stays at least this many pixels (for a task
             encoder that fits images into S x S). Both may be set; each must then hold.
@@ -271,6 +281,7 @@ class SampleDecoder:
         allow_pickle: bool = False,
         image_max_size: int | None = None,
         image_min_side: int | None = None,
+        image_handover: str = "pixels",
         av_byte_budget: int = av.DEFAULT_BYTE_BUDGET,
         untrusted_pickle: str = "error",
         max_image_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
@@ -314,6 +325,16 @@ class SampleDecoder:
         ):
             if limit is not None and not _positive_int(limit):
                 raise ConfigError(format_message(f"{name} must be a positive int or None", found=repr(limit), fix=f"pass {fix}; None for no limit"))
+        if image_handover not in IMAGE_HANDOVERS:
+            raise ConfigError(
+                format_message(
+                    f"unknown image_handover {image_handover!r}",
+                    expected=f"one of {' '.join(IMAGE_HANDOVERS)}",
+                    found=repr(image_handover),
+                    fix='use "pixels" (decode in the workers, the default) or "bytes" (decode in the main process, '
+                    "e.g. on the GPU with megatron_energon_lite.decode.gpu.ImageBatchDecoder)",
+                )
+            )
         if untrusted_pickle not in ("error", "bytes"):
             raise ConfigError(format_message("untrusted_pickle must be 'error' or 'bytes'", found=repr(untrusted_pickle)))
         if guess_content:
@@ -334,6 +355,7 @@ class SampleDecoder:
         self.untrusted_pickle = untrusted_pickle
         self.image_max_size = image_max_size
         self.image_min_side = image_min_side
+        self.image_handover = image_handover
         self.max_image_pixels = max_image_pixels
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_jpeg_scans = max_jpeg_scans
@@ -367,6 +389,7 @@ class SampleDecoder:
             "av_backend": av.backend(),
             # Only when set, so that saved fingerprints stay valid.
             **({"image_min_side": self.image_min_side} if self.image_min_side is not None else {}),
+            **({"image_handover": self.image_handover} if self.image_handover != "pixels" else {}),
             **({"untrusted_pickle": self.untrusted_pickle} if self.untrusted_pickle != "error" else {}),
             **({"max_image_pixels": self.max_image_pixels} if self.max_image_pixels != PILLOW_PIXEL_LIMIT else {}),
             **(

@@ -60,6 +60,7 @@ A JPEG the fast path finds truncated is not decoded again by Pillow, which refus
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import sys
@@ -78,7 +79,9 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "DEFAULT_MAX_JPEG_SCANS",
     "PILLOW_PIXEL_LIMIT",
+    "EncodedImage",
     "ImageSpec",
+    "check_image_header",
     "check_image_pixels",
     "check_jpeg_scans",
     "JPEG_SCALES",
@@ -450,14 +453,52 @@ def _fast_jpeg_rgb(
         return None  # let Pillow decode it, or raise its own error for a broken file
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EncodedImage:
+    """An image part left encoded by the worker, for decoding in the main process
+    (``SampleDecoder(image_handover="bytes")``, e.g. on the GPU with
+    :class:`~megatron_energon_lite.decode.gpu.ImageBatchDecoder`): its bytes, already checked
+    against the pixel and scan limits, and the decoder's settings, so that :meth:`decode` gives
+    exactly what the worker would have."""
+
+    data: bytes
+    image_decode: str
+    min_side: int | None = None
+    max_size: int | None = None
+    max_pixels: int | str | None = PILLOW_PIXEL_LIMIT
+    max_scans: int | None = DEFAULT_MAX_JPEG_SCANS
+
+    def decode(self) -> Any:
+        """The pixels, on the CPU, as the worker's decoder would have made them."""
+        return decode_image_bytes(
+            self.data, self.image_decode, min_side=self.min_side, max_size=self.max_size, max_pixels=self.max_pixels, max_scans=self.max_scans
+        )
+
+    def __repr__(self) -> str:
+        return f"EncodedImage({len(self.data):,} bytes, image_decode={self.image_decode!r})"
+
+
+def check_image_header(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, max_scans: int | None = DEFAULT_MAX_JPEG_SCANS) -> tuple[int, int]:
+    """The (width, height) an image's header declares, after the scan and pixel limits (see the
+    module docstring); raises :class:`DecompressionBombError` over them, without decoding."""
+    if data[:2] == b"\xff\xd8":
+        check_jpeg_scans(data, max_scans)
+    img = _pil_image().open(io.BytesIO(data))  # reads the header only
+    check_image_pixels(*img.size, max_pixels, source=f"{img.format} image")
+    return img.size
+
+
 def decode_image(data: bytes, decoder: SampleDecoder) -> Any:
     """The registered image decoder: uses the decoder's ``image_decode``, ``image_min_side``,
-    ``image_max_size``, ``max_image_pixels`` and ``max_jpeg_scans``."""
-    return decode_image_bytes(
-        data,
-        decoder.image_decode,
-        max_size=decoder.image_max_size,
-        min_side=getattr(decoder, "image_min_side", None),
-        max_pixels=getattr(decoder, "max_image_pixels", PILLOW_PIXEL_LIMIT),
-        max_scans=getattr(decoder, "max_jpeg_scans", DEFAULT_MAX_JPEG_SCANS),
-    )
+    ``image_max_size``, ``max_image_pixels`` and ``max_jpeg_scans``; with ``image_handover="bytes"``,
+    checks the header against the limits and returns an :class:`EncodedImage` instead."""
+    settings = {
+        "min_side": getattr(decoder, "image_min_side", None),
+        "max_size": decoder.image_max_size,
+        "max_pixels": getattr(decoder, "max_image_pixels", PILLOW_PIXEL_LIMIT),
+        "max_scans": getattr(decoder, "max_jpeg_scans", DEFAULT_MAX_JPEG_SCANS),
+    }
+    if getattr(decoder, "image_handover", "pixels") == "bytes":
+        check_image_header(data, settings["max_pixels"], settings["max_scans"])
+        return EncodedImage(data, decoder.image_decode, **settings)
+    return decode_image_bytes(data, decoder.image_decode, **settings)
