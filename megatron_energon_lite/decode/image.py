@@ -440,11 +440,12 @@ def _fast_jpeg_rgb(
         return None
     check_image_pixels(width, height, max_pixels, source="JPEG image")
     scale = jpeg_scale(width, height, min_side=min_side, max_size=max_size)
+    colorspace = "RGBX" if padded else "RGB"
     try:
+        if scale == 1:
+            return _SIMPLEJPEG.decode_jpeg(data, colorspace=colorspace)
         # At least libjpeg's size at 1/scale: simplejpeg then picks exactly that scale, as Pillow's draft does.
-        return _SIMPLEJPEG.decode_jpeg(
-            data, colorspace="RGBX" if padded else "RGB", min_height=-(-height // scale), min_width=-(-width // scale)
-        )
+        return _SIMPLEJPEG.decode_jpeg(data, colorspace=colorspace, min_height=-(-height // scale), min_width=-(-width // scale))
     except (ValueError, RuntimeError) as exc:
         # simplejpeg refuses on libjpeg's warnings too, which Pillow ignores: Pillow decodes those
         # (bounded by the scan limit), except a truncated file, which it refuses as well.
