@@ -78,6 +78,10 @@ logger = logging.getLogger(__name__)
 #: ``fn(data, decoder) -> value``: decodes one part; may read the decoder's settings.
 DecoderFn = Callable[[bytes, "SampleDecoder"], Any]
 
+#: Where images are decoded: in the workers (``"pixels"`` handed over) or after the hand-over
+#: (``"bytes"``: :class:`~.image.EncodedImage`, decoded in the main process).
+IMAGE_HANDOVERS: tuple[str, ...] = ("pixels", "bytes")
+
 #: Energon's ``av_decode`` values: a lazy :class:`~.av.AVDecoder` (default), everything decoded
 #: to :class:`~.av.AVData` (``"torch"``), or the opened PyAV container (``"pyav"``).
 AV_DECODE_MODES: tuple[str, ...] = ("torch", "AVDecoder", "pyav")
@@ -228,10 +232,23 @@ class SampleDecoder:
             :meth:`under`).
         untrusted_pickle: what an untrusted ``pkl pickle pyd`` part becomes: ``"error"`` (the
             default) or ``"bytes"`` (left undecoded, e.g. for a linter).
-        image_max_size: off by default. When set, JPEGs are decoded at 1/2, 1/4 or 1/8 scale
-            where their longest side stays at least this many pixels (Pillow's ``draft``), which
-            is much faster for large photos but CHANGES the image size; other formats are
-            decoded at full size.
+        image_min_side: decode at training size; off (None) by default. When set, JPEGs are
+            decoded at the smallest DCT scale (1/1, 1/2, 1/4 or 1/8) at which their SHORTER
+            side stays at least this many pixels (libjpeg's reduced-scale decode, through
+            simplejpeg or Pillow's ``draft``, the same pixels either way): for a task encoder
+            that resizes the shorter side to S, pass S. Much faster for large photos, but it
+            CHANGES the decoded size and, slightly, the pixels after the resize (see
+            docs/guide/images.md); other formats are decoded at full size. Bomb limits apply
+            to the size the file declares.
+        image_handover: ``"pixels"`` (the default): images are decoded in the workers.
+            ``"bytes"``: the workers check an image's header against the limits below and hand
+            over an :class:`~.image.EncodedImage` (the bytes and these settings) instead of
+            pixels, for the main process to decode a batch at once, e.g. on the GPU
+            (:class:`~.gpu.ImageBatchDecoder`); ``EncodedImage.decode()`` gives the pixels the
+            worker would have.
+        image_max_size: like ``image_min_side`` for the LONGER side: JPEGs are decoded at the
+            smallest scale where their longer side stays at least this many pixels (for a task
+            encoder that fits images into S x S). Both may be set; each must then hold.
         max_image_pixels: images with more pixels than this (read from the header) are refused
             with :class:`~megatron_energon_lite.errors.DecompressionBombError` before decoding.
             ``"pillow"`` (the default) follows ``PIL.Image.MAX_IMAGE_PIXELS`` at decode time
@@ -263,6 +280,8 @@ class SampleDecoder:
         guess_content: bool = False,
         allow_pickle: bool = False,
         image_max_size: int | None = None,
+        image_min_side: int | None = None,
+        image_handover: str = "pixels",
         av_byte_budget: int = av.DEFAULT_BYTE_BUDGET,
         untrusted_pickle: str = "error",
         max_image_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
@@ -279,16 +298,15 @@ class SampleDecoder:
                     fix='use av_decode="AVDecoder" (lazy decoding, the default)',
                 )
             )
-        if image_max_size is not None and (
-            isinstance(image_max_size, bool) or not isinstance(image_max_size, int) or image_max_size < 1
-        ):
-            raise ConfigError(
-                format_message(
-                    "image_max_size must be a positive int or None",
-                    found=repr(image_max_size),
-                    fix="pass the longest image side you need in pixels, e.g. 512, or None for full size",
+        for name, side, which in (("image_max_size", image_max_size, "longer"), ("image_min_side", image_min_side, "shorter")):
+            if side is not None and not _positive_int(side):
+                raise ConfigError(
+                    format_message(
+                        f"{name} must be a positive int or None",
+                        found=repr(side),
+                        fix=f"pass the {which} image side you need in pixels, e.g. 448, or None for full size",
+                    )
                 )
-            )
         for flag, value in (("video_decode_audio", video_decode_audio), ("guess_content", guess_content), ("allow_pickle", allow_pickle)):
             if not isinstance(value, bool):
                 raise ConfigError(format_message(f"{flag} must be True or False", found=repr(value)))
@@ -307,6 +325,16 @@ class SampleDecoder:
         ):
             if limit is not None and not _positive_int(limit):
                 raise ConfigError(format_message(f"{name} must be a positive int or None", found=repr(limit), fix=f"pass {fix}; None for no limit"))
+        if image_handover not in IMAGE_HANDOVERS:
+            raise ConfigError(
+                format_message(
+                    f"unknown image_handover {image_handover!r}",
+                    expected=f"one of {' '.join(IMAGE_HANDOVERS)}",
+                    found=repr(image_handover),
+                    fix='use "pixels" (decode in the workers, the default) or "bytes" (decode in the main process, '
+                    "e.g. on the GPU with megatron_energon_lite.decode.gpu.ImageBatchDecoder)",
+                )
+            )
         if untrusted_pickle not in ("error", "bytes"):
             raise ConfigError(format_message("untrusted_pickle must be 'error' or 'bytes'", found=repr(untrusted_pickle)))
         if guess_content:
@@ -326,6 +354,8 @@ class SampleDecoder:
         self.allow_pickle = allow_pickle
         self.untrusted_pickle = untrusted_pickle
         self.image_max_size = image_max_size
+        self.image_min_side = image_min_side
+        self.image_handover = image_handover
         self.max_image_pixels = max_image_pixels
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_jpeg_scans = max_jpeg_scans
@@ -358,6 +388,8 @@ class SampleDecoder:
             "av_byte_budget": self.av_byte_budget,
             "av_backend": av.backend(),
             # Only when set, so that saved fingerprints stay valid.
+            **({"image_min_side": self.image_min_side} if self.image_min_side is not None else {}),
+            **({"image_handover": self.image_handover} if self.image_handover != "pixels" else {}),
             **({"untrusted_pickle": self.untrusted_pickle} if self.untrusted_pickle != "error" else {}),
             **({"max_image_pixels": self.max_image_pixels} if self.max_image_pixels != PILLOW_PIXEL_LIMIT else {}),
             **(

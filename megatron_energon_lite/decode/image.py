@@ -23,6 +23,13 @@ JPEG is decoded to RGBX, four bytes a pixel, and split into planes by shifting 3
 (:func:`rgbx_planes`, 17-20 us for 256x256): the byte-wise HWC -> CHW transpose it replaces took
 47 us, a fifth of the decode's own time on top of it.
 
+Decode at training size (``SampleDecoder(image_min_side=S)`` or ``image_max_size=S``, off by
+default): libjpeg decodes a JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain, so a 1600x1200 photo
+needed with a shorter side of 448 comes out at 800x600 and the resize after it touches a quarter
+of the pixels. :func:`jpeg_scale` picks the smallest scale whose output (libjpeg's ceil(side / s))
+still meets the demand; simplejpeg and Pillow's ``draft`` then decode at that scale to the same
+pixels (tested). Other formats are decoded at full size.
+
 Decompression bombs: an image's width and height are read from its header first, and an image
 with more pixels than the limit is refused with
 :class:`~megatron_energon_lite.errors.DecompressionBombError` before any pixel is decoded, on
@@ -53,6 +60,7 @@ A JPEG the fast path finds truncated is not decoded again by Pillow, which refus
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import sys
@@ -71,12 +79,16 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "DEFAULT_MAX_JPEG_SCANS",
     "PILLOW_PIXEL_LIMIT",
+    "EncodedImage",
     "ImageSpec",
+    "check_image_header",
     "check_image_pixels",
     "check_jpeg_scans",
+    "JPEG_SCALES",
     "count_jpeg_scans",
     "decode_image",
     "decode_image_bytes",
+    "jpeg_scale",
 ]
 
 
@@ -249,16 +261,33 @@ def check_jpeg_scans(data: bytes, max_scans: int | None = DEFAULT_MAX_JPEG_SCANS
         )
 
 
-def _draft(img: Image.Image, max_size: int) -> None:
-    """Lets libjpeg decode at 1/2, 1/4 or 1/8 scale while the longest side stays >= ``max_size``."""
-    if img.format not in ("JPEG", "MPO"):
-        return
-    width, height = img.size
-    for scale in (8, 4, 2):
-        if max(width, height) // scale >= max_size and min(width, height) // scale >= 1:
-            # Asking for size // scale makes Pillow pick exactly this scale (floor(size / (size // s)) is in [s, 2s)).
-            img.draft(None, (width // scale, height // scale))
-            return
+#: The reduced scales libjpeg decodes at in the DCT domain (1/8, 1/4, 1/2), largest first: the
+#: ones Pillow's ``draft`` offers, so that simplejpeg and Pillow decode to the same size.
+JPEG_SCALES: tuple[int, ...] = (8, 4, 2)
+
+
+def jpeg_scale(width: int, height: int, *, min_side: int | None = None, max_size: int | None = None) -> int:
+    """The denominator s (8, 4, 2, else 1) of the smallest scale 1/s at which a ``width`` x
+    ``height`` JPEG, decoded to libjpeg's ceil(width / s) x ceil(height / s), keeps its shorter
+    side at least ``min_side`` and its longer side at least ``max_size`` (None: no demand;
+    1 when neither is set). An image already smaller than a demand is decoded at full size."""
+    if min_side is None and max_size is None:
+        return 1
+    for scale in JPEG_SCALES:
+        if min(width, height) < scale:  # Pillow's draft needs a side of at least 1 at floor(side / s)
+            continue
+        shorter, longer = sorted((-(-width // scale), -(-height // scale)))
+        if (min_side is None or shorter >= min_side) and (max_size is None or longer >= max_size):
+            return scale
+    return 1
+
+
+def _draft(img: Image.Image, scale: int) -> None:
+    """Makes Pillow's libjpeg decode the JPEG ``img`` (opened, not loaded) at 1/``scale``."""
+    if scale > 1 and img.format in ("JPEG", "MPO"):
+        width, height = img.size
+        # Asking for size // scale makes Pillow pick exactly this scale (floor(size / (size // s)) is in [s, 2s)).
+        img.draft(None, (width // scale, height // scale))
 
 
 def decode_image_bytes(
@@ -266,13 +295,15 @@ def decode_image_bytes(
     image_decode: str = "torchrgb",
     *,
     max_size: int | None = None,
+    min_side: int | None = None,
     max_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
     max_scans: int | None = DEFAULT_MAX_JPEG_SCANS,
 ) -> Any:
     """Decodes image bytes as ``image_decode`` says (see the module docstring).
 
-    ``max_size``: for JPEGs only, decode at a reduced scale (1/2, 1/4 or 1/8) that keeps the
-    longest side at least ``max_size``; this changes the output size. None decodes at full size.
+    ``min_side`` / ``max_size``: for JPEGs only, decode at the smallest DCT scale (1/1, 1/2,
+    1/4 or 1/8, :func:`jpeg_scale`) that keeps the shorter side at least ``min_side`` and the
+    longer side at least ``max_size``; this changes the output size. None (both): full size.
     ``max_pixels``: images with more pixels (by their header) are refused with
     :class:`DecompressionBombError` before decoding; ``"pillow"`` follows
     ``PIL.Image.MAX_IMAGE_PIXELS``, None is no limit. ``max_scans``: JPEGs with more scans are
@@ -282,7 +313,7 @@ def decode_image_bytes(
     if data[:2] == b"\xff\xd8":
         check_jpeg_scans(data, max_scans)
     padded = spec.output == "torch"  # RGBX pixels, for CHW planes by whole-word shifts
-    array = _fast_jpeg_rgb(data, max_pixels, padded=padded) if spec.mode == "RGB" and spec.output != "pil" and max_size is None else None
+    array = _fast_jpeg_rgb(data, max_pixels, padded=padded, min_side=min_side, max_size=max_size) if spec.mode == "RGB" and spec.output != "pil" else None
     if array is not None:
         return _from_rgbx_array(array, spec) if padded else _from_rgb_array(array, spec)
     from PIL import Image
@@ -290,8 +321,8 @@ def decode_image_bytes(
     try:
         img = Image.open(io.BytesIO(data))  # reads the header only
         check_image_pixels(*img.size, max_pixels, source=f"{img.format} image")
-        if max_size is not None:
-            _draft(img, max_size)
+        if min_side is not None or max_size is not None:
+            _draft(img, jpeg_scale(*img.size, min_side=min_side, max_size=max_size))
         img.load()
     except Image.DecompressionBombError as exc:  # Pillow's own check (above twice its limit, frames, tiles)
         pillow_limit = Image.MAX_IMAGE_PIXELS
@@ -376,9 +407,17 @@ _SIMPLEJPEG: Any = None  # process-wide, not per run: the module once imported, 
 _SAME_AS_PILLOW = ("YCbCr", "Gray")
 
 
-def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, *, padded: bool = False) -> Any:
+def _fast_jpeg_rgb(
+    data: bytes,
+    max_pixels: int | str | None = PILLOW_PIXEL_LIMIT,
+    *,
+    padded: bool = False,
+    min_side: int | None = None,
+    max_size: int | None = None,
+) -> Any:
     """RGB pixels of a JPEG through simplejpeg (about 40% faster than Pillow's Python-level
-    open + decode), HxWx3 or with ``padded`` HxWx4 (RGBX), or None to use Pillow: not a JPEG,
+    open + decode), at the scale :func:`jpeg_scale` picks for ``min_side`` / ``max_size``,
+    HxWx3 or with ``padded`` HxWx4 (RGBX), or None to use Pillow: not a JPEG,
     simplejpeg missing, or a colour space where the two would not agree bit for bit. Raises
     :class:`DecompressionBombError` for a JPEG whose header is over the pixel limit, before
     decoding."""
@@ -400,8 +439,13 @@ def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMI
     if colorspace not in _SAME_AS_PILLOW:
         return None
     check_image_pixels(width, height, max_pixels, source="JPEG image")
+    scale = jpeg_scale(width, height, min_side=min_side, max_size=max_size)
+    colorspace = "RGBX" if padded else "RGB"
     try:
-        return _SIMPLEJPEG.decode_jpeg(data, colorspace="RGBX" if padded else "RGB")
+        if scale == 1:
+            return _SIMPLEJPEG.decode_jpeg(data, colorspace=colorspace)
+        # At least libjpeg's size at 1/scale: simplejpeg then picks exactly that scale, as Pillow's draft does.
+        return _SIMPLEJPEG.decode_jpeg(data, colorspace=colorspace, min_height=-(-height // scale), min_width=-(-width // scale))
     except (ValueError, RuntimeError) as exc:
         # simplejpeg refuses on libjpeg's warnings too, which Pillow ignores: Pillow decodes those
         # (bounded by the scan limit), except a truncated file, which it refuses as well.
@@ -410,13 +454,52 @@ def _fast_jpeg_rgb(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMI
         return None  # let Pillow decode it, or raise its own error for a broken file
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EncodedImage:
+    """An image part left encoded by the worker, for decoding in the main process
+    (``SampleDecoder(image_handover="bytes")``, e.g. on the GPU with
+    :class:`~megatron_energon_lite.decode.gpu.ImageBatchDecoder`): its bytes, already checked
+    against the pixel and scan limits, and the decoder's settings, so that :meth:`decode` gives
+    exactly what the worker would have."""
+
+    data: bytes
+    image_decode: str
+    min_side: int | None = None
+    max_size: int | None = None
+    max_pixels: int | str | None = PILLOW_PIXEL_LIMIT
+    max_scans: int | None = DEFAULT_MAX_JPEG_SCANS
+
+    def decode(self) -> Any:
+        """The pixels, on the CPU, as the worker's decoder would have made them."""
+        return decode_image_bytes(
+            self.data, self.image_decode, min_side=self.min_side, max_size=self.max_size, max_pixels=self.max_pixels, max_scans=self.max_scans
+        )
+
+    def __repr__(self) -> str:
+        return f"EncodedImage({len(self.data):,} bytes, image_decode={self.image_decode!r})"
+
+
+def check_image_header(data: bytes, max_pixels: int | str | None = PILLOW_PIXEL_LIMIT, max_scans: int | None = DEFAULT_MAX_JPEG_SCANS) -> tuple[int, int]:
+    """The (width, height) an image's header declares, after the scan and pixel limits (see the
+    module docstring); raises :class:`DecompressionBombError` over them, without decoding."""
+    if data[:2] == b"\xff\xd8":
+        check_jpeg_scans(data, max_scans)
+    img = _pil_image().open(io.BytesIO(data))  # reads the header only
+    check_image_pixels(*img.size, max_pixels, source=f"{img.format} image")
+    return img.size
+
+
 def decode_image(data: bytes, decoder: SampleDecoder) -> Any:
-    """The registered image decoder: uses the decoder's ``image_decode``, ``image_max_size`` and
-    ``max_image_pixels``."""
-    return decode_image_bytes(
-        data,
-        decoder.image_decode,
-        max_size=decoder.image_max_size,
-        max_pixels=getattr(decoder, "max_image_pixels", PILLOW_PIXEL_LIMIT),
-        max_scans=getattr(decoder, "max_jpeg_scans", DEFAULT_MAX_JPEG_SCANS),
-    )
+    """The registered image decoder: uses the decoder's ``image_decode``, ``image_min_side``,
+    ``image_max_size``, ``max_image_pixels`` and ``max_jpeg_scans``; with ``image_handover="bytes"``,
+    checks the header against the limits and returns an :class:`EncodedImage` instead."""
+    settings = {
+        "min_side": getattr(decoder, "image_min_side", None),
+        "max_size": decoder.image_max_size,
+        "max_pixels": getattr(decoder, "max_image_pixels", PILLOW_PIXEL_LIMIT),
+        "max_scans": getattr(decoder, "max_jpeg_scans", DEFAULT_MAX_JPEG_SCANS),
+    }
+    if getattr(decoder, "image_handover", "pixels") == "bytes":
+        check_image_header(data, settings["max_pixels"], settings["max_scans"])
+        return EncodedImage(data, decoder.image_decode, **settings)
+    return decode_image_bytes(data, decoder.image_decode, **settings)

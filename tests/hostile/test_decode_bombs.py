@@ -185,7 +185,10 @@ def _jpeg(height: int = 48, width: int = 64) -> bytes:
         ("jpg", _jpeg(), {"image_decode": "torchrgb"}),  # simplejpeg
         ("jpg", _jpeg(), {"image_decode": "l8"}),  # Pillow
         ("jpg", _jpeg(), {"image_decode": "pil"}),  # Pillow
-        ("jpg", _jpeg(), {"image_decode": "rgb8", "image_max_size": 8}),  # Pillow with draft
+        ("jpg", _jpeg(), {"image_decode": "rgb8", "image_max_size": 8}),  # simplejpeg at 1/8: the declared size counts
+        ("jpg", _jpeg(), {"image_decode": "torchrgb8", "image_min_side": 6}),  # simplejpeg at 1/8
+        ("jpg", _jpeg(), {"image_decode": "l8", "image_min_side": 6}),  # Pillow with draft at 1/8
+        ("jpg", _jpeg(), {"image_decode": "pil", "image_min_side": 12}),  # Pillow with draft at 1/4
         ("png", _encode(_photo(48, 64), "PNG"), {"image_decode": "rgb8"}),  # Pillow
         ("webp", _encode(_photo(48, 64), "WEBP", lossless=True), {"image_decode": "rgba8"}),  # Pillow
     ],
