@@ -2,7 +2,7 @@
 schedule"): the schedule's plot from its YAML, the realized shares from the run's manifest, and
 where a checkpoint stands.  Prints the commands' output for the page.
 
-    python scripts/docs_blend_schedule.py [--out docs/images] [--work DIR]
+    python scripts/docs_blend_schedule.py [--out docs/assets] [--work DIR]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _cli(*args: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/images"))
+    parser.add_argument("--out", type=Path, default=Path("docs/assets"))
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
