@@ -7,6 +7,7 @@ loader let go mid-epoch leaves no thread behind, and that save/restore is unchan
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import threading
 
 import pytest
@@ -198,3 +199,33 @@ def test_restore_with_prefetch_matches_an_uninterrupted_run(remote, s3_server, f
     restored = get_savable_loader(get_train_dataset(url, storage_options=options, **settings))
     restored.restore_state_rank(states["8"])
     assert keys(restored, 9) == local_keys[21:]
+
+
+def _read_in_child(reader: SplitReader, queue) -> None:
+    inherited = [t.name for t in _prefetch_threads()]  # none: a fork copies only the calling thread
+    reader.prefetch(_shard_ranges(reader))
+    keys = [s.key for s in _read_all(reader)]
+    queue.put((inherited, keys, reader._pool.peak_prefetched_bytes > 0))
+    reader.close()
+
+
+def test_a_forked_worker_starts_its_own_threads(remote) -> None:
+    """A reader that read ahead in the parent, copied into a forked child mid-plan: the child
+    neither waits for the parent's threads nor uses what they were fetching; it starts its own."""
+    local, url = remote
+    reader = SplitReader(url, "train")
+    reader.prefetch(_shard_ranges(reader))
+    reader.read(0, read_until=PER_SHARD)  # the parent's threads are running, GETs under way
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(reader, queue))
+    child.start()
+    try:
+        inherited, keys, prefetched = queue.get(timeout=120)
+    finally:
+        child.join(timeout=30)
+        reader.close()
+    assert inherited == []
+    assert prefetched
+    assert keys == [SplitReader(local, "train").read(i).key for i in range(SHARDS * PER_SHARD)]
+    assert child.exitcode == 0
