@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 from energon_lite_dev.s3server import S3ServerProcess
 from megatron_energon_lite.synthetic import generate_captioning_dataset  # noqa: E402
 
+import megatron_energon_lite  # noqa: E402
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
 from megatron_energon_lite.format.prepare import prepare_dataset  # noqa: E402
 from megatron_energon_lite.storage import configure_storage  # noqa: E402
@@ -72,6 +73,7 @@ def run(path: str, workers: int, args, storage_options: dict | None, library: st
             batch_size=args.batch_size,
             shuffle_buffer_size=100,
             max_samples_per_sequence=100,
+            **({"task_encoder": raw_encoder(energon)} if args.raw else {}),
         )
         return timed(energon.get_savable_loader(dataset), args)
     dataset = get_train_dataset(
@@ -81,8 +83,18 @@ def run(path: str, workers: int, args, storage_options: dict | None, library: st
         shuffle_buffer_size=100,
         max_samples_per_sequence=100,
         **({"storage_options": storage_options} if storage_options else {}),
+        **({"task_encoder": raw_encoder(megatron_energon_lite)} if args.raw else {}),
     )
     return timed(get_savable_loader(dataset), args)
+
+
+def raw_encoder(library):
+    """A default task encoder that does not decode (the samples keep their bytes): times reading."""
+
+    class Raw(library.DefaultTaskEncoder):
+        decoder = None
+
+    return Raw()
 
 
 def run_retrying(path: str, workers: int, args, storage_options: dict | None, library: str, crashes: list[str]) -> tuple[float, int]:
@@ -123,6 +135,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--repeats", type=int, default=1, help="Runs per cell; the table shows medians.")
     parser.add_argument("--energon", action="store_true", help="Also Energon 7.4.1 through the latency proxy (MSC).")
+    parser.add_argument("--raw", action="store_true", help="Samples keep their bytes (no image decoding): times the reads alone.")
     parser.add_argument("--skip-no-read-ahead", action="store_true", help="Leave out the (slow) row with read-ahead off.")
     args = parser.parse_args()
 
@@ -185,7 +198,7 @@ def main() -> int:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\ncaptioning set: {args.shards} x {args.samples_per_shard} samples, {used_per_sample / 1024:.1f} KiB each; "
+    print(f"\ncaptioning set{' (not decoded)' if args.raw else ''}: {args.shards} x {args.samples_per_shard} samples, {used_per_sample / 1024:.1f} KiB each; "
           f"batch {args.batch_size}, {args.batches} timed batches after {args.warmup}, median of {args.repeats}\n")
     local_speed = {workers: speed for label, workers, speed, *_ in rows if label == "local disk"}
     energon_speed = {workers: speed for label, workers, speed, *_ in rows if "Energon" in label}
