@@ -98,9 +98,12 @@ class SplitReader:
         # Ranges handed to prefetch -> their planning task, until their last sample is read.
         self._planned: dict[tuple[int, int], Future] = {}
 
+    def _own_process(self) -> None:
+        if self._pid != os.getpid():
+            self._start_process()  # a forked child: the parent's tasks never finish here
+
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: getattr(self, k) for k in self.__dict__ if k not in ("_index_lock", "_index_loads", "_planned")}
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in ("_index_lock", "_index_loads", "_planned")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -136,8 +139,7 @@ class SplitReader:
         offsets = self._indexes[shard]
         if offsets is not None:
             return offsets
-        if self._pid != os.getpid():
-            self._start_process()
+        self._own_process()
         # One read per shard: a read that finds a prefetch thread reading this index waits for it
         # (and gets its error, if it fails); a failed read is not kept, the next use tries again.
         with self._index_lock:
@@ -189,8 +191,7 @@ class SplitReader:
         of the sample that needs the bytes, as without prefetch."""
         if not self.prefetch_depth:
             return
-        if self._pid != os.getpid():
-            self._start_process()
+        self._own_process()
         for start, end in ranges:
             while start < end:
                 shard = bisect.bisect_right(self._starts, start) - 1
@@ -246,6 +247,7 @@ class SplitReader:
     def discard_prefetched(self) -> None:
         """Drops ranges read ahead and the plan (the caller moves elsewhere: a restore)."""
         if self._reads_ahead:
+            self._own_process()
             tasks = list(self._planned.values())
             self._planned.clear()
             for task in tasks:
@@ -277,6 +279,7 @@ class SplitReader:
         whatever a rewritten shard holds now.
         """
         if self._planned:
+            self._own_process()
             self._wait_for_plan(index)
         shard, start, end = self.byte_range(index)
         name = self.split.names[shard]

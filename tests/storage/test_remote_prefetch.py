@@ -203,6 +203,8 @@ def test_restore_with_prefetch_matches_an_uninterrupted_run(remote, s3_server, f
 
 def _read_in_child(reader: SplitReader, queue) -> None:
     inherited = [t.name for t in _prefetch_threads()]  # none: a fork copies only the calling thread
+    reader.read(1, read_until=PER_SHARD)  # planned in the parent: must not wait for its tasks
+    reader.discard_prefetched()  # as a restore in a worker does
     reader.prefetch(_shard_ranges(reader))
     keys = [s.key for s in _read_all(reader)]
     queue.put((inherited, keys, reader._pool.peak_prefetched_bytes > 0))
