@@ -4,14 +4,20 @@ A sample is addressed by its index in the split (the shards of the split concate
 ``split.yaml`` order, as Energon numbers them for restore keys and sharding).  Reading it costs
 one ``pread`` of its byte range from the shard's ``.tar.idx`` locally, and at most one ranged
 GET remotely (none when an earlier read fetched it ahead: callers pass the end of the slice they
-read, and the remote pool reads ahead up to it).
+read, and the remote pool reads ahead up to it).  Remotely, a caller that knows which ranges it
+reads next hands them to :meth:`SplitReader.prefetch`: their shards' indexes and their bytes are
+then requested in the background, a few slices ahead.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+import threading
+import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -33,7 +39,7 @@ from .metadata import (
     resolve_split,
 )
 from .recorded_keys import RecordedKeys
-from .tar_index import read_tar_index
+from .tar_index import TAR_TRAILER_MAX, read_tar_index
 from .tar_reader import parse_sample
 
 
@@ -81,6 +87,32 @@ class SplitReader:
         self._pool = pool or file_pool(self.root)
         self._recorded_keys = RecordedKeys(self.root)
         self._reads_ahead = isinstance(self._pool, RemoteFilePool)  # local: the page cache does
+        self._start_process()
+
+    def _start_process(self) -> None:
+        """Index reads under way (a prefetch thread's, which a read may wait for) and the ranges
+        planned: per process, empty after a fork."""
+        self._pid = os.getpid()
+        self._index_lock = threading.Lock()
+        self._index_loads: dict[int, Future] = {}
+        # Ranges handed to prefetch -> their planning task, until their last sample is read.
+        self._planned: dict[tuple[int, int], Future] = {}
+
+    def _own_process(self) -> None:
+        if self._pid != os.getpid():
+            self._start_process()  # a forked child: the parent's tasks never finish here
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_index_lock", "_index_loads", "_planned")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start_process()
+
+    @property
+    def prefetch_depth(self) -> int:
+        """How many slices ahead a caller should hand to :meth:`prefetch` (0: do not)."""
+        return max(0, self._pool.settings.prefetch_slices) if self._reads_ahead else 0
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -105,21 +137,127 @@ class SplitReader:
 
     def _index(self, shard: int) -> np.ndarray:
         offsets = self._indexes[shard]
-        if offsets is None:
-            name = self.split.names[shard]
-            path = self.shard_path(shard)
-            stat = self.split.stats.get(name) or file_stat(path)  # local: stat'ed on first read
-            if stat is None:
-                raise missing_shard_error(path)
-            offsets = read_tar_index(
-                path,
-                expected_samples=self.split.counts[shard],
-                tar_size=stat.size,
-                index_stat=self.split.stats.get(index_name(name)),
-                read=lambda offset, size: self._pool.read(path, offset, size),
-            )
-            self._indexes[shard] = offsets
+        if offsets is not None:
+            return offsets
+        self._own_process()
+        # One read per shard: a read that finds a prefetch thread reading this index waits for it
+        # (and gets its error, if it fails); a failed read is not kept, the next use tries again.
+        with self._index_lock:
+            offsets = self._indexes[shard]
+            if offsets is not None:
+                return offsets
+            loading = self._index_loads.get(shard)
+            mine = loading is None
+            if mine:
+                loading = self._index_loads[shard] = Future()
+        if not mine:
+            return loading.result()
+        try:
+            offsets = self._read_index(shard)
+        except BaseException as exc:
+            with self._index_lock:
+                del self._index_loads[shard]
+            loading.set_exception(exc)
+            raise
+        self._indexes[shard] = offsets
+        with self._index_lock:
+            del self._index_loads[shard]
+        loading.set_result(offsets)
         return offsets
+
+    def _read_index(self, shard: int) -> np.ndarray:
+        name = self.split.names[shard]
+        path = self.shard_path(shard)
+        stat = self.split.stats.get(name) or file_stat(path)  # local: stat'ed on first read
+        if stat is None:
+            raise missing_shard_error(path)
+        offsets = read_tar_index(
+            path,
+            expected_samples=self.split.counts[shard],
+            tar_size=stat.size,
+            index_stat=self.split.stats.get(index_name(name)),
+            read=lambda offset, size: self._pool.read(path, offset, size),
+        )
+        if self._reads_ahead:  # before any sample read can use it: see _prefetch_shard
+            self._pool.limit_release(path, int(offsets[-1]))
+        return offsets
+
+    # --- reading ahead (remote) ------------------------------------------------------------------
+    def prefetch(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Starts reading the ``[start, end)`` split ranges the caller reads next, in that order:
+        each shard's index (once per process) and the ranges' bytes, on the pool's threads, as
+        far as its byte budget allows. Nothing for a local dataset. What is never read is
+        dropped by :meth:`discard_prefetched` or :meth:`close`; a read error reaches the read
+        of the sample that needs the bytes, as without prefetch."""
+        if not self.prefetch_depth:
+            return
+        self._own_process()
+        for start, end in ranges:
+            while start < end:
+                shard = bisect.bisect_right(self._starts, start) - 1
+                stop = min(end, self._starts[shard + 1])
+                if (start, stop) not in self._planned:
+                    # A weak reference: a reader dropped mid-epoch is not kept alive by its queue.
+                    task = self._pool.submit(_prefetch_shard, weakref.ref(self), shard, start, stop)
+                    if task is None:
+                        return  # closed
+                    self._planned[(start, stop)] = task
+                start = stop
+
+    def _wait_for_plan(self, index: int) -> None:
+        """Before reading sample ``index``: if a planning task covers it, waits until the task
+        has requested its bytes (so the read uses them instead of fetching them a second time)."""
+        for (start, stop), task in list(self._planned.items()):
+            if start <= index < stop:
+                try:
+                    task.result()
+                except BaseException:  # cancelled by close; the task itself raises nothing
+                    pass
+                if index == stop - 1:
+                    self._planned.pop((start, stop), None)
+                return
+
+    def _prefetch_shard(self, shard: int, start: int, stop: int) -> None:
+        """On a planning thread: the index of ``shard``, then split indexes ``[start, stop)`` of
+        it as ranged GETs of at most ``block_size`` (cut at sample boundaries; a sample larger
+        than that is one GET). A range that covers a whole shard of about a block is read with
+        the tar's trailer in one GET, started with the index read: the end-of-archive check of
+        the index is then served from it (no request of its own)."""
+        pool: RemoteFilePool = self._pool  # type: ignore[assignment]
+        path = self.shard_path(shard)
+        first, last = start - self._starts[shard], stop - self._starts[shard]
+        stat = self.split.stats.get(self.split.names[shard])
+        try:
+            whole = first == 0 and last == self.split.counts[shard]
+            if whole and self._indexes[shard] is None and stat is not None and stat.size <= pool.settings.block_size + TAR_TRAILER_MAX:
+                pool.prefetch(path, 0, stat.size)
+            offsets = self._index(shard)
+        except Exception:
+            return  # the read of a sample of this shard reads the index itself and reports the error
+        begin = 0 if first == 0 else int(offsets[first])
+        piece_start = begin
+        for i in range(first + 1, last + 1):
+            end = int(offsets[i])
+            if i == last or int(offsets[i + 1]) - piece_start > pool.settings.block_size:
+                if piece_start < end and pool.prefetch(path, piece_start, end) is None and pool.prefetched_bytes + end - piece_start > pool.settings.readahead_bytes:
+                    self._planned.pop((start, stop), None)  # no room now: planned again while pending
+                    return
+                piece_start = end
+
+    def discard_prefetched(self) -> None:
+        """Drops ranges read ahead and the plan (the caller moves elsewhere: a restore)."""
+        if self._reads_ahead:
+            self._own_process()
+            tasks = list(self._planned.values())
+            self._planned.clear()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:  # a task under way may still request bytes: let it, then drop them
+                try:
+                    task.result()
+                except BaseException:
+                    pass
+            self._pool.discard_prefetched()
 
     def byte_range(self, index: int) -> tuple[int, int, int]:
         """(shard position, start, end) of sample ``index``; sample 0 of a shard starts at 0."""
@@ -140,6 +278,9 @@ class SplitReader:
         position that must get the sample the index recorded there (a restore, a map view), not
         whatever a rewritten shard holds now.
         """
+        if self._planned:
+            self._own_process()
+            self._wait_for_plan(index)
         shard, start, end = self.byte_range(index)
         name = self.split.names[shard]
         where = f"{self.shard_path(shard)} sample {index - self._starts[shard]} (bytes {start}..{end})"
@@ -156,6 +297,13 @@ class SplitReader:
         return RawSample(key=key, shard=name, index=index, parts=parts)
 
     def close(self) -> None:
+        self._planned.clear()
         self._pool.close()
         self._recorded_keys.close()
 
+
+
+def _prefetch_shard(reader: "weakref.ref[SplitReader]", shard: int, start: int, stop: int) -> None:
+    live = reader()
+    if live is not None:
+        live._prefetch_shard(shard, start, stop)

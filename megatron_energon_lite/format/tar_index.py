@@ -38,7 +38,7 @@ INDEX_DTYPE = np.dtype("<u8")
 
 # After the last member a tar holds two zero blocks, padded to a 20-block record (GNU tar and
 # Python's tarfile): a tar longer than this past the index's end was changed after prepare.
-_TAR_TRAILER_MAX = 2 * 512 + 20 * 512
+TAR_TRAILER_MAX = 2 * 512 + 20 * 512
 _BLOCK = 512
 
 #: Reads ``size`` bytes at ``offset`` of the tar (a file pool's read, bound to one path).
@@ -136,12 +136,12 @@ def _check_fresh(offsets: np.ndarray, tar_size: int, tar_path: str | os.PathLike
     # it is the index that is wrong (stale or corrupt): the general message below applies.
     if tar_size < end and (tar_size < 2 * _BLOCK or _read(tar_path, tar_size - 2 * _BLOCK, 2 * _BLOCK, read).count(0) != 2 * _BLOCK):
         raise _truncated(offsets, tar_size, tar_path)
-    if not end <= tar_size <= end + _TAR_TRAILER_MAX:
+    if not end <= tar_size <= end + TAR_TRAILER_MAX:
         raise DatasetError(
             format_message(
                 ".tar.idx is stale: the tar changed after it was indexed",
                 where=where,
-                expected=f"a tar of {end}..{end + _TAR_TRAILER_MAX} bytes (the index ends at byte {end})",
+                expected=f"a tar of {end}..{end + TAR_TRAILER_MAX} bytes (the index ends at byte {end})",
                 found=f"{tar_size} bytes",
                 fix="run `energon-lite prepare` on the dataset again",
             )

@@ -197,6 +197,20 @@ class SampleLoader:
         decoded = self._decode(parts, raw.key, raw.shard) if clock is None else clock.run("decode", None, self._decode, parts, raw.key, raw.shard)
         return make_sample(config, key=raw.key, decoded=decoded, restore_key=(RESTORE_TAG, index), source=source, subflavors=self.subflavors)
 
+    @property
+    def prefetch_depth(self) -> int:
+        """Slices ahead a source should hand to :meth:`prefetch` (0: a local or non-tar dataset)."""
+        return self._reader.prefetch_depth if self._reader is not None else 0
+
+    def prefetch(self, ranges: list[tuple[int, int]]) -> None:
+        """The split ranges read next, in order (see :meth:`SplitReader.prefetch`)."""
+        if self._reader is not None:
+            self._reader.prefetch(ranges)
+
+    def discard_prefetched(self) -> None:
+        if self._reader is not None:
+            self._reader.discard_prefetched()
+
     def _decode(self, parts: dict[str, bytes], key: str, shard: str) -> dict[str, Any]:
         return self.decoder.decode(parts, key=key, dataset=str(self.path), shard=shard) if self.decoder is not None else dict(parts)
 
@@ -318,6 +332,15 @@ class JoinLoader:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    #: Rows map to scattered samples of each member: nothing to read ahead by slice.
+    prefetch_depth = 0
+
+    def prefetch(self, ranges: list[tuple[int, int]]) -> None:
+        pass
+
+    def discard_prefetched(self) -> None:
+        pass
 
     def load(self, row: int, read_until: int | None = None, about: dict | None = None, *, check_key: bool = False) -> Sample | None:
         samples = []  # rows map to scattered samples of each member: no read-ahead hint

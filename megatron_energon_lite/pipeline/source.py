@@ -12,7 +12,12 @@ open), ``open`` (``[slice id, samples taken]`` of each open slice, in draw order
 many random draws this epoch has used), ``failures`` (consecutive samples that failed to load);
 ``seed`` only where it differs from the one the loader gives this dataset (a weight edit at resume
 moved the dataset to another place in its blend, ``loader/reweight.py``: it reads on in the order
-of the place it was saved from).  Nothing else: the rest is recomputed.  After an elastic restore (``carry_in``) the running epoch
+of the place it was saved from).  Nothing else: the rest is recomputed.
+
+On object storage the source tells its loader which slices it reads next (the open ones and the
+next ``prefetch_depth`` of this epoch's order), so their bytes are requested while it reads the
+current ones; what was requested but not read is dropped on a restore and is no part of the
+state.  After an elastic restore (``carry_in``) the running epoch
 is the ranges carried over from the saved topology instead of this worker's own slices: they are
 in ``carried`` (``[start, end]`` split indices; slice ids ``len(slices) + i``) until it ends.
 """
@@ -63,6 +68,9 @@ class SliceSource(Node, OwnsEpochs, Elastic):
         # The running epoch's ranges after carry_in (maybe none: this worker's share of the rest
         # was empty), None otherwise.
         self._carried: list[tuple[int, int]] | None = None
+        # Whether the open slices (restored or new) still have to be handed to the loader's
+        # prefetch; done at the first read, in the process that reads (a worker, not its parent).
+        self._plan_open = True
         self.reset()
 
     # --- state -------------------------------------------------------------------------------
@@ -120,6 +128,7 @@ class SliceSource(Node, OwnsEpochs, Elastic):
         return self.slice_order(len(self.slices), epoch, self.seed)
 
     def _begin(self, epoch: int) -> None:
+        self._forget_prefetched()
         self._epoch = epoch
         self._order = self._epoch_order(epoch)
         self._next_slice = 0
@@ -148,6 +157,7 @@ class SliceSource(Node, OwnsEpochs, Elastic):
         open_slices = self._check_open(state["open"])
         draws = check_count(state["draws"], "draws", stage=self.tag)
         self.guard.reset(check_count(state["failures"], "failures", stage=self.tag))
+        self._forget_prefetched()
         self._epoch, self._order, self._next_slice, self._open, self._draws = epoch, order, next_slice, open_slices, draws
         self._update_weights()
 
@@ -214,7 +224,31 @@ class SliceSource(Node, OwnsEpochs, Elastic):
         self._draws += 1
         return bisect.bisect_right(self._cumulative, draw)
 
+    def _forget_prefetched(self) -> None:
+        self.loader.discard_prefetched()
+        self._plan_open = True
+
+    def _prefetch(self, opened: bool) -> None:
+        """Hands the loader the slices read next: the pending ones within ``prefetch_depth``
+        (each once, when it comes in reach) and, after a start or restore, the open ones from
+        where they stand (a slice already being read is never handed over again: its bytes
+        would be requested a second time)."""
+        depth = self.loader.prefetch_depth
+        if not depth:
+            self._plan_open = False
+            return
+        ranges = []
+        if self._plan_open:
+            ranges = [(self._slice(s)[0] + taken, self._slice(s)[1]) for s, taken in self._open]
+            self._plan_open = False
+        if opened or ranges:
+            pending = range(self._next_slice, min(self._next_slice + depth, len(self._order)))
+            ranges.extend(self._slice(int(self._order[i])) for i in pending)
+            self.loader.prefetch(ranges)
+
     def next(self):
+        if self._plan_open:
+            self._prefetch(opened=False)
         while self._open:
             position = self._pick()
             entry = self._open[position]
@@ -226,6 +260,7 @@ class SliceSource(Node, OwnsEpochs, Elastic):
                 if self._next_slice < len(self._order):
                     self._open.insert(position, [int(self._order[self._next_slice]), 0])
                     self._next_slice += 1
+                    self._prefetch(opened=True)
                 self._update_weights()
             sample = self._load(index, end)
             if sample is not None:  # None: excluded by key in split.yaml, or skipped as bad

@@ -10,6 +10,9 @@ A :class:`RemotePath` has the small part of :class:`pathlib.Path`'s interface th
 uses, so the same functions read local and remote datasets.  Sample bytes are read through a
 :class:`RemoteFilePool`: one ranged GET per block, blocks reach ahead up to the end of the slice
 being read, and every GET is retried with backoff, resuming at the first byte not yet received.
+The pool can also fetch ranges in the background (:meth:`RemoteFilePool.prefetch`), on a few
+threads it starts in the process that first asks for one: a loader worker requests the slices
+it reads next while it reads the current one.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import logging
 import os
 import posixpath
 import random
+import threading
 import time
 import weakref
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Callable, Iterator, Mapping, TypeVar
@@ -73,11 +78,14 @@ class RemoteSettings:
     once (``ENERGON_LITE_READAHEAD_BYTES``).  ``max_attempts``: tries per request before :class:`StorageError`
     (``ENERGON_LITE_MAX_ATTEMPTS``).  ``backoff_s`` (``ENERGON_LITE_BACKOFF_S``)/``max_backoff_s``:
     exponential backoff with full jitter between tries.  ``cache_dir``: where index files are cached
-    (``ENERGON_LITE_CACHE_DIR``, default ``~/.cache/megatron_energon_lite``).
+    (``ENERGON_LITE_CACHE_DIR``, default ``~/.cache/megatron_energon_lite``).  ``prefetch_slices``:
+    how many slices past the ones it is reading a worker requests in the background (index and
+    data; ``ENERGON_LITE_PREFETCH_SLICES``, ``0``: none), within ``readahead_bytes``.
     """
 
     block_size: int = 4 * MiB
     readahead_bytes: int = 64 * MiB
+    prefetch_slices: int = 8
     max_attempts: int = 8
     backoff_s: float = 0.05
     max_backoff_s: float = 5.0
@@ -90,6 +98,7 @@ class RemoteSettings:
             readahead_bytes=_env_number("ENERGON_LITE_READAHEAD_BYTES", cls.readahead_bytes, int),
             max_attempts=_env_number("ENERGON_LITE_MAX_ATTEMPTS", cls.max_attempts, int),
             backoff_s=_env_number("ENERGON_LITE_BACKOFF_S", cls.backoff_s, float),
+            prefetch_slices=_env_number("ENERGON_LITE_PREFETCH_SLICES", cls.prefetch_slices, int),
             cache_dir=os.environ.get("ENERGON_LITE_CACHE_DIR"),
         )
 
@@ -421,21 +430,41 @@ def refresh_session(path: "RemotePath") -> None:
 
 
 class _ReadCounters:
-    """Requests and bytes fetched by this process (for benchmarks and the read report)."""
+    """Requests and bytes fetched by this process (for benchmarks and the read report); prefetch
+    threads count too, under a lock."""
 
     requests = 0
     retries = 0
     bytes_fetched = 0
+    _lock = threading.Lock()
+
+    def add(self, *, requests: int = 0, retries: int = 0, bytes_fetched: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.retries += retries
+            self.bytes_fetched += bytes_fetched
 
 
 read_counters = _ReadCounters()
 
 
-def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
+def _reset_counter_lock() -> None:
+    _ReadCounters._lock = threading.Lock()  # a prefetch thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_counter_lock)
+
+
+class PrefetchCancelled(Exception):
+    """A background read given up because its pool was closed (never reaches a caller)."""
+
+
+def fetch_range(path: RemotePath, start: int, end: int, stop: threading.Event | None = None) -> bytes:
     """Reads ``[start, end)`` of ``path`` exactly, retrying failed or short GETs.
 
     A GET that fails or returns fewer bytes than asked (a truncated body) is retried from the
-    first missing byte, so bytes already received are neither dropped nor read twice.
+    first missing byte, so bytes already received are neither dropped nor read twice.  ``stop``
+    (a background read's): once it is set, the read gives up at its next retry.
     """
     settings = path.settings
     fs = path.fs
@@ -445,7 +474,7 @@ def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
     last_error = "no data"
     while position < end:
         try:
-            read_counters.requests += 1
+            read_counters.add(requests=1)
             data = fs.cat_file(path.url, start=position, end=end)
         except Exception as exc:
             if _is_credential_error(exc):
@@ -461,11 +490,11 @@ def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
         if data:
             chunks.append(data)
             position += len(data)
-            read_counters.bytes_fetched += len(data)
+            read_counters.add(bytes_fetched=len(data))
             if position >= end:
                 break
         failures += 1
-        read_counters.retries += 1
+        read_counters.add(retries=1)
         if failures >= settings.max_attempts:
             raise StorageError(
                 format_message(
@@ -475,7 +504,11 @@ def fetch_range(path: RemotePath, start: int, end: int) -> bytes:
                     fix="check the endpoint and the network; raise ENERGON_LITE_MAX_ATTEMPTS for a flaky store",
                 )
             )
-        time.sleep(backoff_delay(failures, settings))
+        delay = backoff_delay(failures, settings)
+        if stop is None:
+            time.sleep(delay)
+        elif stop.wait(delay):
+            raise PrefetchCancelled(path.url)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -514,12 +547,24 @@ def fetch_object(path: RemotePath) -> bytes:
     options = {"max_concurrency": 1} if path.protocol in ("s3", "s3a") else {}
 
     def get() -> bytes:
-        read_counters.requests += 1
+        read_counters.add(requests=1)
         return path.fs.cat_file(path.url, **options)
 
     data = with_retries(get, what=f"read {path.url}", settings=path.settings)
-    read_counters.bytes_fetched += len(data)
+    read_counters.add(bytes_fetched=len(data))
     return data
+
+
+class Prefetched:
+    """A range being read (or read) in the background: ``[start, end)`` of one object.
+
+    It is let go once a read reaches ``release_at`` (its end, or where the samples in it end when
+    it also holds a tar's trailer)."""
+
+    __slots__ = ("start", "end", "release_at", "future")
+
+    def __init__(self, start: int, end: int, future: Future) -> None:
+        self.start, self.end, self.release_at, self.future = start, end, end, future
 
 
 class RemoteFilePool:
@@ -530,15 +575,126 @@ class RemoteFilePool:
     block_size)))``, so a block never reaches past what the worker reads next.  One block is kept
     per slice being read (a worker interleaves up to ``parallel_shard_iters`` slices), the least
     recently used going first once the blocks hold more than ``readahead_bytes``.
+
+    Reads the caller knows it will make next can be started in the background
+    (:meth:`prefetch`, :meth:`submit`), on threads started in the process that first asks: a
+    pool copied into a forked worker starts its own and never touches its parent's.  Ranges read
+    ahead that way hold at most ``readahead_bytes`` at once (besides the blocks); a read they
+    cover waits for them and gets their bytes, or the error their GET ended with.
     """
+
+    #: Threads per process: ranged GETs of the data, and the tasks that plan them (index reads).
+    FETCH_THREADS = 8
+    PLAN_THREADS = 4
 
     def __init__(self, settings: RemoteSettings | None = None) -> None:
         self.settings = settings or RemoteSettings.from_env()
         self._blocks: OrderedDict[tuple[str, int], tuple[int, bytes]] = OrderedDict()
         self._buffered = 0
+        self._start_process()
 
+    def _start_process(self) -> None:
+        """The background state, empty: at construction and in a new process (after a fork)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._threads = _Threads()
+        # A pool dropped without close (a loader let go mid-epoch) stops its threads all the same;
+        # the tasks they run hold no reference to it (see SplitReader.prefetch).
+        weakref.finalize(self, self._threads.stop, False)
+        self._prefetched: dict[str, list[Prefetched]] = {}
+        self.prefetched_bytes = 0
+        self.peak_prefetched_bytes = 0  # the most held at once (for tests and benchmarks)
+
+    def _own_process(self) -> None:
+        if self._pid != os.getpid():
+            self._start_process()  # the parent's threads and futures do not exist here
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["settings"])
+
+    # --- background reads ------------------------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future | None:
+        """Runs ``fn(*args)`` on a planning thread (which may wait for :meth:`prefetch` reads,
+        never the other way round); None once the pool is closed."""
+        self._own_process()
+        return self._threads.submit(True, fn, *args)
+
+    def prefetch(self, path: RemotePath, start: int, end: int) -> Prefetched | None:
+        """Starts a GET of ``[start, end)`` in the background; None when a range already read
+        ahead covers it, the pool is closed, or it would take the bytes held past
+        ``readahead_bytes`` (then the read fetches it when it comes)."""
+        self._own_process()
+        size = end - start
+        with self._lock:
+            if self._threads.stopped.is_set() or self.prefetched_bytes + size > self.settings.readahead_bytes:
+                return None
+            entries = self._prefetched.setdefault(path.url, [])
+            if any(e.start <= start and end <= e.end for e in entries):
+                return None
+            self.prefetched_bytes += size
+            self.peak_prefetched_bytes = max(self.peak_prefetched_bytes, self.prefetched_bytes)
+            entry = Prefetched(start, end, Future())
+            entries.append(entry)
+        future = self._threads.submit(False, fetch_range, path, start, end, self._threads.stopped)
+        if future is None:  # closed meanwhile
+            self._release(path.url, entry)
+            return None
+        entry.future = future
+        return entry
+
+    def limit_release(self, path: RemotePath, data_end: int) -> None:
+        """The samples of ``path`` end at ``data_end``: a range read ahead past it (up to the
+        trailer) is let go once a read reaches ``data_end``."""
+        with self._lock:
+            for entry in self._prefetched.get(path.url, ()):
+                if entry.start < data_end < entry.release_at:
+                    entry.release_at = data_end
+
+    def _release(self, url: str, entry: Prefetched) -> None:
+        with self._lock:
+            entries = self._prefetched.get(url)
+            if entries is not None and entry in entries:
+                entries.remove(entry)
+                self.prefetched_bytes -= entry.end - entry.start
+                if not entries:
+                    del self._prefetched[url]
+
+    def _read_prefetched(self, url: str, offset: int, end: int) -> bytes | None:
+        with self._lock:
+            entry = next((e for e in self._prefetched.get(url, ()) if e.start <= offset and end <= e.end), None)
+        if entry is None:
+            return None
+        try:
+            data = entry.future.result()
+        except BaseException:
+            self._release(url, entry)  # the sample that needed it gets the error; a later read retries
+            raise
+        if end >= entry.release_at:
+            self._release(url, entry)
+        return data[offset - entry.start : end - entry.start]
+
+    def discard_prefetched(self) -> None:
+        """Forgets what was read ahead (a restore moves the reader elsewhere); GETs under way
+        finish and are dropped."""
+        self._own_process()
+        with self._lock:
+            entries = [e for es in self._prefetched.values() for e in es]
+            self._prefetched.clear()
+            self.prefetched_bytes = 0
+        for entry in entries:
+            entry.future.cancel()
+
+    # --- reads -----------------------------------------------------------------------------------
     def read(self, path: RemotePath, offset: int, size: int, readahead_end: int | None = None) -> bytes:
         end = offset + size
+        self._own_process()
+        if self._prefetched:
+            data = self._read_prefetched(path.url, offset, end)
+            if data is not None:
+                return data
         key = (path.url, readahead_end or 0)
         entry = self._blocks.get(key) if readahead_end is not None else None
         if entry is not None and entry[0] <= offset and end <= entry[0] + len(entry[1]):
@@ -561,5 +717,50 @@ class RemoteFilePool:
             self._buffered -= len(entry[1])
 
     def close(self) -> None:
+        """Drops what is held; stops and joins this process's background threads (queued reads
+        are cancelled, one under way ends at its next retry or when its GET returns).  The pool
+        may be used again: new threads start when asked for."""
         self._blocks.clear()
         self._buffered = 0
+        if self._pid != os.getpid():
+            self._start_process()
+            return
+        threads = self._threads
+        threads.stopped.set()
+        self.discard_prefetched()
+        threads.stop(True)
+        self._threads = _Threads()
+        weakref.finalize(self, self._threads.stop, False)
+
+
+class _Threads:
+    """The two thread pools of a :class:`RemoteFilePool`, started on first use: data GETs
+    (``energon-lite-fetch``) and the tasks that plan them (``energon-lite-plan``), apart so that
+    a planning task can wait for a GET without taking the thread the GET needs."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._pools: dict[bool, ThreadPoolExecutor] = {}
+
+    def submit(self, plan: bool, fn: Callable[..., Any], *args: Any) -> Future | None:
+        with self._lock:
+            if self.stopped.is_set():
+                return None
+            pool = self._pools.get(plan)
+            if pool is None:
+                name, count = ("energon-lite-plan", RemoteFilePool.PLAN_THREADS) if plan else ("energon-lite-fetch", RemoteFilePool.FETCH_THREADS)
+                pool = self._pools[plan] = ThreadPoolExecutor(count, thread_name_prefix=name)
+            return pool.submit(fn, *args)
+
+    def stop(self, wait: bool) -> None:
+        """Cancels what is queued and lets the threads end (``wait``: until they have).  Nothing
+        in a forked child: the threads are the parent's (and its locks may be held there)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            self.stopped.set()
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.shutdown(wait=wait, cancel_futures=True)

@@ -1,0 +1,233 @@
+"""Reading ahead across slice boundaries on S3 (``ENERGON_LITE_PREFETCH_SLICES``): the index and
+the bytes of the slices a worker reads next are requested while it reads the current one, on a
+few threads of its own process.  What it costs in requests per slice, that it stays within its
+byte budget, that a failed background read is reported at the sample that needed it, that a
+loader let go mid-epoch leaves no thread behind, and that save/restore is unchanged."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import threading
+
+import pytest
+from energon_lite_dev.s3server import FaultProxy
+from energon_lite_dev.synthetic import generate_captioning_dataset
+
+from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
+from megatron_energon_lite.errors import StorageError
+from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.format.split_reader import SplitReader
+from megatron_energon_lite.pipeline.load import SampleLoader
+from megatron_energon_lite.pipeline.source import SliceSource
+from megatron_energon_lite.storage import RemotePath, configure_storage
+from megatron_energon_lite.storage.remote import read_counters
+
+DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
+SHARDS, PER_SHARD = 6, 10
+
+
+@pytest.fixture
+def remote(s3_server, s3_url, tmp_path, monkeypatch):
+    """Small shards (10 samples each, a slice per shard), prepared locally and on S3."""
+    monkeypatch.setenv("ENERGON_LITE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENERGON_LITE_BACKOFF_S", "0.001")
+    local = tmp_path / "local"
+    generate_captioning_dataset(local, num_shards=SHARDS, samples_per_shard=PER_SHARD, image_size=(8, 8), seed=3)
+    s3_server.upload_dir(local, s3_url)
+    configure_storage("s3", storage_options=s3_server.storage_options())
+    for root in (local, s3_url):
+        prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, dataset_yaml=DATASET_YAML)
+    yield local, s3_url
+    configure_storage("s3", storage_options={})
+
+
+def _shard_ranges(reader: SplitReader) -> list[tuple[int, int]]:
+    starts = reader.shard_starts
+    return list(zip(starts, starts[1:]))
+
+
+def _prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(("energon-lite-plan", "energon-lite-fetch"))]
+
+
+def _read_all(reader: SplitReader) -> list:
+    ranges = _shard_ranges(reader)
+    return [reader.read(i, read_until=end) for start, end in ranges for i in range(start, end)]
+
+
+@pytest.mark.parametrize("prefetch", ["8", "0"])
+def test_requests_per_slice_in_steady_state(remote, monkeypatch, prefetch: str) -> None:
+    """With prefetch, a shard read as one slice costs its index and one GET of its bytes and
+    trailer: the end-of-archive check needs no request of its own. Without: three."""
+    local, url = remote
+    monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", prefetch)
+    reader = SplitReader(url, "train")
+    try:
+        before = read_counters.requests
+        reader.prefetch(_shard_ranges(reader))
+        samples = _read_all(reader)
+        requests = read_counters.requests - before
+    finally:
+        reader.close()
+    expected = SplitReader(local, "train")
+    assert [(s.key, s.parts) for s in samples] == [(expected.read(i).key, expected.read(i).parts) for i in range(len(expected))]
+    # its .tar.idx and its bytes with the trailer, or: its .tar.idx, the 512-byte check, its bytes
+    per_shard = 2 if prefetch != "0" else 3
+    assert requests == SHARDS * per_shard
+
+
+def test_the_bytes_read_ahead_stay_within_the_budget(remote, monkeypatch) -> None:
+    local, url = remote
+    reader = SplitReader(url, "train")
+    sizes = [reader.split.stats[name].size for name in reader.split.names]
+    reader.close()
+    budget = 2 * max(sizes) + 1  # room for two shards at a time, not for all six
+    monkeypatch.setenv("ENERGON_LITE_READAHEAD_BYTES", str(budget))
+    reader = SplitReader(url, "train")
+    try:
+        reader.prefetch(_shard_ranges(reader))
+        samples = _read_all(reader)
+        peak = reader._pool.peak_prefetched_bytes
+        assert reader._pool.prefetched_bytes == 0  # all that was read ahead was read and let go
+    finally:
+        reader.close()
+    assert 0 < peak <= budget
+    assert [s.key for s in samples] == [SplitReader(local, "train").read(i).key for i in range(SHARDS * PER_SHARD)]
+
+
+def test_the_source_hands_over_at_most_its_depth(remote, monkeypatch) -> None:
+    """The slices planned ahead are the open ones and the next ENERGON_LITE_PREFETCH_SLICES."""
+    local, url = remote
+    monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", "2")
+    loader = SampleLoader(url, "train")
+    source = SliceSource(loader, _shard_ranges(loader.reader), seed=1, parallel_slices=1)
+    try:
+        keys, planned = [], []
+        while True:
+            try:
+                keys.append(source.next().__key__)
+            except StopIteration:
+                break
+            planned.append(len(loader.reader._planned))
+    finally:
+        loader.close()
+    assert len(keys) == SHARDS * PER_SHARD
+    assert max(planned) <= 1 + 2 and max(planned) >= 2
+
+
+def test_a_failed_prefetch_is_reported_at_the_sample_that_needs_it(remote, s3_server, fault_proxy, monkeypatch) -> None:
+    local, url = remote
+    monkeypatch.setenv("ENERGON_LITE_MAX_ATTEMPTS", "2")
+    bad_shard = 3
+
+    reader = SplitReader(url, "train")
+    name = reader.split.names[bad_shard]
+    proxy = fault_proxy(error_rate=1.0, faults_only_for=lambda method, path, headers: method == "GET" and path.split("?")[0].endswith("/" + name))
+    options = s3_server.storage_options(proxy.endpoint_url, config_kwargs={"proxies": {}, "retries": {"total_max_attempts": 1}})
+    reader.close()
+    reader = SplitReader(RemotePath(url, options), "train")
+    try:
+        reader.prefetch(_shard_ranges(reader))  # every shard requested at once, the bad one too
+        starts = reader.shard_starts
+        for index in range(starts[bad_shard]):  # the shards before it read fine
+            assert reader.read(index, read_until=starts[bad_shard]) is not None
+        with pytest.raises(StorageError) as failure:
+            reader.read(starts[bad_shard], read_until=starts[bad_shard + 1])
+        assert name in str(failure.value) and "2 attempts" in str(failure.value)
+        proxy.error_rate = 0.0
+        # the next read of the shard tries again (as without prefetch), and the shards after it are fine
+        for index in range(starts[bad_shard], len(reader)):
+            assert reader.read(index, read_until=len(reader)) is not None
+    finally:
+        reader.close()
+    assert proxy.stats["errors_injected"] > 0
+
+
+def test_a_loader_let_go_mid_epoch_leaves_no_thread(remote, s3_server, fault_proxy) -> None:
+    local, url = remote
+    proxy = fault_proxy(latency_s=0.02)
+    options = s3_server.storage_options(proxy.endpoint_url)
+    loader = get_savable_loader(get_train_dataset(url, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None, storage_options=options))
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    assert _prefetch_threads()  # reading ahead while the loader is used
+    del iterator, loader
+    gc.collect()
+    for thread in _prefetch_threads():
+        thread.join(timeout=30)  # a GET under way ends; nothing queued starts
+    assert not _prefetch_threads()
+
+
+def test_a_closed_reader_joins_its_threads_mid_plan(remote, s3_server, fault_proxy) -> None:
+    local, url = remote
+    proxy = fault_proxy(latency_s=0.02)
+    reader = SplitReader(RemotePath(url, s3_server.storage_options(proxy.endpoint_url)), "train")
+    reader.prefetch(_shard_ranges(reader))
+    reader.read(0, read_until=PER_SHARD)
+    reader.close()
+    assert not _prefetch_threads()
+    assert reader._pool.prefetched_bytes == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_restore_with_prefetch_matches_an_uninterrupted_run(remote, s3_server, fault_proxy, monkeypatch, workers: int) -> None:
+    """Saved mid-slice with slices of later shards already read ahead: the state is the same as
+    without prefetch, and a restore continues exactly."""
+    local, url = remote
+    proxy = fault_proxy(latency_s=0.005)
+    options = s3_server.storage_options(proxy.endpoint_url)
+    settings = dict(worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4, parallel_shard_iters=2)
+
+    def keys(loader, steps):
+        found = []
+        for step, batch in enumerate(loader):
+            found += list(batch.__key__)
+            if step + 1 == steps:
+                break
+        return found
+
+    local_keys = keys(get_savable_loader(get_train_dataset(local, **settings)), 16)
+    states = {}
+    for prefetch in ("0", "8"):
+        monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", prefetch)
+        loader = get_savable_loader(get_train_dataset(url, storage_options=options, **settings))
+        first = keys(loader, 7)
+        states[prefetch] = loader.save_state_rank()
+        assert first + keys(loader, 9) == local_keys
+    assert states["0"] == states["8"]
+    restored = get_savable_loader(get_train_dataset(url, storage_options=options, **settings))
+    restored.restore_state_rank(states["8"])
+    assert keys(restored, 9) == local_keys[21:]
+
+
+def _read_in_child(reader: SplitReader, queue) -> None:
+    inherited = [t.name for t in _prefetch_threads()]  # none: a fork copies only the calling thread
+    reader.read(1, read_until=PER_SHARD)  # planned in the parent: must not wait for its tasks
+    reader.discard_prefetched()  # as a restore in a worker does
+    reader.prefetch(_shard_ranges(reader))
+    keys = [s.key for s in _read_all(reader)]
+    queue.put((inherited, keys, reader._pool.peak_prefetched_bytes > 0))
+    reader.close()
+
+
+def test_a_forked_worker_starts_its_own_threads(remote) -> None:
+    """A reader that read ahead in the parent, copied into a forked child mid-plan: the child
+    neither waits for the parent's threads nor uses what they were fetching; it starts its own."""
+    local, url = remote
+    reader = SplitReader(url, "train")
+    reader.prefetch(_shard_ranges(reader))
+    reader.read(0, read_until=PER_SHARD)  # the parent's threads are running, GETs under way
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(reader, queue))
+    child.start()
+    try:
+        inherited, keys, prefetched = queue.get(timeout=120)
+    finally:
+        child.join(timeout=30)
+        reader.close()
+    assert inherited == []
+    assert prefetched
+    assert keys == [SplitReader(local, "train").read(i).key for i in range(SHARDS * PER_SHARD)]
+    assert child.exitcode == 0
