@@ -292,9 +292,13 @@ class LocalS3Server:
             pass
         return f"s3://{name}"
 
-    def put_bytes(self, url: str, data: bytes) -> None:
+    def put_bytes(self, url: str, data: bytes, *, in_process: bool = False) -> None:
+        """One object; ``in_process``: straight into moto's backend (see :meth:`upload_dir`)."""
         bucket, key = _split_s3_url(url)
-        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+        if in_process:
+            self._backend_put(bucket, key, data)
+        else:
+            self.client.put_object(Bucket=bucket, Key=key, Body=data)
 
     def upload_dir(self, local_dir: Union[str, os.PathLike], url: str, *, in_process: bool = False) -> list[str]:
         """Upload every file under ``local_dir`` to ``url`` (``s3://bucket/prefix``), keeping paths

@@ -116,9 +116,11 @@ def write_split_cache(root: AnyPath) -> bool:
         dataset_info = parse_info(info, info_data.decode("utf-8"))
         config = parse_split_config(split, split_data.decode("utf-8"))
         unknown_excludes: list[str] = []
+        excluded: dict[str, list[str]] = {}
         for part in config.split_parts:
             resolved, unknown_excludes = resolve_unchecked(root, part, dataset_info, config)
             splits[part] = {"counts": run_lengths(resolved.counts)}
+            excluded = {shard: sorted(keys) for shard, keys in resolved.excluded_keys.items()}  # the same for every split
     except (ConfigError, DatasetError, UnicodeDecodeError) as exc:
         logger.debug("%s: not writing %s: %s", root, SPLIT_CACHE, exc)
         cache.unlink(missing_ok=True)
@@ -129,6 +131,7 @@ def write_split_cache(root: AnyPath) -> bool:
         "info": {"name": info.name, **_info_stamp(info_data, info_stat)},
         "split": _split_stamp(split.name, split_data),
         "unknown_excludes": unknown_excludes,
+        "excluded_keys": excluded,
         "splits": splits,
     }
     atomic_write_text(cache, json.dumps(data, separators=(",", ":")))
@@ -153,7 +156,7 @@ def cached_split(root: AnyPath, split_part: str, split_config: str | None, *, in
     if entry is None or split_part not in config.split_parts:
         return None  # not a split of this file: resolving names the error
     try:
-        resolved, unknown = _resolved_from(root, split_part, config, entry, data.get("unknown_excludes"))
+        resolved, unknown = _resolved_from(root, split_part, config, entry, data)
     except (ConfigError, DatasetError):
         return None  # the split file's own problem: resolving the files reports it
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -165,10 +168,13 @@ def cached_split(root: AnyPath, split_part: str, split_config: str | None, *, in
     return checked_split(resolved, unknown, config.path, allow_empty=allow_empty)
 
 
-def _resolved_from(root: AnyPath, split_part: str, config: SplitConfig, entry: Any, unknown: Any) -> tuple[ResolvedSplit, list[str]]:
-    """The split: the split file's shards (patterns expanded, excluded shards removed) and
-    sample excludes, the summary's counts.  Shard and ``shard/key`` excludes are told apart by
-    the split's own shards (a shard of another split cannot be the folder of one of these)."""
+def _resolved_from(root: AnyPath, split_part: str, config: SplitConfig, entry: Any, data: dict) -> tuple[ResolvedSplit, list[str]]:
+    """The split: the split file's shards (patterns expanded, excluded shards removed), the
+    summary's counts and sample excludes.  The excludes inside the split's own shards must be
+    the split file's (shard and ``shard/key`` entries told apart by the split's shards: a shard
+    of another split cannot be the folder of one of these); those of other shards (which
+    ``.info.json`` alone could tell apart; a loader state's digest covers them) must each be an
+    entry of the split file."""
     expansion = config.expanded_split(split_part)  # a shard named twice: ConfigError
     if not plain_shard_names(expansion):
         raise DatasetError("a shard name needs checking")  # outside the folder, braces: the files' path says so
@@ -182,11 +188,19 @@ def _resolved_from(root: AnyPath, split_part: str, config: SplitConfig, entry: A
         if shard is not None and shard not in excluded_shards:
             keys.setdefault(shard, set()).add(item[len(shard) + 1 :])
     counts = _expanded_counts(entry["counts"], len(names))
+    unknown, excluded = data["unknown_excludes"], data["excluded_keys"]
     if not (isinstance(unknown, list) and all(isinstance(u, str) for u in unknown)):
         raise ValueError("unknown_excludes is not a list of strings")
-    if not set(unknown) <= set(entries):
-        raise ValueError(f"it lists exclude entries that {config.path.name if config.path else 'the split file'} does not")
-    resolved = ResolvedSplit(root=root, split_part=split_part, names=names, counts=counts, excluded_keys={k: frozenset(v) for k, v in keys.items()})
+    if not (isinstance(excluded, dict) and all(isinstance(v, list) and all(isinstance(k, str) for k in v) for v in excluded.values())):
+        raise ValueError("excluded_keys is not a mapping of shard to key lists")
+    file_name = config.path.name if config.path else "the split file"
+    listed = set(entries)
+    if not set(unknown) <= listed or any(f"{shard}/{key}" not in listed for shard, keys in excluded.items() for key in keys):
+        raise ValueError(f"it lists exclude entries that {file_name} does not")
+    excluded_keys = {shard: frozenset(v) for shard, v in excluded.items() if v}
+    if {s: k for s, k in excluded_keys.items() if s in shards} != {s: frozenset(k) for s, k in keys.items()}:
+        raise ValueError(f"its excluded sample keys are not the ones {file_name} lists")
+    resolved = ResolvedSplit(root=root, split_part=split_part, names=names, counts=counts, excluded_keys=excluded_keys)
     return resolved, unknown
 
 
@@ -210,7 +224,7 @@ def split_cache_problems(root: AnyPath, split_config: str | None = None) -> list
         if part not in splits:
             continue
         try:
-            cached, _ = _resolved_from(root, part, config, splits[part], data.get("unknown_excludes"))
+            cached, _ = _resolved_from(root, part, config, splits[part], data)
             resolved, _ = resolve_unchecked(root, part, info, config)
         except (ConfigError, DatasetError):
             continue  # the loader reports the files' own problem
@@ -219,6 +233,8 @@ def split_cache_problems(root: AnyPath, split_config: str | None = None) -> list
             continue
         if cached.counts != resolved.counts:
             problems.append((part, "its counts differ from what .info.json gives"))
+        elif cached.excluded_keys != resolved.excluded_keys:
+            problems.append((part, "its excluded sample keys differ from the split file's"))
     return problems
 
 
