@@ -7,7 +7,8 @@ takes batches until every dataloader worker has delivered its first one.  Per ru
 how many were LISTs) and response bytes, counted by a :class:`FaultProxy` in front of the server,
 and the time of each phase:
 
-* build: ``get_train_dataset(...)``;
+* build: ``get_train_dataset(...)`` (s3fs and Multi-Storage Client imported before; the first
+  client session is made inside);
 * workers: ``iter(get_loader(ds))`` until each of the ``--workers`` workers (or the main process)
   has delivered its first batch (the loader takes batches from the workers in turn); the
   requests are everything sent until then, read-ahead of other workers included.
@@ -64,6 +65,10 @@ def child(cfg: dict) -> None:
         sys.stdin.readline()
 
     os.environ["ENERGON_LITE_CACHE_DIR"] = cfg["cache"]
+    # The storage clients are imported before the clock starts (both libraries import them lazily).
+    import multistorageclient  # noqa: F401
+    import s3fs  # noqa: F401
+
     if cfg["lib"] == "ours":
         from megatron_energon_lite import WorkerConfig, get_loader, get_train_dataset
 

@@ -354,6 +354,10 @@ class SplitConfig:
         patterns = self.split_parts[split_part]
         if known is not None and _plain_distinct_known(patterns, known):
             return list(patterns)  # the usual split (the loop below finds and names the error otherwise)
+        if known is None:  # from the start-up summary: brace ranges, expanded in bulk
+            expanded = [name for _, name in expand_braces(patterns, f"{self.path}: {key_path}")]
+            if len(set(expanded)) == len(expanded):
+                return expanded
         names: dict[str, int] = {}  # shard -> the entry that named it first
         for entry, name in expand_braces(patterns, f"{self.path}: {key_path}"):
             if name in names:

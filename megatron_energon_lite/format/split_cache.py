@@ -160,9 +160,10 @@ def cached_split(root: AnyPath, split_part: str, split_config: str | None, *, in
     except (ConfigError, DatasetError):
         return None  # the split file's own problem: resolving the files reports it
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        problem = f"it has no {exc}" if isinstance(exc, KeyError) else str(exc)
         logger.warning(
             "%s: ignoring %s for split %r (%s); reading %s and .info.json instead. Run `energon-lite prepare` to rewrite it.",
-            root, SPLIT_CACHE, split_part, exc, config.path.name if config.path else "the split file",
+            root, SPLIT_CACHE, split_part, problem, config.path.name if config.path else "the split file",
         )  # fmt: skip
         return None
     return checked_split(resolved, unknown, config.path, allow_empty=allow_empty)
