@@ -286,8 +286,14 @@ def read_info(root: str | os.PathLike, *, allow_outside_root: bool = False, poli
     :func:`check_shard_name`)."""
     require_prepared(root)
     path = info_path(root)
+    return parse_info(path, read_text(path), allow_outside_root=allow_outside_root, policy=policy)
+
+
+def parse_info(path: Path, text: str, *, allow_outside_root: bool = False, policy: Policy = PLAIN) -> DatasetInfo:
+    """The ``.info.json`` (or ``.info.yaml``) ``path`` whose text is ``text``, checked as
+    :func:`read_info` checks it."""
     raw = check_mapping(
-        load_structured(path),
+        parse_structured(path, text),
         file=path,
         key_path="",
         allowed=("energon_version", "shard_counts"),
@@ -348,6 +354,10 @@ class SplitConfig:
         patterns = self.split_parts[split_part]
         if known is not None and _plain_distinct_known(patterns, known):
             return list(patterns)  # the usual split (the loop below finds and names the error otherwise)
+        if known is None:  # from the start-up summary: brace ranges, expanded in bulk
+            expanded = [name for _, name in expand_braces(patterns, f"{self.path}: {key_path}")]
+            if len(set(expanded)) == len(expanded):
+                return expanded
         names: dict[str, int] = {}  # shard -> the entry that named it first
         for entry, name in expand_braces(patterns, f"{self.path}: {key_path}"):
             if name in names:
@@ -547,6 +557,46 @@ def split_config_text(config: SplitConfig) -> str:
         except (UnicodeError, yaml.YAMLError):
             pass
     return yaml.dump(data, Dumper=yaml.SafeDumper, **options)
+
+
+_LAST_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$", re.S)
+
+
+def collapse_shard_names(names: list[str]) -> list[str]:
+    """``names`` with each run of consecutive numbers written as a brace range, Energon's
+    spelling (``shards/{000000..009999}.tar``): what ``prepare`` writes to ``split.yaml``, so that
+    a rank reads a few hundred bytes instead of every name.  A run shares the text around its
+    last number, and the number's width; the order is kept.  A range is written only where
+    expanding it gives its names exactly (a name with ``\\`` or ``,`` stays as it is).
+    """
+    out: list[str] = []
+    run: list[str] = []  # consecutive names of one range
+    key: tuple[str, str, int] | None = None  # the run's prefix, suffix and number width
+    last = -1
+
+    def close() -> None:
+        if len(run) > 1:
+            prefix, suffix, width = key
+            pattern = f"{prefix}{{{run[0][len(prefix):len(prefix) + width]}..{run[-1][len(prefix):len(prefix) + width]}}}{suffix}"
+            try:
+                if [name for _, name in expand_braces([pattern], "split.yaml")] == run:
+                    out.append(pattern)
+                    return
+            except ConfigError:
+                pass
+        out.extend(run)
+
+    for name in names:
+        match = _LAST_NUMBER.match(name)
+        parts = None if match is None else (match[1], match[3], len(match[2]))
+        number = -2 if match is None else int(match[2])
+        if parts is None or parts != key or number != last + 1:
+            close()
+            run, key = [], parts
+        run.append(name)
+        last = number
+    close()
+    return out
 
 
 def write_split_config(root: str | os.PathLike, config: SplitConfig, name: str = SPLIT_YAML) -> None:

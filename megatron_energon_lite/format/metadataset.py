@@ -824,6 +824,8 @@ def _check_dataset(leaf: LeafDataset, where: str) -> None:
         if not jsonl_index_path(path).is_file():
             raise DatasetError(format_message("JSONL file was never prepared", where=where, found=f"{path} has no {jsonl_index_path(path).name}", fix=f"run `energon-lite prepare {path}` first"))
         return
+    if isinstance(path, RemotePath) and path.suffix not in (".idx", ".bin") and is_prepared(path):
+        return  # one request (HEAD .nv-meta/.info.json): a folder is never a Megatron prefix
     prefix = indexed_prefix(path)
     if prefix is not None:
         missing = [p for p in (as_path(f"{prefix}.idx"), as_path(f"{prefix}.bin")) if not p.is_file()]

@@ -1,8 +1,9 @@
 """A dataset of a plan, read once: what its metadata says, frozen for the life of a loader.
 
 The process that makes a loader reads each dataset's ``.info.json``, split file and
-``dataset.yaml`` once (the splits from ``.lite-split-cache.json`` when prepare wrote one and the
-files are unchanged), into a :class:`ResolvedDataset`; sizes, shard boundaries, worker slices
+``dataset.yaml`` once (the splits from the start-up summary ``.lite-split-cache.json`` when
+prepare wrote one and the files are unchanged: on object storage five small requests whatever
+the shard count), into a :class:`ResolvedDataset`; sizes, shard boundaries, worker slices
 and every sample loader come from it. Forked workers inherit it and read no metadata (only the
 ``.tar.idx`` of the shards they open, when they first open them).
 """
@@ -17,12 +18,13 @@ from typing import Any, Iterable
 
 from ..policy import PLAIN, Policy
 from ..samples import CrudeSample, TokensSample
+from ..storage import RemotePath, as_path, file_stat
 from .dataset_config import DatasetConfig, load_dataset_config
 from .indexed import indexed_prefix
 from .indexed_samples import IndexedSamples
 from .join import join_index
 from .jsonl import JsonlReader
-from .metadata import ResolvedSplit, require_prepared, resolve_split
+from .metadata import INFO_JSON, ResolvedSplit, meta_dir, require_prepared, resolve_split
 from .metadataset import LeafDataset
 from .split_cache import cached_split
 
@@ -67,16 +69,21 @@ def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_conf
     if leaf.path.endswith(".jsonl"):
         count = len(JsonlReader(leaf.path))  # a JSONL file is one shard
         return ResolvedDataset(total=count, shard_starts=(0, count))
-    prefix = indexed_prefix(leaf.path)
-    if prefix is not None:
-        samples = IndexedSamples(prefix, leaf.sequence_length)  # one shard, whatever the split
-        samples.close()
-        return ResolvedDataset(total=len(samples), shard_starts=(0, len(samples)), indexed_prefix=str(prefix))
-    require_prepared(leaf.path)
+    root = as_path(leaf.path)
+    # On object storage one HEAD of .info.json says "a prepared folder" (a folder is never a
+    # Megatron prefix) and gives the stamp the start-up summary is checked against.
+    info_stat = file_stat(meta_dir(root) / INFO_JSON) if isinstance(root, RemotePath) else None
+    if info_stat is None:
+        prefix = indexed_prefix(leaf.path)
+        if prefix is not None:
+            samples = IndexedSamples(prefix, leaf.sequence_length)  # one shard, whatever the split
+            samples.close()
+            return ResolvedDataset(total=len(samples), shard_starts=(0, len(samples)), indexed_prefix=str(prefix))
+        require_prepared(leaf.path)
     config = load_dataset_config(leaf.path, leaf.dataset_config or dataset_config, trust_dataset_code=trust_dataset_code, policy=policy)
     split_name = leaf.split_config or split_config or config.loader_options.get("split_config")
-    # What prepare cached, if the files it was made from are unchanged; else the files themselves.
-    split = cached_split(leaf.path, leaf.split_part, split_name) or resolve_split(leaf.path, leaf.split_part, split_config=split_name, policy=policy)
+    # The start-up summary prepare wrote, if the files it was made from are unchanged; else the files.
+    split = cached_split(leaf.path, leaf.split_part, split_name, info_stat=info_stat) or resolve_split(leaf.path, leaf.split_part, split_config=split_name, policy=policy)
     return ResolvedDataset(total=split.total_samples, shard_starts=split.shard_starts, split=split, config=config, split_config=split_name)
 
 

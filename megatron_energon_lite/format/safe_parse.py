@@ -19,6 +19,7 @@ Brace patterns (``shards/{000..999}.tar`` in ``split.yaml``) are bounded the sam
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterable
 
 import yaml
@@ -203,8 +204,24 @@ def expand_braces(patterns: Iterable[str], where: str, limit: int = MAX_BRACE_NA
                 where, entry, pattern, f"at most {limit:,} names from brace patterns", f"{total:,} names so far",
                 "list fewer shards per pattern (split the range) or fix the range's bounds",
             )  # fmt: skip
-        for name in braceexpand(pattern):
+        simple = _SIMPLE_RANGE.fullmatch(pattern)
+        names = braceexpand(pattern) if simple is None else _simple_range(*simple.groups())
+        for name in names:
             yield entry, name
+
+
+#: ``prefix{A..B}suffix`` with plain numbers and no other braces or escapes: what prepare writes.
+_SIMPLE_RANGE = re.compile(r"([^{}\\]*)\{(\d+)\.\.(\d+)\}([^{}\\]*)", re.S)
+
+
+def _simple_range(prefix: str, start: str, end: str, suffix: str) -> Iterable[str]:
+    """braceexpand's expansion of ``prefix{start..end}suffix`` (same zero padding: to the longer
+    bound when either bound has a leading zero), without its per-name generators: 10,000 names
+    in a few milliseconds instead of ~0.2 s, paid by every rank at start-up."""
+    padding = max(len(start), len(end)) if any(b.startswith("0") and b != "0" for b in (start, end)) else 0
+    first, last = int(start), int(end)
+    numbers = range(first, last + 1) if first <= last else range(first, last - 1, -1)
+    return [f"{prefix}{n:0{padding}d}{suffix}" for n in numbers]
 
 
 def brace_count(pattern: str) -> int:

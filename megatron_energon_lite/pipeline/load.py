@@ -126,7 +126,7 @@ class SampleLoader:
         if prefix is not None:
             self._tokens = IndexedSamples(prefix, sequence_length)  # one split, typed TokensSamples
             return
-        if self.path.is_file():
+        if (resolved is None or resolved.split is None) and self.path.is_file():  # resolved: it was a folder
             raise DatasetError(
                 format_message(
                     "not a dataset",

@@ -146,6 +146,11 @@ def _listing(folder: RemotePath) -> dict[str, RemoteStat]:
 
 
 def file_stat(path: AnyPath) -> FileStat | None:
+    """Size and version of the file ``path``, None when there is none: one ``stat`` locally, one
+    request (HEAD) for an object, never a listing of its folder."""
+    if isinstance(path, RemotePath):
+        stat = path.head()
+        return None if stat is None else FileStat(stat.size, stat.version)
     return list_files(path.parent, [path.name]).get(path.name)
 
 

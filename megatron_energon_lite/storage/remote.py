@@ -277,17 +277,41 @@ class RemotePath:
     def exists(self) -> bool:
         return self._call("check", lambda: self.fs.exists(self.url))
 
-    def is_file(self) -> bool:
+    def head(self) -> RemoteStat | None:
+        """The object's size and version from one request (an S3 ``HEAD``), None when there is no
+        object of this name; never a listing (s3fs's ``info`` lists the prefix after a 404 to
+        find a folder: a second request that a check for a file does not need)."""
+        fs = self.fs
+        if self.protocol in ("s3", "s3a") and callable(getattr(fs, "call_s3", None)):
+            bucket, _, key = self.key.partition("/")
+            if not key:
+                return None  # a bucket is not an object
+
+            def head() -> Any:
+                read_counters.requests += 1
+                return fs.call_s3("head_object", Bucket=bucket, Key=key)
+
+            try:
+                found = self._call("stat", head)
+            except FileNotFoundError:
+                return None
+            return RemoteStat(int(found.get("ContentLength") or 0), str(found.get("ETag") or found.get("LastModified") or "").strip('"'))
+        fs.invalidate_cache(self.url)  # sizes and versions decide staleness: never from an old listing
         try:
-            return not self.stat().is_dir
+            stat = self.stat()
         except FileNotFoundError:
-            return False
+            return None
+        return None if stat.is_dir else stat
+
+    def is_file(self) -> bool:
+        return self.head() is not None
 
     def is_dir(self) -> bool:
         return self._call("check", lambda: self.fs.isdir(self.url))
 
     def read_bytes(self) -> bytes:
-        return self._call("read", lambda: self.fs.cat_file(self.url))
+        """The whole object in one GET (a missing object: ``FileNotFoundError``, at once)."""
+        return fetch_object(self)
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)

@@ -60,7 +60,10 @@ def test_prepare_writes_energon_files(text_dataset: Path) -> None:
     assert list(info["shard_counts"]) == sorted(info["shard_counts"])
     split = yaml.safe_load((text_dataset / ".nv-meta/split.yaml").read_text())
     assert list(split) == ["split_parts", "exclude"]
-    assert [len(v) for v in split["split_parts"].values()] == [2, 1, 1]
+    # Consecutive numbered shards as one brace range, as Energon writes them.
+    assert split["split_parts"]["train"] == ["shards/shard_{000..001}.tar"]
+    config = read_split_config(text_dataset)
+    assert [len(config.expanded_split(part)) for part in config.split_parts] == [2, 1, 1]
     assert len((text_dataset / ".nv-meta/index.uuid").read_text()) == 36
     samples, parts = _db_rows(text_dataset)
     assert len(samples) == 20 and len(parts) == 40

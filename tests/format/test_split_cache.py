@@ -1,8 +1,8 @@
-"""``.nv-meta/.lite-split-cache.json``: prepare's copy of every resolved split.
+"""``.nv-meta/.lite-split-cache.json``: prepare's start-up summary (the counts of every split).
 
-The loader resolves a split from the cache only while the split file and ``.info.json`` hold the
-bytes the cache was made from; it must then give exactly what resolving the files gives, and
-anything else (a stale, corrupt or tampered cache, a split it does not hold) falls back to the
+The loader resolves a split from the summary only while the split file and ``.info.json`` hold
+the bytes it was made from; it must then give exactly what resolving the files gives, and
+anything else (a stale, corrupt or tampered summary, a split it does not hold) falls back to the
 files, so the files stay the truth.
 """
 
@@ -65,7 +65,11 @@ def test_prepare_writes_the_cache(tmp_path: Path) -> None:
     prepare_dataset(root, split_parts=SPLITS, progress=False)
     data = json.loads((root / ".nv-meta" / SPLIT_CACHE).read_text())
     assert sorted(data["splits"]) == ["test", "train", "val"]
-    assert data["splits"]["train"]["names"] == [f"parts/data-{i}.tar" for i in range(4)]
+    assert data["splits"]["train"]["counts"] == [[3, 4]]  # four shards of three samples, run-length encoded
+    assert "names" not in data["splits"]["train"]  # the names are the split file's
+    # split.yaml in Energon's spelling: a brace range per run of numbered shards.
+    assert "- parts/data-{0..3}.tar" in (root / ".nv-meta" / "split.yaml").read_text()
+    assert cached_split(root, "train", None).names == [f"parts/data-{i}.tar" for i in range(4)]
 
 
 @pytest.mark.parametrize("split", ["train", "val", "test"])
@@ -86,14 +90,14 @@ def test_cache_gives_what_the_files_give(dataset: Path, split: str, caplog: pyte
 
 
 def test_loader_resolves_from_the_cache_without_parsing_the_info_file(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The split file is read to check the cache's names against it; .info.json is not."""
+    """The split file is read (the names are its); .info.json is not parsed."""
     expected = _from_files(dataset, "train")
 
     def refuse(*args, **kwargs):
         raise AssertionError(".info.json was parsed although the cache is valid")
 
     monkeypatch.setattr(metadata, "read_info", refuse)
-    monkeypatch.setattr(split_cache, "read_info", refuse)
+    monkeypatch.setattr(split_cache, "parse_info", refuse)
     monkeypatch.setattr(metadata, "resolve_unchecked", refuse)
     resolved = resolve_dataset(_leaf(dataset, "train"), dataset_config=None, split_config=None, trust_dataset_code=False)
     _same(resolved.split, expected)
@@ -118,17 +122,17 @@ def test_an_edited_info_file_is_read_instead(dataset: Path) -> None:
 @pytest.mark.parametrize(
     "tamper",
     [
-        lambda d: d["splits"]["train"].update(names=["../../etc/passwd", *d["splits"]["train"]["names"][1:]]),
-        lambda d: d["splits"]["train"].update(names=["/abs.tar", *d["splits"]["train"]["names"][1:]]),
-        lambda d: d["splits"]["train"].update(counts=[-1, *d["splits"]["train"]["counts"][1:]]),
-        lambda d: d["splits"]["train"].update(counts=["3", *d["splits"]["train"]["counts"][1:]]),
-        lambda d: d["splits"]["train"].update(counts=d["splits"]["train"]["counts"][1:]),
-        lambda d: d["splits"]["train"].update(excluded_keys={"parts/data-0.tar": "000001"}),
+        lambda d: d["splits"]["train"].update(counts=[[-1, 1], [3, 2]]),
+        lambda d: d["splits"]["train"].update(counts=[["3", 3]]),
+        lambda d: d["splits"]["train"].update(counts=[[3, 2]]),
+        lambda d: d["splits"]["train"].update(counts=[[3, 4]]),
+        lambda d: d["splits"]["train"].update(counts=[[3, 10**12]]),
+        lambda d: d["splits"]["train"].update(counts=[3, 3, 3]),
         lambda d: d.update(unknown_excludes="x"),
         lambda d: d.update(version=99),
         lambda d: d.pop("splits"),
     ],
-    ids=["dotdot", "absolute", "negative", "string-count", "short", "keys-not-list", "unknown-not-list", "version", "no-splits"],
+    ids=["negative", "string-count", "short", "long", "huge-run", "not-runs", "unknown-not-list", "version", "no-splits"],
 )
 def test_a_tampered_cache_is_ignored(dataset: Path, tamper) -> None:
     path = dataset / ".nv-meta" / SPLIT_CACHE

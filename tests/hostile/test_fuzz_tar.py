@@ -336,20 +336,20 @@ def _run_targets(workdir: Path) -> None:
         restore()
         cache = json.loads(pristine[cache_path])
         train = cache["splits"]["train"]
-        kind = data.draw(st.sampled_from(["value", "names", "counts", "deep", "bytes"]), label="kind")
+        kind = data.draw(st.sampled_from(["value", "runs", "counts", "deep", "bytes"]), label="kind")
+        shards = sum(run[1] for run in train["counts"])
         if kind == "value":  # any JSON value at any key the cache has
             holder = data.draw(st.sampled_from([cache, train]), label="holder")
             key = data.draw(st.sampled_from(sorted(holder)), label="key")
             holder[key] = data.draw(json_value, label="value")
-        elif kind == "names":  # shards moved, repeated, dropped, from another split or outside
-            names = data.draw(st.lists(st.sampled_from([*train["names"], *pristine_names, "../x.tar", "/abs.tar"]), max_size=6), label="names")
-            train.update(names=names, counts=data.draw(st.lists(st.integers(0, 6), min_size=len(names), max_size=len(names)), label="counts"))
-        elif kind == "counts":
-            train["counts"] = data.draw(st.lists(st.integers(-1, 7), min_size=len(train["counts"]), max_size=len(train["counts"])), label="counts")
+        elif kind == "runs":  # counts for more or fewer shards than the split has, zeros, negatives
+            train["counts"] = data.draw(st.lists(st.lists(st.integers(-1, 7), min_size=2, max_size=2), max_size=6), label="runs")
+        elif kind == "counts":  # one count per shard, any of them wrong
+            train["counts"] = [[count, 1] for count in data.draw(st.lists(st.integers(-1, 7), min_size=shards, max_size=shards), label="counts")]
         text = json.dumps(cache)
         if kind == "deep":
             depth = data.draw(st.integers(150, 20_000), label="depth")
-            text = text.replace('"excluded_keys": {}', '"excluded_keys": ' + "[" * depth + "]" * depth, 1)
+            text = text.replace('"unknown_excludes": []', '"unknown_excludes": ' + "[" * depth + "]" * depth, 1)
         cache_path.write_bytes(flipped(data, text.encode()) if kind == "bytes" else text.encode())
 
         def read() -> None:

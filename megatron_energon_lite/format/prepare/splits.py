@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ...errors import ConfigError, format_message
 from ...storage import AnyPath
-from ..metadata import META_DIR, SPLIT_YAML, SplitConfig, read_split_config, write_split_config
+from ..metadata import META_DIR, SPLIT_YAML, SplitConfig, collapse_shard_names, read_split_config, write_split_config
 from ..safe_parse import expand_braces
 from .discover import _compile
 from .incremental import _stamps
@@ -117,8 +117,11 @@ def _write_splits(root: AnyPath, splits: dict[str, list[str]], previous: dict) -
     stamp = _stamps(root, [split_name]).get(split_name)
     ours = stamp is not None and record.get("stamp") == stamp and isinstance(record.get("exclude"), list)
     exclude = list(record["exclude"]) if ours else _kept_excludes(root)
-    digest = hashlib.sha256(json.dumps([splits, exclude]).encode()).hexdigest()
+    # "braces": the file's spelling, so a file an earlier version wrote name by name is rewritten once.
+    digest = hashlib.sha256(json.dumps([splits, exclude, "braces"]).encode()).hexdigest()
     if not ours or record.get("digest") != digest:
-        write_split_config(root, SplitConfig(split_parts=splits, exclude=exclude))
+        # Brace ranges, as Energon writes them: every rank reads this file at start-up.
+        collapsed = {part: collapse_shard_names(names) for part, names in splits.items()}
+        write_split_config(root, SplitConfig(split_parts=collapsed, exclude=exclude))
         stamp = _stamps(root, [split_name]).get(split_name)
     return {"stamp": stamp, "digest": digest, "exclude": exclude}
