@@ -49,6 +49,55 @@ class UniformStream:
         return self._block[offset]
 
 
+class StratifiedUniformStream(UniformStream):
+    """Draw ``n`` in [0, 1) as :class:`UniformStream`, but stratified, for choices by weight whose
+    counts should follow the weights closely (the random blend).
+
+    1. Each window of :attr:`WINDOW` consecutive draws (``n // WINDOW``) holds one draw from each
+       of ``WINDOW`` equal strata of [0, 1), in random order (a random permutation per window).
+    2. Within its stratum, every draw of window ``b`` sits at the same offset: the van der Corput
+       number of ``b`` (its bits reversed after the binary point) plus one random shift per
+       stream, modulo 1.  A choice whose interval boundary cuts a stratum thus takes that
+       stratum in a share of the windows that tracks the cut closely (low discrepancy), instead of
+       by a coin flip per window, whose errors would add up like a random walk.
+
+    Every draw is still uniform on [0, 1) (the strata and the shift are uniform), so a choice by
+    weight keeps its probability; and the counts of each choice stay within a few of their
+    expected values at every prefix (a 4-way blend over 20,000 draws: within about 7), where
+    independent draws drift by about the square root of the count.
+    """
+
+    WINDOW = 32
+    #: The counter of the per-stream shift's generator (blocks never get that far).
+    _SHIFT = 1 << 62
+
+    def __init__(self, seed: int, stage: str, *prefix: int) -> None:
+        super().__init__(seed, stage, *prefix)
+        self._shift = float(rng_for(*self._key, self._SHIFT).random())
+
+    def at(self, counter: int) -> float:
+        block, offset = divmod(counter, self.BLOCK)
+        if block != self._block_index:
+            windows = self.BLOCK // self.WINDOW
+            strata = rng_for(*self._key, block).permuted(np.tile(np.arange(self.WINDOW), (windows, 1)), axis=1)
+            offsets = (van_der_corput(np.arange(block * windows, (block + 1) * windows, dtype=np.uint64)) + self._shift) % 1.0
+            self._block = ((strata + offsets[:, None]) / self.WINDOW).ravel().tolist()
+            self._block_index = block
+        return self._block[offset]
+
+
+def van_der_corput(indices: np.ndarray) -> np.ndarray:
+    """The base-2 van der Corput number of each index (uint64): its bits mirrored after the binary
+    point (1 -> 0.5, 2 -> 0.25, 3 -> 0.75, ...)."""
+    out = np.zeros(indices.shape)
+    bits, weight = indices.copy(), 0.5
+    while bits.any():
+        out += (bits & np.uint64(1)).astype(np.float64) * weight
+        bits >>= np.uint64(1)
+        weight /= 2
+    return out
+
+
 def worker_seed(global_worker_id: int, seed_offset: int = 0) -> int:
     """Energon's per-worker seed: the last 4 bytes of sha1(f"{worker},{offset}"), big-endian."""
     digest = hashlib.sha1(f"{global_worker_id},{seed_offset}".encode()).digest()

@@ -15,6 +15,7 @@ from energon_lite_dev.synthetic import generate_captioning_dataset
 from megatron_energon_lite import (
     CaptioningSample,
     ConfigError,
+    DatasetError,
     Sample,
     WorkerConfig,
     get_loader,
@@ -276,3 +277,23 @@ def test_our_join_index_is_energons_and_energon_loads_it(root: Path, tmp_path: P
     assert len(loaded) == 15
     lite = [(s.__key__, s.text) for s in val(ours / "meta.yaml")]
     assert loaded == lite
+
+
+def test_as_energon_refuses_a_join_that_was_not_prepared_as_energon_does(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron_energon_lite import energon_mode
+    from megatron_energon_lite.format.join import prepare_metadataset_joins
+
+    base = tmp_path / "copy"
+    shutil.copytree(root, base, ignore=top_level_metadatasets(root))
+    path = energon_join(base, "meta.yaml")
+    monkeypatch.setattr(energon_mode, "_enabled", False)
+    assert len(val(path)) == 15  # the plain import computes the join: no prepare needed
+    monkeypatch.setattr(energon_mode, "_enabled", True)
+    with pytest.raises(DatasetError, match=r"(?s)not prepared.*meta\.yaml: splits\.train.*meta\.yaml\.cache/join_index_[0-9a-f]{64}\.bin.*energon prepare"):
+        val(path)
+    prepare_metadataset_joins(path)
+    assert len(val(path)) == 15
+    # A joined dataset prepared again (a new index.uuid): the join index is out of date, as in Energon.
+    (base / "caps/.nv-meta/index.uuid").write_text("00000000-0000-0000-0000-000000000001")
+    with pytest.raises(DatasetError, match="not prepared"):
+        val(path)

@@ -27,6 +27,7 @@ from megatron_energon_lite import (
     get_val_dataset,
     get_val_datasets,
 )
+from megatron_energon_lite.energon.wrappers.blend_dataset import BlendDataset
 from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.weight_schedule import WeightSchedule
 from megatron_energon_lite.pipeline import blend as blend_module
@@ -672,3 +673,29 @@ def test_a_schedule_switches_at_its_point_after_two_elastic_restores(root: Path,
     (it,) = [iter(loader) for loader in running]
     stream += [next(it).__key__[0] for _ in range(2 * SWITCH - len(stream))]
     assert "".join(stream) == "A" * SWITCH + "B" * SWITCH
+
+
+def test_walking_dataset_reaches_the_blend_and_each_datasets_worker_slices(root: Path) -> None:
+    """Code written for Energon walks ``.dataset`` from what get_train_dataset returns to its
+    BlendDataset, reads ``dataset_weights`` and, two levels below each input, the sample loader's
+    ``workers_slice_offsets`` and ``len()``: here they describe this rank's sharding, with
+    ``[start]`` for a worker without samples (C: 30 samples on 2 x 20 workers)."""
+    path = blend_yaml(root, (6, 3, 1))
+    ranges: dict[tuple[int, int], tuple[int, int]] = {}
+    for rank in range(2):
+        stage = get_train_dataset(path, worker_config=config(20, rank, 2), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=1)
+        while not isinstance(stage, BlendDataset):
+            stage = stage.dataset
+        assert [weight for _, weight in stage.dataset_weights] == pytest.approx([0.6, 0.3, 0.1])
+        for k, (dataset, _) in enumerate(stage.dataset_weights):
+            loader = dataset.dataset.dataset
+            offsets = loader.workers_slice_offsets
+            assert len(offsets) == 20 and len(loader) == sum(o[-1] - o[0] for o in offsets) == sum(dataset.worker_length(w) for w in range(20))
+            for worker, bounds in enumerate(offsets):
+                assert bounds == list(range(bounds[0], bounds[-1] + 1))  # max_samples_per_sequence=1: one sample per slice
+                ranges[(k, rank * 20 + worker)] = (bounds[0], bounds[-1])
+    for k, size in enumerate(SIZES.values()):
+        # The 40 global workers' ranges tile the dataset in worker order; C's leave 10 workers empty.
+        got = [ranges[(k, w)] for w in range(40)]
+        assert got[0][0] == 0 and got[-1][1] == size and all(a[1] == b[0] for a, b in zip(got, got[1:]))
+        assert sum(a == b for a, b in got) == (10 if size == 30 else 0)

@@ -38,3 +38,18 @@ def test_uniform_stream_is_a_function_of_the_counter() -> None:
     assert forward == backward  # any order of access, any fresh object: the same draws
     assert all(0.0 <= x < 1.0 for x in forward) and len(set(forward)) == 3000
     assert UniformStream(3, "shuffle", 2).at(5) != forward[5] and UniformStream(4, "shuffle", 1).at(5) != forward[5]
+
+
+def test_stratified_stream_covers_every_stratum_once_per_window() -> None:
+    from megatron_energon_lite.rng import StratifiedUniformStream
+
+    stream = StratifiedUniformStream(3, "blend", 0)
+    window = StratifiedUniformStream.WINDOW
+    draws = [stream.at(i) for i in range(3000)]
+    assert draws == [StratifiedUniformStream(3, "blend", 0).at(i) for i in reversed(range(3000))][::-1]
+    assert all(0.0 <= x < 1.0 for x in draws) and len(set(draws)) == 3000
+    for start in range(0, 3000 - window + 1, window):
+        assert sorted(int(x * window) for x in draws[start : start + window]) == list(range(window))
+    # The order within a window is random: not the strata in order, and not the same in each window.
+    strata = [[int(x * window) for x in draws[s : s + window]] for s in (0, window)]
+    assert strata[0] != list(range(window)) and strata[0] != strata[1]

@@ -56,6 +56,7 @@ from ..format.media_metadata import last_end, stream_seconds
 from ..format.media_types import (
     AVMetadata,  # the one typed metadata class (Energon's media.AVMetadata)
 )
+from ..policy import PLAIN, Policy
 
 if TYPE_CHECKING:  # torch is imported where a tensor is made, so decoding text or images never loads it
     import torch
@@ -327,7 +328,10 @@ class AVDecoder:
 
     ``AVDecoder(stream)`` takes the part's bytes or, as Energon's, a binary file object (read
     once, from its start).  ``suppress_warnings`` is accepted for Energon's signature (this
-    decoder has no seeking warnings to suppress).
+    decoder has no seeking warnings to suppress).  ``policy``: a clip range that starts at or
+    after the end of its stream is a :class:`DecodeError` (ours, :data:`~megatron_energon_lite.
+    policy.PLAIN`) or gives no clip, so that the clips no longer line up with the ranges
+    (Energon's, under the as_energon switch: a loader's decoder passes its policy on).
     """
 
     def __init__(
@@ -338,12 +342,14 @@ class AVDecoder:
         name: str = "?",
         byte_budget: int = DEFAULT_BYTE_BUDGET,
         extension: str | None = None,
+        policy: Policy = PLAIN,
     ) -> None:
         self.data = bytes(stream) if isinstance(stream, (bytes, bytearray, memoryview)) else _read_stream(stream)
         self.suppress_warnings = suppress_warnings
         self.name = name  # "sample key, part" for messages
         self.byte_budget = byte_budget
         self.extension = extension  # the part's extension, a hint for opening
+        self.policy = policy
         self._probe: AVProbeIndex | None = None  # built on first need; the bytes never change
 
     @property
@@ -352,10 +358,11 @@ class AVDecoder:
         return io.BytesIO(self.data)
 
     def __getstate__(self) -> dict:
-        return {"data": self.data, "name": self.name, "byte_budget": self.byte_budget, "extension": self.extension, "suppress_warnings": self.suppress_warnings}
+        return {"data": self.data, "name": self.name, "byte_budget": self.byte_budget, "extension": self.extension, "suppress_warnings": self.suppress_warnings, "policy": self.policy}
 
     def __setstate__(self, state: dict) -> None:
         self.suppress_warnings = False
+        self.policy = PLAIN
         self._probe = None
         self.__dict__.update(state)
 
@@ -402,6 +409,29 @@ class AVDecoder:
         if self._probe is None:
             self._probe = AVProbeIndex(container, 0)
         return self._probe
+
+    def _range_past_the_end(self, kind: str, requested: tuple, unit: str, ends: str) -> None:
+        """A clip range with nothing of the stream in it: under Energon's policy it gives no clip
+        (the caller goes on); ours raises, naming the sample, the range and where the stream ends."""
+        if self.policy.as_energon:
+            return
+        raise DecodeError(
+            format_message(
+                f"the {kind} clip range {requested!r} ({unit}) starts at or after the end of the {kind}, so it has no clip",
+                where=self.name,
+                expected=f"ranges that start before the end: {ends}",
+                found=f"range {requested!r} in {unit}",
+                fix="keep the ranges within get_metadata()'s duration (get_clips_uniform does); under the as_energon switch "
+                "such a range gives no clip and the list of clips is shorter than the list of ranges, as in Energon",
+            )
+        )
+
+    @staticmethod
+    def _stream_end(container, stream) -> str:
+        """Where a stream ends, for messages."""
+        seconds = stream_seconds(stream.duration, stream) if stream.duration is not None else (container.duration / 1_000_000 if container.duration else None)
+        frames = f", {stream.frames} frames" if getattr(stream, "frames", 0) else ""
+        return f"the stream lasts {seconds:.6g} s{frames}" if seconds is not None else f"the stream's duration is unknown{frames}"
 
     def _check_budget(self, used: int) -> None:
         if used > self.byte_budget:
@@ -548,6 +578,7 @@ class AVDecoder:
             time_base = stream.time_base
             index = None if _seeks_exactly(container) else self._probe_index(container)
             for start, end in video_clip_ranges:
+                requested = (start, end)
                 if end < start:
                     raise self._error(f"video clip range ends before it starts: ({start}, {end})", fix="pass (start, end) with end >= start")
                 exact = video_unit == "frames" and index is not None
@@ -558,13 +589,15 @@ class AVDecoder:
                     first_frame = max(0, int(start))
                     last_frame = len(shown) - 1 if math.isinf(end) else min(int(end), len(shown) - 1)
                     if first_frame > last_frame:
-                        continue  # no such frame: no clip
+                        self._range_past_the_end("video", requested, video_unit, f"the video has {len(shown)} frames")
+                        continue  # no such frame: no clip (Energon's policy)
                     start, end = int(shown[first_frame]) * time_base, int(shown[last_frame]) * time_base
                 elif video_unit == "frames":
                     start, end = int(start) / fps, (end if math.isinf(end) else int(end)) / fps
                 frames, first, last = self._decode_range(container, stream, index, fps, start, end, video_out_frame_size, exact)
                 if not frames:
-                    continue  # nothing is shown during the range: no clip (as Energon)
+                    self._range_past_the_end("video", requested, video_unit, self._stream_end(container, stream))
+                    continue  # nothing is shown during the range: no clip (Energon's policy)
                 used += sum(f.nbytes for f in frames)
                 self._check_budget(used)
                 clips.append(torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2).contiguous())
@@ -657,6 +690,7 @@ class AVDecoder:
             rate = sample_rate or source_rate
             as_float = sample_rate is not None
             for start, end in audio_clip_ranges:
+                requested = (start, end)
                 if audio_unit == "samples":
                     start, end = start / source_rate, end / source_rate
                 if end < start:
@@ -699,13 +733,15 @@ class AVDecoder:
                 except Exception as exc:  # noqa: BLE001
                     raise self._error("cannot decode the audio", exc) from exc
                 if not chunks:
-                    continue  # the range starts at or after the end of the audio: no clip
+                    self._range_past_the_end("audio", requested, audio_unit, self._stream_end(container, stream))
+                    continue  # the range starts at or after the end of the audio: no clip (Energon's policy)
                 audio = np.concatenate(chunks, axis=1)
                 # Cut to the range: the first decoded frame starts at first_time (at or before start).
                 offset = max(0, _half_up((start - first_time) * rate))
                 length = _half_up((end - start) * rate) if math.isfinite(end) else audio.shape[1]
                 clip = audio[:, offset : offset + length]  # cut at the end of the stream
                 if clip.shape[1] == 0 and length > 0:
+                    self._range_past_the_end("audio", requested, audio_unit, self._stream_end(container, stream))
                     continue
                 clips.append(torch.from_numpy(np.ascontiguousarray(clip)))
                 complete = math.isfinite(end) and clip.shape[1] >= length
@@ -729,6 +765,7 @@ class AVDecoder:
                 return None
             clips, stamps, used = [], [], 0
             for start, end in ranges:
+                requested = (start, end)
                 if unit == "samples":
                     start, end = start / rate, end / rate
                 if end < start:
@@ -737,7 +774,8 @@ class AVDecoder:
                 length = _half_up((end - start) * rate) if math.isfinite(end) else total
                 count = max(0, min(length, total - first))  # cut at the end of the audio
                 if first >= total or (count == 0 and length > 0):
-                    continue  # the range starts at or after the end: no clip
+                    self._range_past_the_end("audio", requested, unit, f"the audio lasts {total / rate:.6g} s, {total} samples")
+                    continue  # the range starts at or after the end: no clip (Energon's policy)
                 used += count * channels * np.dtype(dtype).itemsize
                 self._check_budget(used)
                 samples = np.zeros((0, channels), dtype)
@@ -849,7 +887,7 @@ def get_single_frames_uniform(
 def decode_av(data: bytes, decoder: Any, *, name: str = "?") -> Any:
     """The decoder-table entry: an :class:`AVDecoder` (default), its full decode (``"torch"``) or
     the opened PyAV container (``"pyav"``), per the SampleDecoder's ``av_decode``."""
-    av_decoder = AVDecoder(data, name=name, byte_budget=getattr(decoder, "av_byte_budget", DEFAULT_BYTE_BUDGET))
+    av_decoder = AVDecoder(data, name=name, byte_budget=getattr(decoder, "av_byte_budget", DEFAULT_BYTE_BUDGET), policy=getattr(decoder, "policy", PLAIN))
     mode = getattr(decoder, "av_decode", "AVDecoder")
     if mode == "torch":
         return av_decoder.get_frames(video_decode_audio=getattr(decoder, "video_decode_audio", False))

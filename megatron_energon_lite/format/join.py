@@ -54,6 +54,7 @@ __all__ = [
     "join_cache_dir",
     "join_index",
     "prepare_metadataset_joins",
+    "require_energon_join_index",
     "write_energon_join_index",
 ]
 
@@ -212,6 +213,30 @@ def energon_join_index_path(spec: JoinSpec, cache_dir: AnyPath) -> AnyPath:
             digest.update(b"\0")
         digest.update(f"\0nonmatch={member.nonmatch}\0".encode())
     return cache_dir / f"join_index_{digest.hexdigest()}.bin"
+
+
+def require_energon_join_index(spec: JoinSpec, where: str) -> None:
+    """Under the as_energon switch: the join must have been prepared, as Energon requires.
+
+    Energon reads a join only from its index file, so a join that ``energon prepare`` never saw
+    (or saw before a member was re-prepared or its excludes changed: the file name hashes those)
+    fails there when the dataset is made; the switch fails the same way, so a program tried under
+    the switch does not fail later on Energon.  The plain import computes the join itself and
+    needs no file.  A join written in Python (no YAML file) has no cache folder and no check.
+    """
+    if spec.file is None:
+        return
+    path = energon_join_index_path(spec, join_cache_dir(spec.file))
+    if not path.is_file():
+        raise DatasetError(
+            format_message(
+                "the join was not prepared (Energon loads a join only from its join index, and the as_energon switch does the same)",
+                where=where,
+                expected=str(path),
+                found="no such file: the metadataset was not prepared, or a joined dataset or its excludes changed since",
+                fix=f"run `energon prepare {spec.file}` (or `energon-lite prepare {spec.file}`); without the switch, the join is computed when the loader is made",
+            )
+        )
 
 
 def _member_locations(member: JoinMember) -> np.ndarray:

@@ -22,7 +22,7 @@ from ..storage import RemotePath, as_path, file_stat
 from .dataset_config import DatasetConfig, load_dataset_config
 from .indexed import indexed_prefix
 from .indexed_samples import IndexedSamples
-from .join import join_index
+from .join import join_index, require_energon_join_index
 from .jsonl import JsonlReader
 from .metadata import INFO_JSON, ResolvedSplit, meta_dir, require_prepared, resolve_split
 from .metadataset import LeafDataset
@@ -64,6 +64,8 @@ def resolve_dataset(leaf: LeafDataset, *, dataset_config: str | None, split_conf
     """Reads the metadata of ``leaf`` (``dataset_config`` / ``split_config``: the loader's
     defaults, for leaves that do not name their own; ``policy``: the loader's)."""
     if leaf.join is not None:
+        if policy.as_energon:
+            require_energon_join_index(leaf.join, leaf.where)
         index = join_index(leaf.join, policy=policy)
         return ResolvedDataset(total=len(index), shard_starts=tuple(index.shard_starts))
     if leaf.path.endswith(".jsonl"):

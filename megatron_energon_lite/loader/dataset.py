@@ -68,6 +68,12 @@ class PipelineDataset(Recipe):
             check_takes_runtime(self.recipe)
             _warn_unmovable(self.recipe)
 
+    @property
+    def dataset(self) -> Recipe:
+        """Its pipeline's last stage (Energon's wrappers name their input ``dataset``; the stages
+        go on through theirs, down to each dataset's slices)."""
+        return self.recipe
+
     def build_worker(self, local_worker_id: int, runtime: Runtime | None = None) -> Node:
         return build_worker_pipeline(self.spec, self.recipe, local_worker_id, runtime)
 

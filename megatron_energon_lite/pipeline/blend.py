@@ -1,7 +1,10 @@
 """BlendNode: mixes several sources by weight, in one of two modes.
 
 ``random`` (Energon's behaviour): each item's source is drawn with probability proportional to its
-weight, from draw ``n`` of a counter-based stream, so a state only needs the draw counter.
+weight, from draw ``n`` of a counter-based stream, so a state only needs the draw counter.  The
+draws are stratified (:class:`~megatron_energon_lite.rng.StratifiedUniformStream`): each draw
+keeps its probabilities, but the counts per source stay within a few items of the weights
+instead of drifting as independent draws do.
 
 ``cost``: weights share a per-sample cost (tokens, say) instead of samples: each item comes from
 the source furthest behind ``weight x total cost so far`` (deterministic, per worker), so each
@@ -68,7 +71,7 @@ from ..errors import (
     format_message,
 )
 from ..format.weight_schedule import ScheduledWeights
-from ..rng import UniformStream
+from ..rng import StratifiedUniformStream, UniformStream
 from .load import BLEND_TAG
 from .node import (
     BlendCursor,
@@ -463,7 +466,7 @@ class BlendNode(Node[Any], ForwardsEpochs, Elastic):
         self._emitted = 0
         self._draws = 0
         self._exhausted = [w == 0 for w in self.weights]
-        self._stream = UniformStream(self.seed, "blend", epoch)
+        self._stream = StratifiedUniformStream(self.seed, "blend", epoch)
         self._pass_weights, self.schedule = None, self._own_schedule
         if self.schedule is not None:
             self.schedule.reset()

@@ -46,7 +46,7 @@ from .map import MapNode
 from .node import Node
 from .recipe import Batch, Blend, Concat, GroupBatch, Map, Pack, Pass, Recipe, Repeat, Shuffle
 from .runtime import Runtime
-from .sharding import Slices, check_shuffle_over_epochs, epoch_slice_order, rotation_offset_for, worker_slices
+from .sharding import Slices, check_shuffle_over_epochs, epoch_slice_order, rotation_offset_for, worker_sample_range, worker_slices
 from .source import SliceSource
 from .task_hooks import Hooks, fingerprint_name
 
@@ -240,10 +240,15 @@ def dataset_slices(spec: PipelineSpec) -> list[list[Slices]]:
     return spec.slices
 
 
+def _dataset_rotation(spec: PipelineSpec, k: int) -> int:
+    """Energon's rotation of dataset ``k``: the remainders of later datasets continue where the
+    earlier ones' ended."""
+    wc = spec.worker_config
+    return rotation_offset_for(k, [dataset.total for dataset in spec.datasets], wc.world_size * wc.workers_per_rank)
+
+
 def _dataset_slices(spec: PipelineSpec) -> list[list[Slices]]:
     wc = spec.worker_config
-    totals = [dataset.total for dataset in spec.datasets]
-    workers = wc.world_size * wc.workers_per_rank
     result = []
     for k, (leaf, dataset) in enumerate(zip(spec.plan.leaves, spec.datasets)):
         total = dataset.total
@@ -255,12 +260,37 @@ def _dataset_slices(spec: PipelineSpec) -> list[list[Slices]]:
                 world_size=wc.world_size,
                 num_workers=wc.num_workers,
                 max_samples_per_sequence=spec.max_samples_per_sequence,
-                # Energon: remainders of later datasets continue where earlier ones ended.
-                rotation_offset=rotation_offset_for(k, totals, workers),
+                rotation_offset=_dataset_rotation(spec, k),
                 sample_range=leaf.sample_range(total),
             )
         )
     return result
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SourceSlices:
+    """How dataset ``index`` of a spec is spread over this rank's workers, under the names of
+    Energon's inner sample loader dataset (``Source.dataset``), for code that inspects it."""
+
+    spec: PipelineSpec
+    index: int
+
+    @property
+    def workers_slice_offsets(self) -> list[list[int]]:
+        """Per local worker, the bounds of its slices in split order (``[start, ..., end]``); a
+        worker without samples gets ``[start]``, where its empty range sits."""
+        return [slices.bounds or [self._empty_start(w)] for w, slices in enumerate(self.spec.slices[self.index])]
+
+    def _empty_start(self, local_worker_id: int) -> int:
+        wc = self.spec.worker_config
+        first, last = self.spec.plan.leaves[self.index].sample_range(self.spec.datasets[self.index].total)
+        global_id = wc.rank * wc.workers_per_rank + local_worker_id
+        start, _ = worker_sample_range(global_id, last - first, wc.world_size * wc.workers_per_rank, rotation_offset=_dataset_rotation(self.spec, self.index))
+        return first + start
+
+    def __len__(self) -> int:
+        """Samples of the dataset on this rank (all its workers)."""
+        return sum(slices.samples for slices in self.spec.slices[self.index])
 
 
 def worker_samples(spec: PipelineSpec) -> list[int]:
@@ -363,6 +393,12 @@ class Source(Recipe):
     @property
     def leaf(self) -> LeafDataset:
         return self.spec.plan.leaves[self.index]
+
+    @property
+    def dataset(self) -> SourceSlices:
+        """The dataset's slices on this rank's workers (Energon's wrappers end in a sample loader
+        dataset here, which code walking ``.dataset`` reads ``workers_slice_offsets`` of)."""
+        return SourceSlices(self.spec, self.index)
 
     def data_record(self) -> list[dict[str, Any]]:
         return [self.spec.data_record()[self.index]]

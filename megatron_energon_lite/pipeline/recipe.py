@@ -257,6 +257,11 @@ class Blend(StageRecipe[T]):
     def worker_length(self, local_worker_id: int) -> int:
         return sum(d.worker_length(local_worker_id) for d in self.datasets)
 
+    @property
+    def dataset_weights(self) -> tuple[tuple[Recipe[Any], Any], ...]:
+        """``((dataset, weight), ...)``, as Energon's ``BlendDataset`` names its inputs."""
+        return tuple(zip(self.datasets, self.weights))
+
     def own_config(self) -> dict[str, Any]:
         scheduled = {"schedules": [None if s is None else s.describe() for s in self.schedules]} if self.schedules is not None else {}
         return {"weights": [float(w) for w in self.weights], "mode": self.mode, **scheduled}

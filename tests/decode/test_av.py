@@ -22,6 +22,7 @@ from megatron_energon_lite.decode.av import (
     get_clips_uniform,
     get_single_frames_uniform,
 )
+from megatron_energon_lite.policy import ENERGON
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +60,29 @@ def test_clips_by_seconds_and_frames_with_timestamps(video: bytes) -> None:
     assert gray(by_frame[0]) == [3, 4, 5] and by_frame[0].shape == (3, 3, 16, 32)
 
 
-def test_ranges_past_the_end_are_cut_or_dropped(video: bytes) -> None:
-    """As Energon: a range running past the end is cut there; one starting after it gives no clip."""
-    clips, stamps = AVDecoder(video).get_video_clips([(1.8, 9.0), (5.0, 6.0), (2.0, 3.0), (0.0, 0.0)])
+def test_ranges_past_the_end_are_cut_or_dropped_as_energon(video: bytes) -> None:
+    """Under Energon's policy: a range running past the end is cut there; one starting after it gives no clip."""
+    clips, stamps = AVDecoder(video, policy=ENERGON).get_video_clips([(1.8, 9.0), (5.0, 6.0), (2.0, 3.0), (0.0, 0.0)])
     assert [gray(c) for c in clips] == [[14, 15], [0]] and stamps == [pytest.approx((1.75, 2.0)), pytest.approx((0.0, 0.125))]
-    by_frame, _ = AVDecoder(video).get_video_clips([(14, 40), (16, 20)], video_unit="frames")
+    by_frame, _ = AVDecoder(video, policy=ENERGON).get_video_clips([(14, 40), (16, 20)], video_unit="frames")
     assert [gray(c) for c in by_frame] == [[14, 15]]
+
+
+@pytest.mark.parametrize(
+    ("kind", "call", "message"),
+    [
+        ("mp4", lambda d: d.get_video_clips([(1.8, 9.0), (5.0, 6.0)]), r"video clip range \(5\.0, 6\.0\) \(seconds\).*\n.*'k7', part 'mp4'.*\n.*lasts 2 s"),
+        ("mp4", lambda d: d.get_video_clips([(14, 40), (16, 20)], video_unit="frames"), r"video clip range \(16, 20\) \(frames\)"),
+        ("wav", lambda d: d.get_audio_clips([(0.5, 0.75), (1.0, 1.5)]), r"audio clip range \(1\.0, 1\.5\) \(seconds\).*\n.*'k7', part 'wav'.*\n.*lasts 1 s"),
+        ("flac", lambda d: d.get_audio_clips([(16000, 17000)], audio_unit="samples"), r"audio clip range \(16000, 17000\) \(samples\)"),
+    ],
+)
+def test_a_range_that_starts_after_the_end_is_an_error(video: bytes, kind: str, call, message: str) -> None:
+    """Ours: the clips would no longer line up with the ranges, so the range is named instead."""
+    data = video if kind == "mp4" else make_audio(1.0, 16000, kind)
+    with pytest.raises(DecodeError, match=message):
+        call(SampleDecoder().decode_part(kind, data, key="k7"))
+    assert len(call(SampleDecoder().under(ENERGON).decode_part(kind, data, key="k7"))[0]) == (1 if kind != "flac" else 0)
 
 
 def test_uniform_clips_and_single_frames(video: bytes) -> None:
@@ -80,9 +98,9 @@ def test_audio_clips_lengths_and_resampling(fmt: str) -> None:
     decoder = SampleDecoder().decode_part(fmt, make_audio(1.0, 16000, fmt))
     meta = decoder.get_metadata()
     assert (meta.audio_sample_rate, meta.audio_channels) == (16000, 1) and meta.audio_duration == pytest.approx(1.0, abs=0.01)
-    clips, stamps = decoder.get_audio_clips([(0.25, 0.5), (0.9, 2.0), (1.0, 1.5)])
+    clips, stamps = decoder.get_audio_clips([(0.25, 0.5), (0.9, 2.0)])
     assert clips[0].shape == (1, 4000) and clips[1].shape == (1, 1600)  # the second is cut at the end
-    assert len(clips) == 2  # the third starts at the end: no clip
+    assert len(clips) == 2
     assert stamps == [pytest.approx((0.25, 0.5)), pytest.approx((0.9, 1.0))]
     # 16-bit PCM comes as int16, the samples as written (Energon's sample type).
     assert clips[0].dtype == torch.int16
@@ -160,7 +178,9 @@ def test_zero_length_audio_has_no_clips() -> None:
     import struct
 
     header = b"RIFF" + struct.pack("<I", 36) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, 16000, 32000, 2, 16) + b"data" + struct.pack("<I", 0)
-    assert AVDecoder(header, name="sample 'empty'").get_audio_clips([(0.0, 1.0)]) == ([], [])
+    with pytest.raises(DecodeError, match=r"audio clip range \(0\.0, 1\.0\) .*after the end.*\n.*sample 'empty'"):
+        AVDecoder(header, name="sample 'empty'").get_audio_clips([(0.0, 1.0)])
+    assert AVDecoder(header, name="sample 'empty'", policy=ENERGON).get_audio_clips([(0.0, 1.0)]) == ([], [])
 
 
 # --- the probe index; AVI, which FFmpeg seeks by decode timestamps ----------------------------
@@ -216,10 +236,12 @@ def test_frame_numbers_count_the_frames_shown(avi_dropped: bytes) -> None:
     shown at n / fps seconds: after a dropped frame, or with a variable frame rate, they differ."""
     times = packet_times(avi_dropped)
     ranges = [(3, 5), (21, 40), (23, 30), (0, float("inf")), (-3, 1)]
-    clips, stamps = AVDecoder(avi_dropped).get_video_clips(ranges, video_unit="frames")
+    clips, stamps = AVDecoder(avi_dropped, policy=ENERGON).get_video_clips(ranges, video_unit="frames")
     shown = [0, 1, 2, 3, 4] + list(range(6, 24))
     assert [gray(c) for c in clips] == [[3, 4, 6], [22, 23], shown, [0, 1]]  # frames 23.. do not exist: no clip
     assert [start for start, _ in stamps] == [times[3], times[21], times[0], times[0]]
+    with pytest.raises(DecodeError, match=r"video clip range \(23, 30\) \(frames\).*\n.*\n.*the video has 23 frames"):
+        AVDecoder(avi_dropped).get_video_clips(ranges, video_unit="frames")
 
 
 def test_frame_count_and_durations_follow_energons_rules(avi_dropped: bytes) -> None:
@@ -284,7 +306,7 @@ FRAME_RANGES = [[(3, 5)], [(0, 15)], [(14, 40)], [(20, 30)]]
 @pytest.mark.parametrize("container", ["mp4", "mkv"])
 def test_video_clips_are_energons(video: bytes, container: str) -> None:
     data = video if container == "mp4" else mkv(video)
-    theirs, ours = energon_av().AVDecoder(io.BytesIO(data)), AVDecoder(data)
+    theirs, ours = energon_av().AVDecoder(io.BytesIO(data)), AVDecoder(data, policy=ENERGON)
     for ranges in VIDEO_RANGES:
         same_clips(theirs.get_video_clips(ranges), ours.get_video_clips(ranges))
     for ranges in FRAME_RANGES:
@@ -295,7 +317,7 @@ def test_video_clips_are_energons(video: bytes, container: str) -> None:
 @pytest.mark.parametrize("kind", ["wav", "flac", "aac"])
 def test_audio_clips_are_energons(kind: str) -> None:
     data = make_video(audio_rate=16000) if kind == "aac" else make_audio(1.0, 16000, kind)
-    theirs, ours = energon_av().AVDecoder(io.BytesIO(data)), AVDecoder(data)
+    theirs, ours = energon_av().AVDecoder(io.BytesIO(data)), AVDecoder(data, policy=ENERGON)
     for ranges in ([(0.25, 0.5), (0.9, 2.5)], [(0.0, float("inf"))], [(1.0, 1.5), (5.0, 6.0), (0.5, 0.75)], [(0.1, 0.3333)]):
         same_clips(theirs.get_audio_clips(ranges), ours.get_audio_clips(ranges))
     same_clips(theirs.get_audio_clips([(100, 4100)], audio_unit="samples"), ours.get_audio_clips([(100, 4100)], audio_unit="samples"))

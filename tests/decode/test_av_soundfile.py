@@ -13,6 +13,7 @@ from energon_lite_dev.synthetic import make_audio
 from megatron_energon_lite import DecodeError, SampleDecoder
 from megatron_energon_lite.decode import av as av_module
 from megatron_energon_lite.decode.av import AVDecoder, backend
+from megatron_energon_lite.policy import ENERGON, PLAIN
 
 RANGES = [(0.0, 0.25), (0.1, 0.3333), (0.9, 2.0), (0.999, 1.5), (1.0, 1.5), (5.0, 6.0)]
 
@@ -24,9 +25,11 @@ def without_soundfile(monkeypatch):
     monkeypatch.setattr(av_module, "_soundfile_module", av_module._UNSET)
 
 
-def clips_with(monkeypatch, soundfile, data: bytes, ranges, **kwargs):
+def clips_with(monkeypatch, soundfile, data: bytes, ranges, policy=ENERGON, **kwargs):
+    """The clips of ``ranges``, read by soundfile (or, with ``soundfile`` None, by PyAV); under
+    Energon's policy by default, so that ranges past the end give no clip."""
     monkeypatch.setattr(av_module, "_soundfile_module", soundfile)
-    return AVDecoder(data).get_audio_clips(ranges, **kwargs)
+    return AVDecoder(data, policy=policy).get_audio_clips(ranges, **kwargs)
 
 
 def test_pyav_is_the_path_without_soundfile(without_soundfile, monkeypatch) -> None:
@@ -42,11 +45,15 @@ def test_pyav_is_the_path_without_soundfile(without_soundfile, monkeypatch) -> N
     assert stamps[0] == pytest.approx((0.25, 0.5))
 
 
-def test_ranges_at_or_past_the_end_give_no_clip(without_soundfile) -> None:
-    """PyAV path: a range starting at or after the end gives no clip (Energon drops it)."""
-    clips, stamps = AVDecoder(make_audio(1.0)).get_audio_clips([(1.0, 1.5), (5.0, 6.0), (0.5, 0.75)])
+def test_ranges_at_or_past_the_end_give_no_clip_as_energon(without_soundfile) -> None:
+    """PyAV path: a range starting at or after the end gives no clip under Energon's policy (Energon
+    drops it); ours names it."""
+    ranges = [(1.0, 1.5), (5.0, 6.0), (0.5, 0.75)]
+    clips, stamps = AVDecoder(make_audio(1.0), policy=ENERGON).get_audio_clips(ranges)
     assert [tuple(c.shape) for c in clips] == [(1, 4000)]
     assert stamps == [pytest.approx((0.5, 0.75))]
+    with pytest.raises(DecodeError, match=r"audio clip range \(1\.0, 1\.5\) \(seconds\) starts at or after the end"):
+        AVDecoder(make_audio(1.0)).get_audio_clips(ranges)
 
 
 def stereo_flac_24() -> bytes:
@@ -83,6 +90,9 @@ def test_soundfile_gives_the_same_clips_as_pyav(monkeypatch, kind: str) -> None:
     fast, _ = clips_with(monkeypatch, soundfile, data, [(100, 4100)], audio_unit="samples")
     slow, _ = clips_with(monkeypatch, None, data, [(100, 4100)], audio_unit="samples")
     assert fast[0].shape == (channels, 4000) and torch.equal(fast[0], slow[0])
+    for reader in (soundfile, None):  # ours: the first range past the end is named, on both paths
+        with pytest.raises(DecodeError, match=r"audio clip range \(1\.0, 1\.5\) \(seconds\) starts at or after the end"):
+            clips_with(monkeypatch, reader, data, RANGES, policy=PLAIN)
 
 
 def test_soundfile_leaves_resampling_and_bad_files_to_pyav(monkeypatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABCMeta
 from typing import Any
 
 from ...errors import ConfigError, format_message
@@ -33,7 +34,15 @@ def split_weights(owner: str, dataset_weights: tuple[Any, ...]) -> tuple[list[Sa
     return datasets, weights
 
 
-class BlendDataset(BaseWrapperDataset[Any], Blend[Any]):
+class _AnyBlend(ABCMeta):
+    """``isinstance(stage, BlendDataset)`` holds for every blend stage of ours: the pipelines that
+    ``get_train_dataset`` builds blend with the core's recipe, which is this class's base."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, Blend) if cls is BlendDataset else super().__instancecheck__(instance)
+
+
+class BlendDataset(BaseWrapperDataset[Any], Blend[Any], metaclass=_AnyBlend):
     """Energon's ``BlendDataset((dataset, weight), ..., worker_config=...)``.
 
     Each sample comes from dataset ``i`` with probability ``weight_i / sum(weights)``, drawn from

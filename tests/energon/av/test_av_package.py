@@ -3,21 +3,43 @@
 from __future__ import annotations
 
 import importlib
+import io
+import pickle
 
 import pytest
 from energon_lite_dev.synthetic import make_audio, make_video
 
-from megatron_energon_lite.energon import av as av_package
+from megatron_energon_lite import energon_mode
 from megatron_energon_lite.decode import av as decode_av
-from megatron_energon_lite.errors import ConfigError, NotSupportedError
+from megatron_energon_lite.energon import av as av_package
+from megatron_energon_lite.errors import ConfigError, DecodeError, NotSupportedError
 
 
 def test_names_are_the_decoders_own_objects() -> None:
-    assert av_package.AVDecoder is decode_av.AVDecoder
     assert av_package.AVData is decode_av.AVData
     assert av_package.get_clips_uniform is decode_av.get_clips_uniform
     assert av_package.get_single_frames_uniform is decode_av.get_single_frames_uniform
-    assert importlib.import_module("megatron_energon_lite.energon.av.av_decoder").AVDecoder is decode_av.AVDecoder
+    assert importlib.import_module("megatron_energon_lite.energon.av.av_decoder").AVDecoder is av_package.AVDecoder
+    # Energon's AVDecoder is ours made with the switch's policy; every decoder of ours is one.
+    assert issubclass(av_package.AVDecoder, decode_av.AVDecoder) and issubclass(decode_av.AVDecoder, av_package.AVDecoder)
+    assert isinstance(decode_av.AVDecoder(make_audio(0.25)), av_package.AVDecoder)
+
+
+@pytest.mark.parametrize("switch", [False, True])
+def test_energons_decoder_follows_the_switch_for_ranges_past_the_end(switch: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the switch a range that starts after the end gives no clip (Energon's own tests rely
+    on it); without it, the plain import's error, also through Energon's names."""
+    monkeypatch.setattr(energon_mode, "_enabled", switch)
+    video = make_video(frames=8, fps=8)
+    ranges = [(0.0, 0.1), (5.0, 6.0)]
+    made = [av_package.AVDecoder(io.BytesIO(video)), av_package.AVWebdatasetDecoder(False)("mp4", video), av_package.AVWebdatasetDecoder(False).read_av_data(video)]
+    for decoder in made + [pickle.loads(pickle.dumps(made[0]))]:
+        if switch:
+            clips, stamps = decoder.get_video_clips(ranges)
+            assert len(clips) == len(stamps) == 1
+        else:
+            with pytest.raises(DecodeError, match=r"video clip range \(5\.0, 6\.0\) \(seconds\) starts at or after the end"):
+                decoder.get_video_clips(ranges)
 
 
 @pytest.mark.energon
