@@ -17,6 +17,7 @@ from energon_lite_dev.synthetic import generate_captioning_dataset
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.errors import StorageError
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.format.split_cache import cached_split
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.pipeline.load import SampleLoader
 from megatron_energon_lite.pipeline.source import SliceSource
@@ -75,6 +76,33 @@ def test_requests_per_slice_in_steady_state(remote, monkeypatch, prefetch: str) 
     # its .tar.idx and its bytes with the trailer, or: its .tar.idx, the 512-byte check, its bytes
     per_shard = 2 if prefetch != "0" else 3
     assert requests == SHARDS * per_shard
+
+
+@pytest.mark.parametrize("prefetch", ["8", "0"])
+def test_requests_per_shard_when_the_summary_gives_no_sizes(remote, s3_server, fault_proxy, monkeypatch, prefetch: str) -> None:
+    """Built from the start-up summary (no listing: the store has stated no shard's size), a shard
+    costs what it costs with a listing and no HEAD: with prefetch its .tar.idx (a plain GET, its
+    length is its size) and one GET of its bytes and trailer, whose Content-Range gives the tar's
+    size for the stale-index check; without, the 512-byte end-of-archive check states the size."""
+    local, url = remote
+    monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", prefetch)
+    proxy = fault_proxy()
+    path = RemotePath(url, s3_server.storage_options(proxy.endpoint_url))
+    split = cached_split(path, "train", None)
+    assert split is not None and not split.stats  # the summary's split: counts, no sizes
+    proxy.reset_stats()
+    reader = SplitReader(path, "train", split=split)
+    try:
+        reader.prefetch(_shard_ranges(reader))
+        samples = _read_all(reader)
+    finally:
+        reader.close()
+    stats = dict(proxy.stats)
+    expected = SplitReader(local, "train")
+    assert [(s.key, s.parts) for s in samples] == [(expected.read(i).key, expected.read(i).parts) for i in range(len(expected))]
+    assert (stats["requests_head"], stats["requests_list"]) == (0, 0), stats
+    per_shard = 2 if prefetch != "0" else 3
+    assert stats["requests"] == SHARDS * per_shard, stats
 
 
 def test_the_bytes_read_ahead_stay_within_the_budget(remote, monkeypatch) -> None:
