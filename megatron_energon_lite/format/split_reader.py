@@ -12,6 +12,7 @@ then requested in the background, a few slices ahead.
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import threading
 import weakref
@@ -178,34 +179,34 @@ class SplitReader:
         stat = self.split.stats.get(name)
         sized_read = None
         if stat is None and self._reads_ahead:
-            sized_read = lambda offset, size: self._read_sized(path, offset, size, whole)  # noqa: E731
+            sized_read = functools.partial(self._read_sized, path, whole=whole)
         elif stat is None:
             stat = file_stat(path)  # local: stat'ed on first read
             if stat is None:
                 raise missing_shard_error(path)
-        try:
-            offsets = read_tar_index(
-                path,
-                expected_samples=self.split.counts[shard],
-                tar_size=None if stat is None else stat.size,
-                index_stat=self.split.stats.get(index_name(name)),
-                read=lambda offset, size: self._pool.read(path, offset, size),
-                sized_read=sized_read,
-            )
-        except FileNotFoundError:
-            raise missing_shard_error(path) from None
+        offsets = read_tar_index(
+            path,
+            expected_samples=self.split.counts[shard],
+            tar_size=None if stat is None else stat.size,
+            index_stat=self.split.stats.get(index_name(name)),
+            read=lambda offset, size: self._pool.read(path, offset, size),
+            sized_read=sized_read,
+        )
         if self._reads_ahead:  # before any sample read can use it: see _prefetch_shard
             self._pool.limit_release(path, int(offsets[-1]))
         return offsets
 
-    def _read_sized(self, path: AnyPath, data_end: int, size: int, whole: bool) -> tuple[bytes, int]:
+    def _read_sized(self, path: AnyPath, data_end: int, size: int, *, whole: bool) -> tuple[bytes, int]:
         """The tar's bytes ``[data_end, data_end + size)`` (cut at its end) and its size; a shard
         read whole whose samples end within a block is read whole here, its samples held for
         their reads."""
         pool: RemoteFilePool = self._pool  # type: ignore[assignment]
         if whole and data_end <= pool.settings.block_size:
             pool.prefetch(path, 0, data_end + size, sized=True)
-        return pool.read_sized(path, data_end, size)
+        try:
+            return pool.read_sized(path, data_end, size)
+        except FileNotFoundError:
+            raise missing_shard_error(path) from None
 
     # --- reading ahead (remote) ------------------------------------------------------------------
     def prefetch(self, ranges: Iterable[tuple[int, int]]) -> None:
@@ -246,8 +247,9 @@ class SplitReader:
         """On a planning thread: the index of ``shard``, then split indexes ``[start, stop)`` of
         it as ranged GETs of at most ``block_size`` (cut at sample boundaries; a sample larger
         than that is one GET). A range that covers a whole shard of about a block is read with
-        the tar's trailer in one GET, started with the index read: the end-of-archive check of
-        the index is then served from it (no request of its own)."""
+        the tar's trailer in one GET (started with the index read when the split gives the tar's
+        size, else once the index says where the samples end: :meth:`_read_sized`): the
+        end-of-archive check of the index is then served from it (no request of its own)."""
         pool: RemoteFilePool = self._pool  # type: ignore[assignment]
         path = self.shard_path(shard)
         first, last = start - self._starts[shard], stop - self._starts[shard]
