@@ -121,7 +121,7 @@ def read_tar_index(
     _check_increasing(offsets, str(path))
     if tar_size is None and sized_read is not None:
         end = int(offsets[-1])
-        tail, tar_size = sized_read(end, TAR_TRAILER_MAX)
+        tail, tar_size = sized_read(end, _BLOCK)  # the size comes with the reply, not from its length
         fallback = read
         read = _reading_from(tail, end, lambda offset, size: _read(tar_path, offset, size, fallback))
     if tar_size is not None:
