@@ -12,6 +12,7 @@ then requested in the background, a few slices ahead.
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import threading
 import weakref
@@ -135,7 +136,9 @@ class SplitReader:
         shard = bisect.bisect_right(self._starts, index) - 1
         return shard, index - self._starts[shard]
 
-    def _index(self, shard: int) -> np.ndarray:
+    def _index(self, shard: int, *, whole: bool = False) -> np.ndarray:
+        """The index of ``shard``, read once (``whole``: by a plan that reads the whole shard,
+        see :meth:`_read_index`)."""
         offsets = self._indexes[shard]
         if offsets is not None:
             return offsets
@@ -153,7 +156,7 @@ class SplitReader:
         if not mine:
             return loading.result()
         try:
-            offsets = self._read_index(shard)
+            offsets = self._read_index(shard, whole)
         except BaseException as exc:
             with self._index_lock:
                 del self._index_loads[shard]
@@ -165,22 +168,45 @@ class SplitReader:
         loading.set_result(offsets)
         return offsets
 
-    def _read_index(self, shard: int) -> np.ndarray:
+    def _read_index(self, shard: int, whole: bool = False) -> np.ndarray:
+        """Reads and checks the index of ``shard`` against its tar.  Remotely, sizes the split
+        does not give (a split from the start-up summary) cost no HEAD: the index is read whole,
+        and the read of the tar's end-of-archive blocks states the tar's size; for a plan that
+        reads the whole shard (``whole``) and a shard of about a block, that read is the one GET
+        of its samples and trailer."""
         name = self.split.names[shard]
         path = self.shard_path(shard)
-        stat = self.split.stats.get(name) or file_stat(path)  # local: stat'ed on first read
-        if stat is None:
-            raise missing_shard_error(path)
+        stat = self.split.stats.get(name)
+        sized_read = None
+        if stat is None and self._reads_ahead:
+            sized_read = functools.partial(self._read_sized, path, whole=whole)
+        elif stat is None:
+            stat = file_stat(path)  # local: stat'ed on first read
+            if stat is None:
+                raise missing_shard_error(path)
         offsets = read_tar_index(
             path,
             expected_samples=self.split.counts[shard],
-            tar_size=stat.size,
+            tar_size=None if stat is None else stat.size,
             index_stat=self.split.stats.get(index_name(name)),
             read=lambda offset, size: self._pool.read(path, offset, size),
+            sized_read=sized_read,
         )
         if self._reads_ahead:  # before any sample read can use it: see _prefetch_shard
             self._pool.limit_release(path, int(offsets[-1]))
         return offsets
+
+    def _read_sized(self, path: AnyPath, data_end: int, size: int, *, whole: bool) -> tuple[bytes, int]:
+        """The tar's bytes ``[data_end, data_end + size)`` (cut at its end) and its size; a shard
+        read whole whose samples end within a block is read whole here, its samples held for
+        their reads."""
+        pool: RemoteFilePool = self._pool  # type: ignore[assignment]
+        if whole and data_end <= pool.settings.block_size:
+            pool.prefetch(path, 0, data_end + size, sized=True)
+        try:
+            return pool.read_sized(path, data_end, size)
+        except FileNotFoundError:
+            raise missing_shard_error(path) from None
 
     # --- reading ahead (remote) ------------------------------------------------------------------
     def prefetch(self, ranges: Iterable[tuple[int, int]]) -> None:
@@ -221,8 +247,9 @@ class SplitReader:
         """On a planning thread: the index of ``shard``, then split indexes ``[start, stop)`` of
         it as ranged GETs of at most ``block_size`` (cut at sample boundaries; a sample larger
         than that is one GET). A range that covers a whole shard of about a block is read with
-        the tar's trailer in one GET, started with the index read: the end-of-archive check of
-        the index is then served from it (no request of its own)."""
+        the tar's trailer in one GET (started with the index read when the split gives the tar's
+        size, else once the index says where the samples end: :meth:`_read_sized`): the
+        end-of-archive check of the index is then served from it (no request of its own)."""
         pool: RemoteFilePool = self._pool  # type: ignore[assignment]
         path = self.shard_path(shard)
         first, last = start - self._starts[shard], stop - self._starts[shard]
@@ -231,7 +258,7 @@ class SplitReader:
             whole = first == 0 and last == self.split.counts[shard]
             if whole and self._indexes[shard] is None and stat is not None and stat.size <= pool.settings.block_size + TAR_TRAILER_MAX:
                 pool.prefetch(path, 0, stat.size)
-            offsets = self._index(shard)
+            offsets = self._index(shard, whole=whole)
         except Exception:
             return  # the read of a sample of this shard reads the index itself and reports the error
         begin = 0 if first == 0 else int(offsets[first])

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..edataclass import edataclass
 from ..errors import ConfigError, DatasetError, format_message
-from ..storage import as_path
+from ..storage import RemotePath, as_path
 from .media_metadata import MEDIA_SCHEMA
 from .metadata import INDEX_SQLITE, meta_dir, read_info
 from .tar_reader import SampleEntry
@@ -608,6 +608,8 @@ def shard_sample_keys(tar_path: str | os.PathLike, first: int, *, limit: int) ->
     dataset it belongs to (the nearest of its six parent folders that holds one): an empty list
     when there is none to read. For error messages (a truncated shard names its lost samples)."""
     path = as_path(tar_path)
+    if isinstance(path, RemotePath):
+        return []  # a remote index.sqlite is not fetched for an error message
     for root in list(path.parents)[:6]:
         database = meta_dir(root) / INDEX_SQLITE
         try:

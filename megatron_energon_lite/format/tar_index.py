@@ -43,6 +43,9 @@ _BLOCK = 512
 
 #: Reads ``size`` bytes at ``offset`` of the tar (a file pool's read, bound to one path).
 TailReader = Callable[[int, int], bytes]
+#: Reads ``size`` bytes at ``offset`` of a remote tar of unknown size, cut at its end, with the
+#: size the store stated (``RemoteFilePool.read_sized``, bound to one path).
+SizedTailReader = Callable[[int, int], tuple[bytes, int]]
 
 
 def index_path(tar_path: str | os.PathLike) -> AnyPath:
@@ -63,6 +66,7 @@ def read_tar_index(
     tar_size: int | None = None,
     index_stat: FileStat | None = None,
     read: TailReader | None = None,
+    sized_read: SizedTailReader | None = None,
 ) -> np.ndarray:
     """Maps the index of ``tar_path`` read-only.
 
@@ -71,19 +75,24 @@ def read_tar_index(
     much longer, or that holds a header where the index says the archive ends (a member appended
     after prepare) was changed after prepare.  That last check reads one block of the tar, with
     ``read(offset, size)`` when given (the caller's file pool) or a one-off read.  ``index_stat``
-    is the index's stat when a listing already gave it (remotely it saves a request per shard).
+    is the index's stat when a listing already gave it (remotely it saves a request per shard);
+    without it a remote index is read whole in one GET, whose length is its size.  A remote tar
+    whose size is not known (``tar_size`` None) is checked with ``sized_read``: one read of the
+    blocks where the index says the archive ends states the tar's size too.
     """
     path = index_path(tar_path)
-    stat = index_stat or file_stat(path)
-    if stat is None:
-        raise DatasetError(
-            format_message(
-                "missing .tar.idx index file",
-                where=str(path),
-                fix="run `energon-lite prepare --tar-index-only` on the dataset",
-            )
-        ) from None
-    size = stat.size
+    remote_data = None
+    if index_stat is None and isinstance(path, RemotePath):
+        try:
+            remote_data = path.read_bytes()
+        except FileNotFoundError:
+            raise _missing_index(path) from None
+        size = len(remote_data)
+    else:
+        stat = index_stat or file_stat(path)
+        if stat is None:
+            raise _missing_index(path)
+        size = stat.size
     if size % 8 != 0 or size < 16:
         raise DatasetError(
             format_message(
@@ -94,8 +103,11 @@ def read_tar_index(
                 fix="run `energon-lite prepare --tar-index-only` on the dataset",
             )
         )
-    local = cached_copy(path, stat) if isinstance(path, RemotePath) else path
-    offsets = np.memmap(local, dtype=INDEX_DTYPE, mode="r")
+    if remote_data is not None:
+        offsets = np.frombuffer(remote_data, dtype=INDEX_DTYPE)
+    else:
+        local = cached_copy(path, stat) if isinstance(path, RemotePath) else path
+        offsets = np.memmap(local, dtype=INDEX_DTYPE, mode="r")
     if expected_samples is not None and len(offsets) - 1 != expected_samples:
         raise DatasetError(
             format_message(
@@ -107,9 +119,36 @@ def read_tar_index(
             )
         )
     _check_increasing(offsets, str(path))
+    if tar_size is None and sized_read is not None:
+        end = int(offsets[-1])
+        tail, tar_size = sized_read(end, _BLOCK)  # the size comes with the reply, not from its length
+        fallback = read
+        read = _reading_from(tail, end, lambda offset, size: _read(tar_path, offset, size, fallback))
     if tar_size is not None:
         _check_fresh(offsets, tar_size, tar_path, read)
     return offsets
+
+
+def _missing_index(path: AnyPath) -> DatasetError:
+    return DatasetError(
+        format_message(
+            "missing .tar.idx index file",
+            where=str(path),
+            fix="run `energon-lite prepare --tar-index-only` on the dataset",
+        )
+    )
+
+
+def _reading_from(data: bytes, at: int, read: TailReader) -> TailReader:
+    """A reader that answers from ``data`` (the tar's bytes from ``at``) what it holds, the rest
+    with ``read``."""
+
+    def reader(offset: int, size: int) -> bytes:
+        if at <= offset and offset + size <= at + len(data):
+            return data[offset - at : offset - at + size]
+        return read(offset, size)
+
+    return reader
 
 
 def _check_increasing(offsets: np.ndarray, where: str) -> None:

@@ -536,6 +536,74 @@ def fetch_range(path: RemotePath, start: int, end: int, stop: threading.Event | 
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def fetch_range_sized(path: RemotePath, start: int, end: int, stop: threading.Event | None = None) -> tuple[bytes, int]:
+    """``[start, min(end, size))`` of ``path`` and the object's size, for an object whose size is
+    not known yet: on S3 one ranged GET, the size taken from its ``Content-Range`` (where a HEAD
+    and a GET were). The size is only ever one the store stated: a reply that states none, a
+    range past the end (416), another protocol or a failed first GET: a HEAD states it, and the
+    bytes not yet received are read as :func:`fetch_range` reads them. A missing object:
+    ``FileNotFoundError``."""
+    data, size = b"", None
+    fs = path.fs
+    if path.protocol in ("s3", "s3a") and callable(getattr(fs, "_call_s3", None)):
+        try:
+            read_counters.add(requests=1)
+            data, size = _s3_get_with_size(fs, path, start, end)
+        except Exception as exc:
+            if _is_credential_error(exc):
+                raise _credentials_error(exc, path.url) from exc
+            if isinstance(exc, _PERMANENT):
+                raise
+            logger.debug("%s bytes %d..%d: %s: %s; asking for its size", path.url, start, end, type(exc).__name__, exc)
+            data = b""
+        read_counters.add(bytes_fetched=len(data))
+    if size is None:
+        stat = path.head()
+        if stat is None:
+            raise FileNotFoundError(path.url)
+        size = stat.size
+    stop_at = min(end, size)
+    if len(data) > max(0, stop_at - start):
+        raise StorageError(
+            format_message(
+                "object storage answered a ranged read with more bytes than its size allows",
+                where=f"{path.url} bytes {start}..{end}",
+                expected=f"{max(0, stop_at - start)} bytes (the object has {size})",
+                found=f"{len(data)} bytes",
+                fix="the endpoint does not implement HTTP Range requests correctly; use an S3-compatible server or proxy that does",
+            )
+        )
+    if start + len(data) < stop_at:  # a failed or short first GET: the rest, retried
+        data += fetch_range(path, start + len(data), stop_at, stop)
+    return data, size
+
+
+def _s3_get_with_size(fs: Any, path: RemotePath, start: int, end: int) -> tuple[bytes, int | None]:
+    """One GET of ``bytes=start-(end-1)`` through s3fs: the body and the size its Content-Range
+    states (None when it states none: a 200 without Range support, an unparsable header)."""
+    from fsspec.asyn import sync
+
+    bucket, _, key = path.key.partition("/")
+
+    async def get() -> tuple[bytes, dict]:
+        reply = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        try:
+            body = await reply["Body"].read()
+        finally:
+            reply["Body"].close()
+        return body, reply
+
+    body, reply = sync(fs.loop, get)
+    content_range = str(reply.get("ContentRange") or "")
+    if not content_range and reply.get("ResponseMetadata", {}).get("HTTPStatusCode") == 200:
+        # The server ignored Range: the whole object, whose size is its stated Content-Length.
+        if reply.get("ContentLength") != len(body):
+            return b"", None
+        return (_whole_object_range(body, path, start, min(end, len(body))) if start < len(body) else b""), len(body)
+    total = content_range.rpartition("/")[2]
+    return body, int(total) if content_range.startswith("bytes ") and total.isdigit() else None
+
+
 def _whole_object_range(body: bytes, path: RemotePath, position: int, end: int) -> bytes:
     """``[position, end)`` of a body longer than the range asked for: a server that ignores
     ``Range`` answers 200 with the whole object (RFC 9110), so the bytes asked for are at their
@@ -583,12 +651,19 @@ class Prefetched:
     """A range being read (or read) in the background: ``[start, end)`` of one object.
 
     It is let go once a read reaches ``release_at`` (its end, or where the samples in it end when
-    it also holds a tar's trailer)."""
+    it also holds a tar's trailer).  ``object_size``: the object's size as the reply stated it,
+    once read, for a range read with :func:`fetch_range_sized` (its bytes then stop at the
+    object's end, which may come before ``end``)."""
 
-    __slots__ = ("start", "end", "release_at", "future")
+    __slots__ = ("start", "end", "release_at", "future", "object_size")
 
     def __init__(self, start: int, end: int, future: Future) -> None:
         self.start, self.end, self.release_at, self.future = start, end, end, future
+        self.object_size: int | None = None
+
+    def fetch_sized(self, path: RemotePath, stop: threading.Event) -> bytes:
+        data, self.object_size = fetch_range_sized(path, self.start, self.end, stop)
+        return data
 
 
 class RemoteFilePool:
@@ -646,10 +721,11 @@ class RemoteFilePool:
         self._own_process()
         return self._threads.submit(True, fn, *args)
 
-    def prefetch(self, path: RemotePath, start: int, end: int) -> Prefetched | None:
+    def prefetch(self, path: RemotePath, start: int, end: int, *, sized: bool = False) -> Prefetched | None:
         """Starts a GET of ``[start, end)`` in the background; None when a range already read
         ahead covers it, the pool is closed, or it would take the bytes held past
-        ``readahead_bytes`` (then the read fetches it when it comes)."""
+        ``readahead_bytes`` (then the read fetches it when it comes).  ``sized``: the object's
+        size is not known and ``end`` may be past it; the GET learns it (:meth:`read_sized`)."""
         self._own_process()
         size = end - start
         with self._lock:
@@ -662,7 +738,10 @@ class RemoteFilePool:
             self.peak_prefetched_bytes = max(self.peak_prefetched_bytes, self.prefetched_bytes)
             entry = Prefetched(start, end, Future())
             entries.append(entry)
-        future = self._threads.submit(False, fetch_range, path, start, end, self._threads.stopped)
+        if sized:
+            future = self._threads.submit(False, entry.fetch_sized, path, self._threads.stopped)
+        else:
+            future = self._threads.submit(False, fetch_range, path, start, end, self._threads.stopped)
         if future is None:  # closed meanwhile
             self._release(path.url, entry)
             return None
@@ -686,7 +765,7 @@ class RemoteFilePool:
                 if not entries:
                     del self._prefetched[url]
 
-    def _read_prefetched(self, url: str, offset: int, end: int) -> bytes | None:
+    def _read_prefetched(self, url: str, offset: int, end: int, *, release: bool = True) -> tuple[bytes, Prefetched] | None:
         with self._lock:
             entry = next((e for e in self._prefetched.get(url, ()) if e.start <= offset and end <= e.end), None)
         if entry is None:
@@ -696,9 +775,22 @@ class RemoteFilePool:
         except BaseException:
             self._release(url, entry)  # the sample that needed it gets the error; a later read retries
             raise
-        if end >= entry.release_at:
+        if release and end >= entry.release_at:
             self._release(url, entry)
-        return data[offset - entry.start : end - entry.start]
+        return data[offset - entry.start : end - entry.start], entry
+
+    def read_sized(self, path: RemotePath, offset: int, size: int) -> tuple[bytes, int]:
+        """``[offset, offset + size)`` of ``path`` cut at its end, and its size as the store
+        stated it (see :func:`fetch_range_sized`): from a range read ahead with ``sized``, which
+        stays held for the reads of its samples, or one GET."""
+        self._own_process()
+        if self._prefetched:
+            found = self._read_prefetched(path.url, offset, offset + size, release=False)
+            if found is not None and found[1].object_size is not None:
+                data, entry = found
+                if len(data) == max(0, min(offset + size, entry.object_size) - offset):
+                    return data, entry.object_size
+        return fetch_range_sized(path, offset, offset + size)
 
     def discard_prefetched(self) -> None:
         """Forgets what was read ahead (a restore moves the reader elsewhere); GETs under way
@@ -716,9 +808,9 @@ class RemoteFilePool:
         end = offset + size
         self._own_process()
         if self._prefetched:
-            data = self._read_prefetched(path.url, offset, end)
-            if data is not None:
-                return data
+            found = self._read_prefetched(path.url, offset, end)
+            if found is not None and len(found[0]) == size:  # a sized range stops at its object's end
+                return found[0]
         key = (path.url, readahead_end or 0)
         entry = self._blocks.get(key) if readahead_end is not None else None
         if entry is not None and entry[0] <= offset and end <= entry[0] + len(entry[1]):

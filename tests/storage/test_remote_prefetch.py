@@ -15,8 +15,9 @@ from energon_lite_dev.s3server import FaultProxy
 from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
-from megatron_energon_lite.errors import StorageError
+from megatron_energon_lite.errors import DatasetError, StorageError
 from megatron_energon_lite.format.prepare import prepare_dataset
+from megatron_energon_lite.format.split_cache import cached_split
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.pipeline.load import SampleLoader
 from megatron_energon_lite.pipeline.source import SliceSource
@@ -75,6 +76,67 @@ def test_requests_per_slice_in_steady_state(remote, monkeypatch, prefetch: str) 
     # its .tar.idx and its bytes with the trailer, or: its .tar.idx, the 512-byte check, its bytes
     per_shard = 2 if prefetch != "0" else 3
     assert requests == SHARDS * per_shard
+
+
+@pytest.mark.parametrize("prefetch", ["8", "0"])
+def test_requests_per_shard_when_the_summary_gives_no_sizes(remote, s3_server, fault_proxy, monkeypatch, prefetch: str) -> None:
+    """Built from the start-up summary (no listing: the store has stated no shard's size), a shard
+    costs what it costs with a listing and no HEAD: with prefetch its .tar.idx (a plain GET, its
+    length is its size) and one GET of its bytes and trailer, whose Content-Range gives the tar's
+    size for the stale-index check; without, the 512-byte end-of-archive check states the size."""
+    local, url = remote
+    monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", prefetch)
+    proxy = fault_proxy()
+    path = RemotePath(url, s3_server.storage_options(proxy.endpoint_url))
+    split = cached_split(path, "train", None)
+    assert split is not None and not split.stats  # the summary's split: counts, no sizes
+    proxy.reset_stats()
+    reader = SplitReader(path, "train", split=split)
+    try:
+        reader.prefetch(_shard_ranges(reader))
+        samples = _read_all(reader)
+    finally:
+        reader.close()
+    stats = dict(proxy.stats)
+    expected = SplitReader(local, "train")
+    assert [(s.key, s.parts) for s in samples] == [(expected.read(i).key, expected.read(i).parts) for i in range(len(expected))]
+    assert (stats["requests_head"], stats["requests_list"]) == (0, 0), stats
+    per_shard = 2 if prefetch != "0" else 3
+    assert stats["requests"] == SHARDS * per_shard, stats
+
+
+@pytest.mark.parametrize("prefetch", ["8", "0"])
+@pytest.mark.parametrize("change", ["appended", "grown", "truncated", "missing"])
+def test_a_changed_shard_is_caught_when_the_summary_gives_no_sizes(remote, s3_server, monkeypatch, prefetch: str, change: str) -> None:
+    """The size the reads state is checked against the index as a listed size is: a member
+    appended where the archive ended, a tar grown past its trailer, one cut short, one gone."""
+    local, url = remote
+    monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", prefetch)
+    split = cached_split(RemotePath(url), "train", None)
+    assert split is not None and not split.stats
+    name = split.names[2]
+    tar, first = (local / name).read_bytes(), SplitReader(local, "train").byte_range(0)[2]
+    end = SplitReader(local, "train").byte_range(split.shard_starts[3] - 1)[2]
+    if change == "missing":
+        RemotePath(f"{url}/{name}").unlink()
+    else:
+        changed = {
+            "appended": tar[:end] + tar[:first] + tar[end:],  # a member's header where the index ends
+            "grown": tar + bytes(len(tar)),  # zeros past the trailer a tar writer leaves
+            "truncated": tar[: end - 100],
+        }[change]
+        s3_server.put_bytes(f"{url}/{name}", changed)
+    message = {"appended": ".tar.idx is stale", "grown": ".tar.idx is stale", "truncated": "truncated", "missing": "missing"}[change]
+    reader = SplitReader(url, "train", split=split)
+    try:
+        reader.prefetch(_shard_ranges(reader))
+        starts = reader.shard_starts
+        assert [reader.read(i, read_until=starts[2]).key for i in range(starts[2])]  # the shards before it read fine
+        with pytest.raises(DatasetError, match=message) as caught:
+            reader.read(starts[2], read_until=starts[3])
+        assert name in str(caught.value)
+    finally:
+        reader.close()
 
 
 def test_the_bytes_read_ahead_stay_within_the_budget(remote, monkeypatch) -> None:
