@@ -580,8 +580,11 @@ def fetch_range_sized(path: RemotePath, start: int, end: int, stop: threading.Ev
 
 def _s3_get_with_size(fs: Any, path: RemotePath, start: int, end: int) -> tuple[bytes, int | None]:
     """One GET of ``bytes=start-(end-1)`` through s3fs: the body and the size its Content-Range
-    states (None when it states none: a 200 without Range support, an unparsable header)."""
-    from fsspec.asyn import sync
+    states (None when it states none: a 200 without Range support, an unparsable header).
+
+    ``_call_s3`` is s3fs's own (private) call, the only one that shows the reply's headers; the
+    caller checks it exists and falls back to a HEAD for the size on any failure here."""
+    from fsspec.asyn import sync  # fsspec comes with the s3 extra: imported when S3 is read
 
     bucket, _, key = path.key.partition("/")
 
