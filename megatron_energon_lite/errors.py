@@ -53,6 +53,7 @@ __all__ = [
     "StorageError",
     "WatchdogTimeoutError",
     "WorkerStartTimeoutError",
+    "check_choice",
     "format_message",
     "log_exception",
     "report_skip",
@@ -233,6 +234,13 @@ class SkipSink:
         self._records.clear()
         self._overflow = 0
         return taken, overflow
+
+
+def check_choice(what: str, value: Any, choices: Any, fix: str) -> None:
+    """A :class:`ConfigError` unless ``value`` is one of ``choices``: "unknown WHAT 'value'",
+    naming the valid values and ``fix``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(format_message(f"unknown {what} {value!r}", expected=f"one of {' '.join(choices)}", found=repr(value), fix=fix))
 
 
 def _first_source(sources: Any) -> Any:

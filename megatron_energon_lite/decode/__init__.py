@@ -44,6 +44,7 @@ from ..errors import (
     DecodeError,
     DecompressionBombError,
     MissingDependencyError,
+    check_choice,
     format_message,
 )
 from ..format.tar_reader import split_name
@@ -289,15 +290,7 @@ class SampleDecoder:
         max_jpeg_scans: int | None = DEFAULT_MAX_JPEG_SCANS,
     ) -> None:
         check_image_decode(image_decode)
-        if av_decode not in AV_DECODE_MODES:
-            raise ConfigError(
-                format_message(
-                    f"unknown av_decode {av_decode!r}",
-                    expected=f"one of {' '.join(AV_DECODE_MODES)}",
-                    found=repr(av_decode),
-                    fix='use av_decode="AVDecoder" (lazy decoding, the default)',
-                )
-            )
+        check_choice("av_decode", av_decode, AV_DECODE_MODES, 'use av_decode="AVDecoder" (lazy decoding, the default)')
         for name, side, which in (("image_max_size", image_max_size, "longer"), ("image_min_side", image_min_side, "shorter")):
             if side is not None and not _positive_int(side):
                 raise ConfigError(
@@ -325,16 +318,11 @@ class SampleDecoder:
         ):
             if limit is not None and not _positive_int(limit):
                 raise ConfigError(format_message(f"{name} must be a positive int or None", found=repr(limit), fix=f"pass {fix}; None for no limit"))
-        if image_handover not in IMAGE_HANDOVERS:
-            raise ConfigError(
-                format_message(
-                    f"unknown image_handover {image_handover!r}",
-                    expected=f"one of {' '.join(IMAGE_HANDOVERS)}",
-                    found=repr(image_handover),
-                    fix='use "pixels" (decode in the workers, the default) or "bytes" (decode in the main process, '
-                    "e.g. on the GPU with megatron_energon_lite.decode.gpu.ImageBatchDecoder)",
-                )
-            )
+        check_choice(
+            "image_handover", image_handover, IMAGE_HANDOVERS,
+            'use "pixels" (decode in the workers, the default) or "bytes" (decode in the main process, '
+            "e.g. on the GPU with megatron_energon_lite.decode.gpu.ImageBatchDecoder)",
+        )
         if untrusted_pickle not in ("error", "bytes"):
             raise ConfigError(format_message("untrusted_pickle must be 'error' or 'bytes'", found=repr(untrusted_pickle)))
         if guess_content:

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConfigError, MissingDependencyError, format_message
+from ..errors import MissingDependencyError, check_choice, format_message
 from .image import IMAGE_DECODE_MODES, EncodedImage, jpeg_scale
 
 __all__ = ["IMAGE_DEVICES", "ImageBatchDecoder", "gpu_decode_unavailable", "select_image_device"]
@@ -64,15 +64,7 @@ def gpu_decode_unavailable() -> str | None:
 
 def select_image_device(device: str) -> str:
     """``"cpu"`` or ``"cuda"`` for a requested ``device`` (see the module docstring)."""
-    if device not in IMAGE_DEVICES:
-        raise ConfigError(
-            format_message(
-                f"unknown image decode device {device!r}",
-                expected=f"one of {' '.join(IMAGE_DEVICES)}",
-                found=repr(device),
-                fix='use "cpu" (the default), "cuda" (nvImageCodec) or "auto"',
-            )
-        )
+    check_choice("image decode device", device, IMAGE_DEVICES, 'use "cpu" (the default), "cuda" (nvImageCodec) or "auto"')
     if device == "cpu":
         return "cpu"
     missing = gpu_decode_unavailable()

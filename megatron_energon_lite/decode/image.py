@@ -66,7 +66,7 @@ import io
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import ConfigError, format_message
+from ..errors import check_choice
 from .basic import bomb_error
 
 if TYPE_CHECKING:
@@ -134,17 +134,8 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (
 
 def check_image_decode(image_decode: str) -> ImageSpec:
     """The spec of ``image_decode``; :class:`ConfigError` naming the valid values if unknown."""
-    spec = IMAGE_DECODE_MODES.get(image_decode) if isinstance(image_decode, str) else None
-    if spec is None:
-        raise ConfigError(
-            format_message(
-                f"unknown image_decode {image_decode!r}",
-                expected=f"one of {' '.join(IMAGE_DECODE_MODES)}",
-                found=repr(image_decode),
-                fix='use e.g. image_decode="torchrgb" (float CHW tensor) or "pil"',
-            )
-        )
-    return spec
+    check_choice("image_decode", image_decode, IMAGE_DECODE_MODES, 'use e.g. image_decode="torchrgb" (float CHW tensor) or "pil"')
+    return IMAGE_DECODE_MODES[image_decode]
 
 
 #: ``max_image_pixels`` value meaning "Pillow's ``PIL.Image.MAX_IMAGE_PIXELS``, read at decode time".
