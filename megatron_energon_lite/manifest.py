@@ -297,20 +297,35 @@ class ManifestWriter:
         out = bytearray([BATCH])
         for value in (step, key[1], key[3], len(key) - 4):
             _varint(value, out)
+        # The hot path of the writer thread (about 1 us per sample): a known shape's tags were
+        # checked when it was defined; values are checked as they are written.
         for sample in key[4:]:
-            if not isinstance(sample, tuple) or len(sample) % 2 or not sample:
+            if type(sample) is not tuple or not sample or len(sample) % 2:
                 return None
             tags = sample[0::2]
-            values = sample[1::2]
-            if not all(isinstance(t, str) for t in tags) or not all(map(_uint, values)):
+            try:
+                shape = self._shapes.get(tags)
+            except TypeError:  # an unhashable tag
                 return None
-            shape = self._shapes.get(tags)
             if shape is None:
+                if not all(isinstance(t, str) for t in tags) or not all(map(_uint, sample[1::2])):
+                    return None
                 shape = self._shapes[tags] = len(self._shapes)
                 self._append(bytes([SHAPE]) + json.dumps(list(tags)).encode())
-            _varint(shape, out)
-            for value in values:
-                _varint(value, out)
+            if shape < 0x80:
+                out.append(shape)
+            else:
+                _varint(shape, out)
+            for value in sample[1::2]:
+                if type(value) is not int or value < 0:
+                    return None
+                if value < 0x80:
+                    out.append(value)
+                elif value < 0x4000:
+                    out.append((value & 0x7F) | 0x80)
+                    out.append(value >> 7)
+                else:
+                    _varint(value, out)
         return out
 
     def _write(self) -> None:
