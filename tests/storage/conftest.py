@@ -5,6 +5,9 @@
   the bucket, so a test that calls ``s3_server.reset()`` does not break the others.
 * ``fault_proxy``: factory ``fault_proxy(**FaultProxy kwargs) -> FaultProxy`` in front of
   ``s3_server``; every proxy is closed at the end of the test.
+* ``captioning_on_s3``: factory ``captioning_on_s3(**generate_captioning_dataset kwargs) ->
+  (local folder, s3 URL)``: the same captioning set prepared locally and at ``s3_url``, S3
+  configured for the test (reset at its end), a cache folder and short back-offs of its own.
 
 moto's state is process-global (see ``energon_lite_dev.s3server``): do not use
 ``moto.mock_aws`` in this process, and keep each test's data under its own prefix.
@@ -22,6 +25,11 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 from energon_lite_dev.s3server import FaultProxy, LocalS3Server  # noqa: E402
+from energon_lite_dev.synthetic import generate_captioning_dataset  # noqa: E402
+
+from megatron_energon_lite.format.prepare import prepare_dataset  # noqa: E402
+from megatron_energon_lite.storage import configure_storage  # noqa: E402
+from megatron_energon_lite.synthetic import CAPTIONING_SAMPLE_YAML  # noqa: E402
 
 S3_BUCKET = "energon-lite-test"
 
@@ -52,3 +60,20 @@ def fault_proxy(s3_server: LocalS3Server) -> Iterator[Callable[..., FaultProxy]]
     yield make
     for proxy in proxies:
         proxy.close()
+
+
+@pytest.fixture
+def captioning_on_s3(s3_server: LocalS3Server, s3_url: str, tmp_path, monkeypatch) -> Iterator[Callable[..., tuple[Any, str]]]:
+    def make(**generate: Any) -> tuple[Any, str]:
+        monkeypatch.setenv("ENERGON_LITE_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.setenv("ENERGON_LITE_BACKOFF_S", "0.001")
+        local = tmp_path / "local"
+        generate_captioning_dataset(local, **generate)
+        s3_server.upload_dir(local, s3_url)
+        configure_storage("s3", storage_options=s3_server.storage_options())
+        for root in (local, s3_url):
+            prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, dataset_yaml=CAPTIONING_SAMPLE_YAML)
+        return local, s3_url
+
+    yield make
+    configure_storage("s3", storage_options={})

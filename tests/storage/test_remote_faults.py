@@ -8,30 +8,17 @@ from collections import Counter
 
 import pytest
 from energon_lite_dev.s3server import FaultProxy
-from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
 from megatron_energon_lite.errors import StorageError
-from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.storage import configure_storage
 
-DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
-
 
 @pytest.fixture
-def prepared(s3_server, s3_url, tmp_path, monkeypatch):
+def prepared(captioning_on_s3):
     """A captioning set prepared locally and on S3 (through the server directly)."""
-    monkeypatch.setenv("ENERGON_LITE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("ENERGON_LITE_BACKOFF_S", "0.001")
-    local = tmp_path / "local"
-    generate_captioning_dataset(local, num_shards=4, samples_per_shard=10, image_size=(16, 16), seed=5)
-    s3_server.upload_dir(local, s3_url)
-    configure_storage("s3", storage_options=s3_server.storage_options())
-    for root in (local, s3_url):
-        prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, dataset_yaml=DATASET_YAML)
-    yield local, s3_url
-    configure_storage("s3", storage_options={})
+    return captioning_on_s3(num_shards=4, samples_per_shard=10, image_size=(16, 16), seed=5)
 
 
 def _through(proxy: FaultProxy, s3_server) -> dict:

@@ -12,35 +12,23 @@ import threading
 
 import pytest
 from energon_lite_dev.s3server import FaultProxy
-from energon_lite_dev.synthetic import generate_captioning_dataset
 
 from megatron_energon_lite import WorkerConfig, get_savable_loader, get_train_dataset
 from megatron_energon_lite.errors import DatasetError, StorageError
-from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.format.split_cache import cached_split
 from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.pipeline.load import SampleLoader
 from megatron_energon_lite.pipeline.source import SliceSource
-from megatron_energon_lite.storage import RemotePath, configure_storage
+from megatron_energon_lite.storage import RemotePath
 from megatron_energon_lite.storage.remote import read_counters
 
-DATASET_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\nfield_map:\n  image: jpg\n  caption: txt\n"
 SHARDS, PER_SHARD = 6, 10
 
 
 @pytest.fixture
-def remote(s3_server, s3_url, tmp_path, monkeypatch):
+def remote(captioning_on_s3):
     """Small shards (10 samples each, a slice per shard), prepared locally and on S3."""
-    monkeypatch.setenv("ENERGON_LITE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("ENERGON_LITE_BACKOFF_S", "0.001")
-    local = tmp_path / "local"
-    generate_captioning_dataset(local, num_shards=SHARDS, samples_per_shard=PER_SHARD, image_size=(8, 8), seed=3)
-    s3_server.upload_dir(local, s3_url)
-    configure_storage("s3", storage_options=s3_server.storage_options())
-    for root in (local, s3_url):
-        prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, dataset_yaml=DATASET_YAML)
-    yield local, s3_url
-    configure_storage("s3", storage_options={})
+    return captioning_on_s3(num_shards=SHARDS, samples_per_shard=PER_SHARD, image_size=(8, 8), seed=3)
 
 
 def _shard_ranges(reader: SplitReader) -> list[tuple[int, int]]:
