@@ -37,6 +37,8 @@ from ..policy import PLAIN, Policy
 from ..pipeline.watchdog import StuckReports
 from .blend_report import blend_report
 from .dataset import PipelineDataset
+from .debug_log import LoaderLog
+from .elastic import elastic_rank_state, redistributed_rank_state
 from .handover.bundles import (
     MAX_BUNDLE_ITEMS,
     BundleLimits,
@@ -204,7 +206,6 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         #: Samples the default error handler skipped (logged here with key and reason, also when
         #: a worker process skipped them).
         self._skips = SkipLedger(num_workers)
-        from .debug_log import LoaderLog
 
         self.id = self.next_id()
         #: Batches delivered on this rank, restored progress included: the manifest's step.
@@ -414,7 +415,6 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         grown = check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), prefix_record=prefix_records(self.savable_dataset))
         (state,) = grown_states([state], self.savable_dataset, grown)
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
-            from .elastic import redistributed_rank_state
 
             restored = redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy)
             self._restore(dataclasses.replace(restored, manifest_step=saved_manifest_step(state), sample_skips=saved_sample_skips(state)), named)
@@ -495,7 +495,6 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         if same_topology:
             self.restore_state_rank(states[wc.rank], skip_samples=skip_samples, ignore_unknown_skips=ignore_unknown_skips)
             return
-        from .elastic import elastic_rank_state
 
         grown: dict[int, int] = {}
         for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
