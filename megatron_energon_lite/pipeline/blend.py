@@ -18,7 +18,8 @@ stream holds the weights within one sample at every step, not only each worker's
 
 Weight schedules (``format/weight_schedule.py``): the weights at each item are those at its
 global position (``clock``, derived from ``emitted`` and ``offset``, so saved with them); exact
-mode then uses :class:`ScheduledExactSchedule` (no period: a worker walks every position).
+mode then uses :class:`ScheduledExactSchedule` (no period: a worker walks every global position,
+a stretch of constant shares at a time).
 
 A source that ends is exhausted: its weight drops to 0 and the others go on; the blend ends when
 all are exhausted.  ``start_epoch`` starts every source's next epoch (``blend_epochized`` with
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from fractions import Fraction
 from functools import lru_cache
 from itertools import accumulate
@@ -396,7 +398,7 @@ class ScheduledExactSchedule:
         while position <= last:
             _, stop, shares, next_point = self._stretch_of(position)
             for position in range(position, int(min(stop, last + 1))):
-                lag = [g + s for g, s in zip(lag, shares)]
+                lag = list(map(operator.add, lag, shares))
                 if len(lag) > 1:
                     best, best_deadline = -1, math.inf
                     # The shares hold until the next point: a deadline before it is one division
