@@ -416,6 +416,10 @@ class ScheduledExactSchedule:
                             deadline = self._deadline(i, g, position)
                         if best < 0 or deadline < best_deadline:
                             best, best_deadline = i, deadline
+                    if best < 0:
+                        # Lags that add up to just under one (rounding; two datasets have d = 1/2)
+                        # can leave no candidate: the last dataset takes the position.
+                        best = len(lag) - 1
                 lag[best] -= 1
                 counts[best] += 1
             position += 1

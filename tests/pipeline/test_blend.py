@@ -345,7 +345,7 @@ def _rule_walk(schedules: list, length: int, origin: int = 0) -> list[int]:
     lag, taken = [0.0] * n, []
     for position in range(length):
         lag = [g + s for g, s in zip(lag, span(position)[0])]
-        candidates = [i for i, g in enumerate(lag) if g >= threshold] if n > 1 else [0]
+        candidates = ([i for i, g in enumerate(lag) if g >= threshold] if n > 1 else [0]) or [n - 1]  # none: rounding, the last
         best = min(candidates, key=lambda i: (deadline(i, lag[i], position), i))
         lag[best] -= 1
         taken.append(best)
@@ -419,3 +419,16 @@ def test_a_cursor_restored_inside_a_long_ramp_between_equal_weights_reads_the_un
         second = ScheduledExactSchedule([1.0] * 3, schedules)
         second.reset(json.loads(json.dumps(first.get_state())))
         assert head + [second.source_at(p) for p in range(cut, 3_000)] == expected, cut
+
+
+def test_a_position_where_rounding_leaves_no_candidate_goes_to_the_last_dataset_by_its_index() -> None:
+    """Two datasets at 1:2 from sample 1: every third position the lags add up to just under one,
+    both below d = 1/2, and the schedule returned index -1 (the last dataset through Python's
+    negative index), so the item's restore key held -1 and a restore refused it."""
+    level = (WeightSchedule("step", ((0, 1.0),)), WeightSchedule("step", ((0, 1.0), (1, 2.0))))
+    schedules = [LeafSchedule(((level, i),)) for i in range(2)]
+    node = BlendNode(sources(5, 5), [1.0, 1.0], seed=3, mode="exact", infinite=True, schedules=schedules)
+    events = run(node, 12)
+    assert Counter(origin(event) for event in events) == {0: 4, 1: 8}  # 1:1 for one sample, then 1:2
+    for key, item in events:
+        assert node.restore(key) == item
