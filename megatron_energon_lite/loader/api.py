@@ -74,7 +74,7 @@ def _warn_slow_exact_schedule(plan: BlendPlan, worker_config: WorkerConfig) -> N
     if any(leaf.weight_schedule is not None for leaf in plan.leaves):
         logger.warning(
             "exact blend with weight schedules (%s): each worker walks every position of the global stream, "
-            "about %d positions per sample (~20 us each with 16 datasets); on large jobs use blend_mode random, "
+            "about %d positions per sample (~2.5 us each with 16 datasets); on large jobs use blend_mode random, "
             "where a schedule costs nothing measurable (docs/guide/blending.md, 'Weights that change during a run')",
             plan.source or "the blend", workers,
         )
