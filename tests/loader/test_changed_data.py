@@ -12,13 +12,14 @@ import dataclasses
 import itertools
 import logging
 import re
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from energon_lite_dev.states import carried_datasets
 from energon_lite_dev.synthetic import prepare_text, sized_keys, write_tar, write_text_blend, write_text_shard
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from megatron_energon_lite import DefaultTaskEncoder, NotSupportedError, StateError, WorkerConfig, get_savable_loader, get_train_dataset
@@ -325,3 +326,42 @@ def test_an_open_packing_buffer_with_new_shards_and_with_lost_ones(tmp_path: Pat
     prepare_text(root)
     with pytest.raises(StateError, match="packing buffer open"):
         make().restore_state_rank(state, allow_data_change=True)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    fates=st.lists(st.sampled_from(["kept", "kept", "gone", "resized"]), min_size=4, max_size=4),
+    added=st.lists(st.tuples(st.booleans(), st.integers(1, 5)), max_size=2),
+    workers=st.sampled_from([0, 2]),
+    shuffle=st.sampled_from([None, 3]),
+    position=st.floats(0, 1),
+    join=st.booleans(),
+)
+def test_any_change_at_any_point_delivers_each_kept_sample_once(sizes, fates, added, workers, shuffle, position, join) -> None:
+    """Any shards, saved at any point of the epoch, then any of them removed or resized and new
+    ones inserted or appended: restored with allow_data_change (and maybe join_new_shards), the
+    rest of the epoch holds each undelivered sample of the kept shards once, and the new shards'
+    samples exactly when joined."""
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder) / "ds"
+        for k, size in enumerate(sizes):
+            write_text_shard(root, f"data-{k}", 100 * k, size)
+        prepare_text(root)
+        run = loader(root, workers, shuffle=shuffle)
+        before = keys(run, int(position * (sum(sizes) // 4)))
+        state = run.save_state_rank()
+        for k, (size, fate) in enumerate(zip(sizes, fates)):
+            if fate == "gone":
+                (root / f"parts/data-{k}.tar").unlink()
+            elif fate == "resized":
+                write_text_shard(root, f"data-{k}", 100 * k, size + 1)
+        new: set[str] = set()
+        for j, (inserted, size) in enumerate(added):
+            write_text_shard(root, f"data-{j}a" if inserted else f"data-{len(sizes) + j}", 1000 + 100 * j, size)
+            new |= keys_of(1000 + 100 * j, size)
+        assume(any(fate == "kept" for fate in fates[: len(sizes)]) or added)
+        prepare_text(root)
+        after = keys(restored(root, state, workers, shuffle, allow_data_change=True, join_new_shards=join))
+    kept = set().union(*(keys_of(100 * k, size) for k, (size, fate) in enumerate(zip(sizes, fates)) if fate == "kept"))
+    assert Counter(after) == Counter(sorted((kept - set(before)) | (new if join else set())))
