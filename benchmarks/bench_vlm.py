@@ -527,22 +527,24 @@ def main() -> None:
                 continue
             figures.setdefault(cell, []).append(result["images_per_s"])
             per_batch = lambda key: 1e3 * args.batch_size * result[key] if key in result else float("nan")  # noqa: E731
-            cpu.setdefault(cell, []).append((per_batch("cpu_per_image"), per_batch("main_cpu_per_image")))
+            busy = result["images_per_s"] * result.get("cpu_per_image", float("nan"))  # CPU seconds per second
+            cpu.setdefault(cell, []).append((per_batch("cpu_per_image"), per_batch("main_cpu_per_image"), busy))
             shapes.setdefault((variant, name), result.get("batch"))
-            rounds_log.append(f"round {round_index}: {cell}: {result['images_per_s']:.1f} images/s, CPU {cpu[cell][-1][0]:.1f} ms per batch (main process {cpu[cell][-1][1]:.2f})")
+            rounds_log.append(f"round {round_index}: {cell}: {result['images_per_s']:.1f} images/s, CPU {cpu[cell][-1][0]:.1f} ms per batch (main process {cpu[cell][-1][1]:.2f}), cores busy {cpu[cell][-1][2]:.2f}")
             print(rounds_log[-1], file=sys.stderr, flush=True)
     medians = {cell: statistics.median(values) for cell, values in figures.items()}
-    cpu_medians = {cell: tuple(statistics.median(v[i] for v in values) for i in range(2)) for cell, values in cpu.items()}
+    cpu_medians = {cell: tuple(statistics.median(v[i] for v in values) for i in range(3)) for cell, values in cpu.items()}
     lines = ["# VLM loading benchmark (bench_vlm.py)", "", f"`{' '.join([Path(sys.executable).name, 'benchmarks/bench_vlm.py', *sys.argv[1:]])}`", "",
              f"Machine: {os.cpu_count()} CPUs; load average before the tables: {os.getloadavg()[0]:.2f}. Batch size {args.batch_size}, "
              f"{args.warmup} warm-up + {args.batches} timed batches per cell; median of {args.rounds} round(s), alternating order; "
              f"ceilings decode {base['images']} images. CPU: user + system seconds of the main process and its workers (ceilings: "
-             f"of their processes) during the timed batches, per batch of {args.batch_size} images; less sensitive to other load than images/s.",
+             f"of their processes) during the timed batches, per batch of {args.batch_size} images; less sensitive to other load than images/s. "
+             f"Cores busy: CPU seconds per second (images/s x CPU per image); below the core count, the processes waited.",
              "", "Data: " + describe(summary["specs"]), ""]
     for variant in args.variants:
         lines += [f"## variant {variant} (declared: image_min_side={VARIANTS[variant]})", "",
-                  "| loader | workers | images/s | vs Energon | vs webdataset | % of ceiling, declared size (same processes) | CPU ms per batch, all processes | of it the main process | batch |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| loader | workers | images/s | vs Energon | vs webdataset | % of ceiling, declared size (same processes) | CPU ms per batch, all processes | of it the main process | cores busy | batch |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for workers in args.workers:
             energon = medians.get((variant, "energon", workers))
             wds = medians.get((variant, "webdataset", workers))
@@ -550,13 +552,13 @@ def main() -> None:
             for name, label in {**LOADERS, **CEILINGS}.items():
                 value = medians.get((variant, name, workers))
                 if value is None:
-                    lines.append(f"| {label} | {workers} | failed | | | | | | |")
+                    lines.append(f"| {label} | {workers} | failed | | | | | | | |")
                     continue
                 ratio = lambda other: f"{value / other:.2f}x" if other else "n/a"  # noqa: E731
-                total_cpu, main_cpu = cpu_medians[(variant, name, workers)]
+                total_cpu, main_cpu, busy = cpu_medians[(variant, name, workers)]
                 main_text = "" if name in CEILINGS else f"{main_cpu:.2f}"
                 share = f"{100 * value / top:.0f}%" if top else ""
-                lines.append(f"| {label} | {workers} | {value:,.1f} | {ratio(energon)} | {ratio(wds)} | {share} | {total_cpu:.1f} | {main_text} | {shapes.get((variant, name)) or ''} |")
+                lines.append(f"| {label} | {workers} | {value:,.1f} | {ratio(energon)} | {ratio(wds)} | {share} | {total_cpu:.1f} | {main_text} | {busy:.2f} | {shapes.get((variant, name)) or ''} |")
         lines.append("")
     lines += ["## PSNR: declared-size decode + resize vs full decode + the same resize", "", *psnr_table(shards, args.psnr_images), ""]
     lines += ["## Per-round figures (every other round in reversed order)", "", "```", *rounds_log, "```", ""]
