@@ -23,7 +23,10 @@ of at most 6 tiles has at most 2 tiles on its shorter side).
 
 Ceilings, in the same run (no loader, no captions): the image bytes of the shards in memory,
 then decode (our decoder, ``rgb8``) + :func:`encode_image` in 1 and 2 processes, both with the
-declared size (``ceiling, declared size``) and at full size (``ceiling, full decode``).
+declared size (``ceiling, declared size``) and at full size (``ceiling, full decode``), and the
+declared-size decode alone (``bound``: no loader can beat Energon by more than this row does).
+Every cell also reports its CPU time per batch (the main process and its workers; the main
+process's share) and the cores it kept busy (images/s x CPU per image).
 
 Rounds: every round measures every cell once, every other round in reversed order; tables give
 medians. Also measured: the PSNR of declared-size decode + resize against full decode + the same
