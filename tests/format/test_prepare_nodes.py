@@ -2,8 +2,13 @@
 through the dataset folder.  The torchrun runs are in tests/distributed/test_prepare_ranks.py."""
 
 import io
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -235,6 +240,56 @@ def test_a_rank_killed_midway_resumes_its_share(tmp_path: Path) -> None:
     prepare_across_ranks(ranked, FileRanks(0, 2, 30), **OPTIONS)
     prepare_dataset(single, **OPTIONS)
     assert prepared_content(ranked) == prepared_content(single)
+
+
+#: A rank that stalls after its first part file, to be killed by a signal there (a real
+#: process and a real SIGKILL; the stall only makes "mid-prepare" a fixed point).
+_STALLING_RANK = """
+import sys, time
+from megatron_energon_lite.cli.main import cli
+from megatron_energon_lite.format.prepare import nodes
+scan = nodes._part_task
+def scan_then_stall(job):
+    scan(job)
+    time.sleep(600)
+nodes._part_task = scan_then_stall
+cli(sys.argv[1:])
+"""
+
+
+def test_a_rank_killed_by_a_signal_leaves_nothing_merged_and_a_rerun_reuses_its_parts(tmp_path: Path) -> None:
+    single, ranked = _copies(tmp_path)
+    flags = ["--split-ratio", "6,2,1", "--sample-type", "TextSample", "--field-map", '{"text": "txt"}', "--no-progress", "--num-workers", "1"]
+    assert _cli(str(single), "--non-interactive", *flags).exit_code == 0
+    share = _shares(ranked, 2)[1]
+    assert len(share) >= 2
+    script = tmp_path / "stalling_rank.py"
+    script.write_text(_STALLING_RANK)
+    rank1 = subprocess.Popen([sys.executable, str(script), "prepare", str(ranked), "--rank", "1", "--world-size", "2", *flags])
+    try:
+        deadline = time.monotonic() + 120
+        while not _parts(ranked) and rank1.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        written = _parts(ranked)
+        assert len(written) == 1, (written, rank1.poll())
+    finally:
+        rank1.send_signal(signal.SIGKILL)
+        rank1.wait()
+    assert rank1.returncode == -signal.SIGKILL
+    # rank 0 gives up on the dead rank: nothing merged, no metadata half-written
+    with pytest.raises(DatasetError) as waited:
+        prepare_across_ranks(ranked, FileRanks(0, 2, 0.0), **OPTIONS)
+    assert f"rank 1: {len(share) - 1} shard(s) not indexed" in str(waited.value) and "nothing was merged" in str(waited.value)
+    assert sorted(p.name for p in (ranked / ".nv-meta").iterdir()) == [PARTS_DIR]
+    for part in (ranked / ".nv-meta" / PARTS_DIR).iterdir():  # only whole part files (rank 0's too)
+        json.loads(part.read_text())
+    # the re-run reuses the part the killed rank finished and merges what one process writes
+    assert _cli(str(ranked), "--rank", "1", "--world-size", "2", *flags).exit_code == 0
+    again = _parts(ranked)
+    assert all(again[name] == stamp for name, stamp in written.items())
+    assert _cli(str(ranked), "--rank", "0", "--world-size", "2", *flags).exit_code == 0
+    assert prepared_content(ranked) == prepared_content(single)
+    assert not (ranked / ".nv-meta" / PARTS_DIR).exists()
 
 
 @pytest.mark.parametrize("garbage", [b"", b"{not json", b'{"version": 1}', b"[1, 2]"])
