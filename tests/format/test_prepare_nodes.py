@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -127,6 +128,33 @@ def test_the_merge_reads_the_parts_instead_of_scanning(tmp_path: Path) -> None:
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     result = prepare_across_ranks(root, FileRanks(0, 2, 30), **OPTIONS)
     assert result.shard_counts[shares[1][0]] == SIZES[int(shard.stem[1:])]
+
+
+def test_rank0_merges_the_parts_there_are_while_a_rank_is_still_out(tmp_path: Path) -> None:
+    """Rank 0 does not wait for every rank before it merges: with rank 1 not started, it has
+    indexed its share and begun the merge (its scratch index exists), yet installed nothing;
+    once rank 1 has run, the merge ends with what one process writes."""
+    single, ranked = _copies(tmp_path)
+    prepare_dataset(single, **OPTIONS)
+    outcome: list = []
+    rank0 = threading.Thread(target=lambda: outcome.append(prepare_across_ranks(ranked, FileRanks(0, 2, 120), **OPTIONS)))
+    rank0.start()
+    try:
+        meta = ranked / ".nv-meta"
+
+        def merging() -> list[str]:
+            return [p.name for p in meta.glob("*") if p.name != PARTS_DIR]
+
+        deadline = time.monotonic() + 60
+        while not merging() and rank0.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = merging()
+        assert started and all(name.startswith(".") and "index.sqlite" in name for name in started), started
+        assert not (meta / "index.sqlite").exists() and not (meta / ".info.json").exists()
+    finally:
+        assert prepare_across_ranks(ranked, FileRanks(1, 2, 30), **OPTIONS) is None
+        rank0.join()
+    assert outcome and prepared_content(ranked) == prepared_content(single)
 
 
 def test_rank0_gives_up_after_the_timeout_naming_the_missing_ranks(tmp_path: Path) -> None:
