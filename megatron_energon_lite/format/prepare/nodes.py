@@ -460,14 +460,15 @@ def prepare_across_ranks(
 
 def _index_share(root: AnyPath, ranks: Ranks, plan: _Plan, *, num_workers: int | None, progress: bool) -> None:
     """Scans this rank's share into part files, then reports to the others (:meth:`Ranks.end_share`:
-    raises when any rank failed; on rank 0 returns once every part is there)."""
+    raises when any rank failed; on rank 0 returns once every part is there). Rank 0 scans in
+    worker processes even with one worker: its own process merges meanwhile."""
     share = plan.shares[ranks.rank]
     try:
         done = _existing_parts(root, plan, share)
         jobs = [(root, name, plan.media_filter, plan.stamps.get(name), plan.parts[name]) for name in share if name not in done]
         logger.info("rank %d of %d: %d shard(s) to index, %d indexed before", ranks.rank, ranks.world_size, len(jobs), len(done))
         desc = f"Indexing shards (rank {ranks.rank})"
-        for _ in scan_in_order(_part_task, jobs, num_workers=num_workers, progress=progress, desc=desc, unit="shard"):
+        for _ in scan_in_order(_part_task, jobs, num_workers=num_workers, progress=progress, desc=desc, unit="shard", in_process=ranks.rank != 0):
             pass
         if not isinstance(root, RemotePath):
             _sync_files([os.path.join(os.fspath(_parts_folder(root)), job[-1]) for job in jobs])
