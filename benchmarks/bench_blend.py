@@ -37,11 +37,13 @@ class _Forever:
         return {}
 
 
-def per_sample_us(node: BlendNode, samples: int) -> float:
-    start = time.perf_counter()
+def per_sample_us(node: BlendNode, samples: int) -> tuple[float, float]:
+    """Wall-clock and CPU (this process: less sensitive to other jobs on the machine)
+    microseconds per sample."""
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(samples):
         node.next()
-    return (time.perf_counter() - start) / samples * 1e6
+    return (time.perf_counter() - start) / samples * 1e6, (time.process_time() - cpu) / samples * 1e6
 
 
 def _position(workers: int, batch: int):
@@ -66,16 +68,21 @@ def _scheduled_blend(kind: str, mode: str, datasets: int, workers: int, batch: i
 
 def schedules(samples: int, batch: int, rounds: int) -> None:
     print(f"16 datasets, batch {batch}, {rounds} alternating rounds, median us per sample (one worker's blend, no loading)")
-    print("| mode | global workers | constant | step schedule | linear schedule | step / constant | linear / constant |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
     for mode in ("random", "exact"):
         for workers in (1, 16, 64):
             n = samples if mode == "random" or workers == 1 else max(200, samples * 2 // workers)
-            times: dict[str, list[float]] = {kind: [] for kind in ("constant", "step", "linear")}
+            times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in ("constant", "step", "linear")}
             for _ in range(rounds):
                 for kind in times:
                     times[kind].append(per_sample_us(_scheduled_blend(kind, mode, 16, workers, batch), n))
-            c, st, li = (statistics.median(times[k]) for k in ("constant", "step", "linear"))
+            rows.append((mode, workers, times))
+    for clock, which in (("wall-clock", 0), ("CPU", 1)):
+        print(f"\n{clock} us per sample")
+        print("| mode | global workers | constant | step schedule | linear schedule | step / constant | linear / constant |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for mode, workers, times in rows:
+            c, st, li = (statistics.median(t[which] for t in times[k]) for k in ("constant", "step", "linear"))
             print(f"| {mode} | {workers} | {c:.2f} | {st:.2f} | {li:.2f} | {st / c:.1f}x | {li / c:.1f}x |")
 
 
@@ -101,7 +108,7 @@ def main() -> None:
             random_node = BlendNode([_Forever() for _ in weights], weights, seed=1)
             exact_node = BlendNode([_Forever() for _ in weights], weights, seed=1, mode="exact", position=position)
             samples = args.samples if workers <= 64 or period <= 1 << 16 else args.samples // 10
-            print(f"| {label} | {workers} | {per_sample_us(random_node, samples):.2f} | {per_sample_us(exact_node, samples):.2f} | {period:,} |")
+            print(f"| {label} | {workers} | {per_sample_us(random_node, samples)[0]:.2f} | {per_sample_us(exact_node, samples)[0]:.2f} | {period:,} |")
 
 
 if __name__ == "__main__":

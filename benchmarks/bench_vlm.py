@@ -23,7 +23,10 @@ of at most 6 tiles has at most 2 tiles on its shorter side).
 
 Ceilings, in the same run (no loader, no captions): the image bytes of the shards in memory,
 then decode (our decoder, ``rgb8``) + :func:`encode_image` in 1 and 2 processes, both with the
-declared size (``ceiling, declared size``) and at full size (``ceiling, full decode``).
+declared size (``ceiling, declared size``) and at full size (``ceiling, full decode``), and the
+declared-size decode alone (``bound``: no loader can beat Energon by more than this row does).
+Every cell also reports its CPU time per batch (the main process and its workers; the main
+process's share) and the cores it kept busy (images/s x CPU per image).
 
 Rounds: every round measures every cell once, every other round in reversed order; tables give
 medians. Also measured: the PSNR of declared-size decode + resize against full decode + the same
@@ -68,7 +71,7 @@ LOADERS = {
     "energon": "Energon 7.4.1",
     "webdataset": "webdataset + Pillow",
 }
-CEILINGS = {"ceiling-declared": "ceiling, declared size", "ceiling-full": "ceiling, full decode"}
+CEILINGS = {"ceiling-declared": "ceiling, declared size", "ceiling-full": "ceiling, full decode", "ceiling-decode": "bound: declared-size decode alone"}
 
 
 # -- the task encoder logic, shared by every loader ------------------------------------------------
@@ -100,8 +103,10 @@ def tokenizer(path: str):
     return Tokenizer.from_file(path)
 
 
-def collate(images: list, captions: list[str], tokenizer_path: str, variant: str) -> dict:
-    """A batch: the images stacked (tiles concatenated, with counts), the captions' tokens padded."""
+def collate(images: list, captions: list[str], tokenizer_path: str, variant: str, stack=None) -> dict:
+    """A batch: the images stacked (tiles concatenated, with counts), the captions' tokens padded.
+    ``stack``: the loader's own stacking helper (``batch_stack`` of Energon and of ours, which
+    stacks straight into the worker's shared-memory slab); None: ``torch.stack``."""
     import torch
 
     encoded = tokenizer(tokenizer_path).encode_batch(captions)
@@ -111,7 +116,7 @@ def collate(images: list, captions: list[str], tokenizer_path: str, variant: str
         row[: len(e.ids)] = torch.tensor(e.ids, dtype=torch.int64)
     if variant == "tiles":
         return {"images": torch.cat(images), "tiles": torch.tensor([len(i) for i in images]), "tokens": tokens}
-    return {"images": torch.stack(images), "tokens": tokens}
+    return {"images": (stack or torch.stack)(images), "tokens": tokens}
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -293,11 +298,11 @@ def make_loader(cfg: dict):
         )
         return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
     if cfg["loader"] == "energon":
-        from megatron.energon import DefaultTaskEncoder, SampleDecoder, WorkerConfig, get_savable_loader, get_train_dataset
+        from megatron.energon import DefaultTaskEncoder, SampleDecoder, WorkerConfig, batch_stack, get_savable_loader, get_train_dataset
 
         decoder_args = {}
     else:
-        from megatron_energon_lite import DefaultTaskEncoder, SampleDecoder, WorkerConfig, get_savable_loader, get_train_dataset
+        from megatron_energon_lite import DefaultTaskEncoder, SampleDecoder, WorkerConfig, batch_stack, get_savable_loader, get_train_dataset
 
         decoder_args = {"image_min_side": VARIANTS[variant]} if cfg["loader"] == "ours-declared" else {}
 
@@ -309,7 +314,7 @@ def make_loader(cfg: dict):
             return sample
 
         def batch(self, samples):
-            return collate([s.image for s in samples], [s.caption for s in samples], *collate_args)
+            return collate([s.image for s in samples], [s.caption for s in samples], *collate_args, stack=batch_stack)
 
     dataset = get_train_dataset(
         cfg["path"], batch_size=cfg["batch_size"], shuffle_buffer_size=100, max_samples_per_sequence=100,
@@ -330,26 +335,48 @@ def read_images(shards: list[str], count: int) -> list[bytes]:
     return [images[i % len(images)] for i in range(count)]
 
 
-def ceiling(cfg: dict) -> float:
-    """Images/s of decode + encode_image, no loader, in 1 or ``workers`` forked processes."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (a loader's workers)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:  # the thread ended
+            continue
+    return found + [grandchild for child in found for grandchild in descendants(child)]
+
+
+def ceiling(cfg: dict) -> dict:
+    """Images/s (and CPU seconds per image, all processes) of decode + encode_image, no loader,
+    in 1 or ``workers`` forked processes; ``ceiling-decode``: the declared-size decode alone."""
     import multiprocessing
+    import resource
 
     from megatron_energon_lite.decode import decode_image_bytes
 
     variant = cfg["variant"]
-    min_side = VARIANTS[variant] if cfg["loader"] == "ceiling-declared" else None
+    min_side = None if cfg["loader"] == "ceiling-full" else VARIANTS[variant]
+    resize = cfg["loader"] != "ceiling-decode"
     images = read_images(cfg["shards"], cfg["images"])
 
     def work(share):
         for data in share:
-            encode_image(decode_image_bytes(data, "rgb8", min_side=min_side), variant)
+            image = decode_image_bytes(data, "rgb8", min_side=min_side)
+            if resize:
+                encode_image(image, variant)
 
     work(images[:4])  # imports and caches, before timing and forking
     processes = max(1, cfg["workers"])
     if processes == 1:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         work(images)
-        return len(images) / (time.perf_counter() - start)
+        return {"images_per_s": len(images) / (time.perf_counter() - start), "cpu_per_image": (time.process_time() - cpu) / len(images)}
     context = multiprocessing.get_context("fork")
     ready, go = context.Barrier(processes + 1), context.Event()
 
@@ -362,11 +389,15 @@ def ceiling(cfg: dict) -> float:
     for child in children:
         child.start()
     ready.wait()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     go.set()
     for child in children:
         child.join()
-    return len(images) / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+    return {"images_per_s": len(images) / elapsed, "cpu_per_image": cpu / len(images)}
 
 
 def child(cfg: dict) -> dict:
@@ -374,18 +405,22 @@ def child(cfg: dict) -> dict:
 
     torch.set_num_threads(1)
     if cfg["loader"].startswith("ceiling"):
-        return {"images_per_s": ceiling(cfg)}
+        return ceiling(cfg)
     loader = make_loader(cfg)
     iterator = iter(loader)
     for _ in range(cfg["warmup"]):
         next(iterator)
+    workers = descendants(os.getpid())
     start, images = time.perf_counter(), 0
+    main_cpu, workers_cpu = time.process_time(), sum(map(cpu_seconds, workers))
     for _ in range(cfg["batches"]):
         batch = next(iterator)
         images += len(batch["tokens"])
     elapsed = time.perf_counter() - start
+    main_cpu = time.process_time() - main_cpu
+    workers_cpu = sum(map(cpu_seconds, workers)) - workers_cpu
     shape = f"{list(batch['images'].shape)} {batch['images'].dtype}, tokens {list(batch['tokens'].shape)}"
-    return {"images_per_s": images / elapsed, "batch": shape}
+    return {"images_per_s": images / elapsed, "batch": shape, "main_cpu_per_image": main_cpu / images, "cpu_per_image": (main_cpu + workers_cpu) / images}
 
 
 # -- the parent ---------------------------------------------------------------------------------------
@@ -481,8 +516,10 @@ def main() -> None:
             "warmup": args.warmup, "batches": args.batches, "images": args.batches * args.batch_size}
     cells = [(v, name, w) for v in args.variants for w in args.workers for name in [*LOADERS, *CEILINGS]]
     figures: dict = {}
+    cpu: dict = {}  # cell -> [(CPU ms per batch, all processes; of the main process)] per round
     shapes: dict = {}
     errors: dict = {}
+    rounds_log: list[str] = []
     for round_index in range(args.rounds):
         for cell in cells if round_index % 2 == 0 else cells[::-1]:
             variant, name, workers = cell
@@ -492,15 +529,25 @@ def main() -> None:
                 print(f"round {round_index}: {cell} FAILED: {result['error'][-300:]}", file=sys.stderr, flush=True)
                 continue
             figures.setdefault(cell, []).append(result["images_per_s"])
+            per_batch = lambda key: 1e3 * args.batch_size * result[key] if key in result else float("nan")  # noqa: E731
+            busy = result["images_per_s"] * result.get("cpu_per_image", float("nan"))  # CPU seconds per second
+            cpu.setdefault(cell, []).append((per_batch("cpu_per_image"), per_batch("main_cpu_per_image"), busy))
             shapes.setdefault((variant, name), result.get("batch"))
-            print(f"round {round_index}: {cell}: {result['images_per_s']:.1f} images/s", file=sys.stderr, flush=True)
+            rounds_log.append(f"round {round_index}: {cell}: {result['images_per_s']:.1f} images/s, CPU {cpu[cell][-1][0]:.1f} ms per batch (main process {cpu[cell][-1][1]:.2f}), cores busy {cpu[cell][-1][2]:.2f}")
+            print(rounds_log[-1], file=sys.stderr, flush=True)
     medians = {cell: statistics.median(values) for cell, values in figures.items()}
+    cpu_medians = {cell: tuple(statistics.median(v[i] for v in values) for i in range(3)) for cell, values in cpu.items()}
     lines = ["# VLM loading benchmark (bench_vlm.py)", "", f"`{' '.join([Path(sys.executable).name, 'benchmarks/bench_vlm.py', *sys.argv[1:]])}`", "",
              f"Machine: {os.cpu_count()} CPUs; load average before the tables: {os.getloadavg()[0]:.2f}. Batch size {args.batch_size}, "
              f"{args.warmup} warm-up + {args.batches} timed batches per cell; median of {args.rounds} round(s), alternating order; "
-             f"ceilings decode {base['images']} images.", "", "Data: " + describe(summary["specs"]), ""]
+             f"ceilings decode {base['images']} images. CPU: user + system seconds of the main process and its workers (ceilings: "
+             f"of their processes) during the timed batches, per batch of {args.batch_size} images; less sensitive to other load than images/s. "
+             f"Cores busy: CPU seconds per second (images/s x CPU per image); below the core count, the processes waited.",
+             "", "Data: " + describe(summary["specs"]), ""]
     for variant in args.variants:
-        lines += [f"## variant {variant} (declared: image_min_side={VARIANTS[variant]})", "", "| loader | workers | images/s | vs Energon | vs webdataset | % of ceiling, declared size (same processes) | batch |", "|---|---:|---:|---:|---:|---:|---|"]
+        lines += [f"## variant {variant} (declared: image_min_side={VARIANTS[variant]})", "",
+                  "| loader | workers | images/s | vs Energon | vs webdataset | % of ceiling, declared size (same processes) | CPU ms per batch, all processes | of it the main process | cores busy | batch |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for workers in args.workers:
             energon = medians.get((variant, "energon", workers))
             wds = medians.get((variant, "webdataset", workers))
@@ -508,12 +555,16 @@ def main() -> None:
             for name, label in {**LOADERS, **CEILINGS}.items():
                 value = medians.get((variant, name, workers))
                 if value is None:
-                    lines.append(f"| {label} | {workers} | failed | | | | |")
+                    lines.append(f"| {label} | {workers} | failed | | | | | | | |")
                     continue
                 ratio = lambda other: f"{value / other:.2f}x" if other else "n/a"  # noqa: E731
-                lines.append(f"| {label} | {workers} | {value:,.1f} | {ratio(energon)} | {ratio(wds)} | {100 * value / top:.0f}% | {shapes.get((variant, name)) or ''} |" if top else f"| {label} | {workers} | {value:,.1f} | | | | |")
+                total_cpu, main_cpu, busy = cpu_medians[(variant, name, workers)]
+                main_text = "" if name in CEILINGS else f"{main_cpu:.2f}"
+                share = f"{100 * value / top:.0f}%" if top else ""
+                lines.append(f"| {label} | {workers} | {value:,.1f} | {ratio(energon)} | {ratio(wds)} | {share} | {total_cpu:.1f} | {main_text} | {busy:.2f} | {shapes.get((variant, name)) or ''} |")
         lines.append("")
     lines += ["## PSNR: declared-size decode + resize vs full decode + the same resize", "", *psnr_table(shards, args.psnr_images), ""]
+    lines += ["## Per-round figures (every other round in reversed order)", "", "```", *rounds_log, "```", ""]
     if errors:
         lines += ["## Failures", ""] + [f"- {cell}: `{err.strip().splitlines()[-1] if err.strip() else '?'}`" for cell, err in errors.items()]
     text = "\n".join(lines) + "\n"

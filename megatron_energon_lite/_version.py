@@ -1,4 +1,6 @@
-__version__ = "0.1.0"
+#: The version (pyproject.toml reads it from here). Between releases it is the next one's ``.dev0``,
+#: so a checkout never claims the last release while CHANGELOG lists what came after it.
+__version__ = "0.2.0.dev0"
 
 #: The Megatron Energon release whose API and dataset format this version provides.
 ENERGON_VERSION = "7.4.1"

@@ -36,7 +36,7 @@ How it works:
 5. ``importlib.metadata`` finds a ``megatron-energon`` distribution, ours, whose version is
    ``megatron.energon.__version__``: Energon's version this package provides, with a local
    label that marks it as ours (:data:`~megatron_energon_lite._version.AS_ENERGON_VERSION`,
-   e.g. ``7.4.1+lite.0.1.0``).  Code that checks Energon's version at import then runs; without
+   e.g. ``7.4.1+lite.0.2.0.dev0``).  Code that checks Energon's version at import then runs; without
    the switch, a real Energon installed answers for itself.
 
 Importing the switch also sets :func:`megatron_energon_lite.energon_mode.enabled`, which makes

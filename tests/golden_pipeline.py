@@ -67,6 +67,8 @@ WORKERS = (0, 2)
 
 DATA_PLACEHOLDER = "<DATA>"
 AV_BACKEND_PLACEHOLDER = "<AV_BACKEND>"
+#: A state's ``writer`` (our version) is who wrote it, not what the loader does.
+WRITER_PLACEHOLDER = "<WRITER>"
 
 BLEND_HEADER = "__module__: megatron.energon\n__class__: MetadatasetV2\n"
 PACK_LENGTH = 48
@@ -188,10 +190,12 @@ def _plain_json(value: Any) -> Any:
 
 def normalise(value: Any, root: Path) -> Any:
     """``value`` (plain JSON) with the data folder ``root`` written as ``<DATA>`` in every string
-    and the decoder's ``av_backend`` (the installed PyAV version) as ``<AV_BACKEND>``."""
+    the decoder's ``av_backend`` (the installed PyAV version) as ``<AV_BACKEND>`` and a state's
+    ``writer`` (our version) as ``<WRITER>``."""
     prefix = str(root)
     if isinstance(value, dict):
-        return {k: AV_BACKEND_PLACEHOLDER if k == "av_backend" else normalise(v, root) for k, v in value.items()}
+        placeholders = {"av_backend": AV_BACKEND_PLACEHOLDER, "writer": WRITER_PLACEHOLDER}
+        return {k: placeholders[k] if k in placeholders else normalise(v, root) for k, v in value.items()}
     if isinstance(value, list):
         return [normalise(v, root) for v in value]
     if isinstance(value, str):

@@ -5,6 +5,7 @@ read from the source, imports inside functions included and ``if TYPE_CHECKING:`
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,26 @@ def test_the_graph_reads_imports_as_python_runs_them(tmp_path: Path) -> None:
     assert [sorted(map(short, c)) for c in cycles(graph)] == [["a", "b", "c", "sub.d"]]
     assert "a -> c  (a.py:4; inside a function)" in describe_cycles(graph, cycles(graph))
     assert [(short(e.source), short(e.target)) for e in layer_violations(graph, ("c",), ("sub",))] == [("a", "c")]
+
+
+def _imports_of_our_package_inside_functions(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            ours = (isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith(PACKAGE))) or (
+                isinstance(node, ast.Import) and any(alias.name.startswith(PACKAGE) for alias in node.names)
+            )
+            if ours:
+                found.append(f"{path.name}:{node.lineno} in {function.name}()")
+    return found
+
+
+def test_the_core_imports_its_own_modules_at_the_top() -> None:
+    """An import inside a function hides an edge of the graph (and often a cycle dodged); only the
+    CLI defers some, to start without torch for the commands that never need it."""
+    root = Path(__file__).resolve().parent.parent / PACKAGE
+    found = [hit for path in sorted(root.rglob("*.py")) if path.relative_to(root).parts[0] != "cli" for hit in _imports_of_our_package_inside_functions(path)]
+    assert not found, "imports of the package inside functions:\n" + "\n".join(f"    {hit}" for hit in found)

@@ -11,7 +11,7 @@ from megatron_energon_lite.format.prepare import prepare_dataset
 from megatron_energon_lite.synthetic import *  # noqa: F403 - the tests' historical import path
 from megatron_energon_lite.synthetic import TEXT_SAMPLE_YAML, __all__ as _library_names, write_tar
 
-__all__ = [*_library_names, "sized_keys", "write_numbered_shards", "write_text_blend"]
+__all__ = [*_library_names, "prepare_text", "sized_keys", "write_numbered_shards", "write_text_blend", "write_text_shard"]
 
 
 def write_numbered_shards(root: str | os.PathLike[str], *, offset: int = 0, shards: int = 3, per_shard: int = 4) -> None:
@@ -40,3 +40,14 @@ def write_text_blend(base: str | os.PathLike[str], sizes: Mapping[str, Sequence[
     entries = "".join(f"      - {{weight: {weights[name]}, path: {name}}}\n" for name in sizes)
     path.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n{entries}")
     return path
+
+
+def write_text_shard(root: str | os.PathLike[str], name: str, first: int, count: int) -> None:
+    """``root/parts/{name}.tar``: ``count`` samples keyed ``{first + i:05d}`` whose ``txt`` is that
+    number (a shard to append, rewrite or remove between a save and a restore)."""
+    write_tar(Path(root) / f"parts/{name}.tar", [(f"{i:05d}", {"txt": str(i).encode()}) for i in range(first, first + count)])
+
+
+def prepare_text(root: str | os.PathLike[str]) -> None:
+    """(Re-)prepares ``root`` as one ``TextSample`` training split of all its shards."""
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_SAMPLE_YAML, force_overwrite=True)

@@ -42,7 +42,7 @@ COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 1
 def load_task_encoder(spec: str | None) -> Any:
     """``module:Class`` (or ``path/to/file.py:Class``; a dotted attribute path works too) ->
     an instance of that task encoder (a ready instance is taken as is); None: the default one."""
-    from ..energon.task_encoder import DefaultTaskEncoder, TaskEncoder
+    from ..energon.task_encoder import DefaultTaskEncoder, TaskEncoder  # on use only: loads torch, which the CLI's other commands never need
 
     if spec is None:
         return DefaultTaskEncoder()
@@ -147,7 +147,7 @@ def measure(dataset: Any, seconds: float, *, progress: bool, desc: str, stall: b
     """Loops over a loader of ``dataset`` for ``seconds`` after its first batch."""
     from tqdm import tqdm
 
-    from ..loader import get_savable_loader
+    from ..loader import get_savable_loader  # on use only: loads torch, which the CLI's other commands never need
 
     loader = get_savable_loader(dataset, stall_report=stall)
     workers = max(loader.worker_config.workers_per_rank, 1)
@@ -351,7 +351,7 @@ def bench(
     no_progress: bool,
 ) -> None:
     """Measure the loader's throughput on DATASET_OR_YAML against its mock-data ceiling."""
-    from ..loader import get_train_dataset
+    from ..loader import get_train_dataset  # on use only: loads torch, which the CLI's other commands never need
     from ..worker import WorkerConfig
 
     encoder = load_task_encoder(task_encoder)

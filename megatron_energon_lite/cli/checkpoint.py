@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ConfigError, format_message
+from ..errors import ConfigError, StateError, format_message
 from ..format.safe_parse import check_nesting, parse_json
 from ..loader.blend_report import blend_report
 from ..loader.rank_state import MOVED_FROM, REDISTRIBUTED_FROM, saved_sample_skips
@@ -308,8 +308,7 @@ def redist(paths: tuple[Path, ...], output_option: Path | None, new_world_size: 
     checked here, and restore_state_rank divides the rest when it restores it (as
     restore_state_global does).
     """
-    from ..loader.elastic import redistribute
-    from ..errors import ConfigError, StateError
+    from ..loader.elastic import redistribute  # on use only: it loads torch, which other commands never need
 
     input_files, output_path = _inputs_and_output(paths, output_option)
     is_global, saved = read_rank_states(input_files)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import click
@@ -14,14 +13,14 @@ from ..format.indexed import IndexedReader, indexed_prefix
 from ..format.jsonl import JsonlReader
 from ..format.media_metadata import media_counts
 from ..format.metadata import (
-    INDEX_SQLITE,
     meta_dir,
     read_info,
     read_split_config,
     resolve_split,
 )
 from ..format.metadataset import is_metadataset_path, load_blend_plan
-from ..storage import AnyPath, list_files, local_view
+from ..format.sqlite_index import part_counts
+from ..storage import AnyPath, list_files
 from .blend_tree import echo_trees, read_trees
 from .params import DATASET_PATH, Command, counted
 from .share_plot import plan_targets, plot_shares, schedule_clocks, schedule_points
@@ -34,20 +33,6 @@ def _size(num_bytes: float) -> str:
         num_bytes /= 1024
         unit += 1
     return f"{num_bytes:.1f} {units[unit]}"
-
-
-def part_counts(root: AnyPath) -> dict[str, int] | None:
-    path = local_view(meta_dir(root) / INDEX_SQLITE)  # a remote index is read from its cached copy
-    if path is None:
-        return None
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT part_name, COUNT(*) FROM sample_parts GROUP BY part_name ORDER BY part_name").fetchall()
-    except sqlite3.Error:
-        return None
-    finally:
-        db.close()
-    return dict(rows)
 
 
 def echo_indexed(prefix: AnyPath) -> None:

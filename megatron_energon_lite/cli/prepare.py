@@ -36,6 +36,7 @@ from ..format.metadata import is_prepared, meta_dir, read_info
 from ..format.metadataset import is_metadataset_path
 from ..format.prepare import FileRanks, Ranks, TorchRanks, discover_shards, prepare_across_ranks, prepare_dataset
 from ..format.split_reader import SplitReader
+from ..format.sqlite_index import part_counts
 from ..samples import registered_sample_types, sample_type_by_name
 from ..storage import AnyPath, RemotePath, atomic_write_text
 from .fix_duplicates import fix_duplicates as fix_duplicate_keys
@@ -340,8 +341,6 @@ def _check_across_ranks(
 
 def _part_types(root: AnyPath, split: str | None) -> list[str]:
     """Every part name of the dataset (from index.sqlite), else those of the first samples."""
-    from .info import part_counts
-
     counts = part_counts(root)
     if counts:
         return list(counts)

@@ -82,10 +82,23 @@ def parse_structured(path: Path, text: str) -> Any:
             format_message(
                 "cannot parse file",
                 where=_error_position(path, text, exc),
-                found=str(exc).replace("\n", " "),
+                found=_parse_problem(exc),
                 fix="fix the syntax at the position shown",
             )
         ) from None
+
+
+def _parse_problem(exc: Exception) -> str:
+    """The parser's words without PyYAML's ``in "<unicode string>"`` (the text was parsed from a
+    string; ``where`` names the file): ``while parsing X (line 6, column 7): did not find Y
+    (line 8, column 8)``."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc).replace("\n", " ")
+    parts = []
+    for words, mark in ((exc.context, exc.context_mark), (exc.problem, exc.problem_mark)):
+        if words:
+            parts.append(f"{words} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else words)
+    return ": ".join(parts) or type(exc).__name__
 
 
 def _error_position(path: Path, text: str, exc: Exception) -> str:
@@ -93,7 +106,7 @@ def _error_position(path: Path, text: str, exc: Exception) -> str:
     if isinstance(exc, json.JSONDecodeError):
         line = exc.lineno
     else:
-        mark = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         if mark is None:
             return str(path)
         line = mark.line + 1

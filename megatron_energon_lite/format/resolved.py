@@ -28,7 +28,7 @@ from .metadata import INFO_JSON, ResolvedSplit, meta_dir, require_prepared, reso
 from .metadataset import LeafDataset
 from .split_cache import cached_split
 
-__all__ = ["ResolvedDataset", "data_record", "resolve_dataset", "resolve_datasets", "shard_prefix"]
+__all__ = ["ResolvedDataset", "as_recorded", "data_record", "resolve_dataset", "resolve_datasets", "shard_prefix"]
 
 #: A data record lists shard names and counts up to this many shards (beyond: totals and the digest).
 RECORDED_SHARDS = 1000
@@ -112,6 +112,18 @@ def shard_prefix(resolved: ResolvedDataset, shards: int) -> ResolvedDataset:
     kept = set(names)
     prefix = dataclasses.replace(split, names=names, counts=split.counts[:shards], excluded_keys={n: k for n, k in split.excluded_keys.items() if n in kept})
     return dataclasses.replace(resolved, total=prefix.total_samples, shard_starts=prefix.shard_starts, split=prefix)
+
+
+def as_recorded(resolved: ResolvedDataset, names: list[str], counts: list[int]) -> ResolvedDataset:
+    """The dataset (a prepared split) as a state's data record lists it: ``names`` with their
+    sample counts, whatever its shards are now.  Only its positions are meant (to compute what a
+    saved state had not delivered): shards no longer there are never read."""
+    split = resolved.split
+    if split is None:
+        raise ValueError("only a prepared split has named shards")
+    kept = set(names)
+    recorded = dataclasses.replace(split, names=list(names), counts=list(counts), excluded_keys={n: k for n, k in split.excluded_keys.items() if n in kept}, stats={})
+    return dataclasses.replace(resolved, total=recorded.total_samples, shard_starts=recorded.shard_starts, split=recorded)
 
 
 def data_record(path: str, split_part: str, resolved: ResolvedDataset) -> dict[str, Any]:

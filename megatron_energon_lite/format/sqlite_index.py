@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..edataclass import edataclass
 from ..errors import ConfigError, DatasetError, format_message
-from ..storage import RemotePath, as_path
+from ..storage import AnyPath, RemotePath, as_path, local_view
 from .media_metadata import MEDIA_SCHEMA
 from .metadata import INDEX_SQLITE, meta_dir, read_info
 from .tar_reader import SampleEntry
@@ -45,6 +45,7 @@ __all__ = [
     "IndexSample",
     "IndexSamplePart",
     "SqliteIndexWriter",
+    "part_counts",
     "shard_row_count",
     "shard_sample_keys",
 ]
@@ -644,3 +645,19 @@ def sample_key_positions(root: str | os.PathLike, key: str) -> list[tuple[str, i
     except (sqlite3.Error, OSError, DatasetError, ValueError):
         return None
     return [(names[shard], index) for shard, index in rows if 0 <= shard < len(names)]
+
+
+def part_counts(root: AnyPath) -> dict[str, int] | None:
+    """Samples per part name (extension) in the prepared index of the dataset at ``root``, by
+    name; None without a readable index (a remote index is read from its cached copy)."""
+    path = local_view(meta_dir(root) / INDEX_SQLITE)
+    if path is None:
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT part_name, COUNT(*) FROM sample_parts GROUP BY part_name ORDER BY part_name").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+    return dict(rows)

@@ -189,7 +189,9 @@ class ScheduledWeights:
                     next_point = min([next_point, *(w.next_point(clock) for w in scheduled)])
                 factor *= shares[id(siblings)][index]
             values.append(weight * factor)
-        return values, until, next_point
+        # Not past the next point: inside a ramp whose two ends are equal, ``holds_until`` is the
+        # ramp's end but ``next_point`` the stretch's, and both must be functions of the clock alone.
+        return values, min(until, next_point), next_point
 
 
 class TargetShares:

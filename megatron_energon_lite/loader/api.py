@@ -8,11 +8,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import logging
+import warnings
 from typing import Any, Mapping
 
 from ..cache.base import CachePool
+from ..decode import SampleDecoder
 from ..energon_mode import current_policy
 from ..errors import ConfigError, format_message
+from ..format.dataset_config import require_sample_type
 from ..format.metadataset import (
     Blender,
     BlendPlan,
@@ -27,10 +30,12 @@ from ..pipeline.build import PipelineSpec
 from ..pipeline.recipe import ENDLESS, Recipe, Watchdog, pass_end
 from ..pipeline.task_hooks import DefaultHooks, Hooks
 from ..policy import Policy
+from ..samples import CrudeSample
 from ..storage import configure_storage, configured_storage, is_remote
 from ..worker import WorkerConfig
 from .dataloader import SavableDataLoader
 from .dataset import PipelineDataset
+from .mock import MockDataset, mock_mode
 
 __all__ = ["get_loader", "get_savable_loader", "get_train_dataset", "get_val_dataset", "get_val_datasets", "plan_spec"]
 
@@ -69,7 +74,7 @@ def _warn_slow_exact_schedule(plan: BlendPlan, worker_config: WorkerConfig) -> N
     if any(leaf.weight_schedule is not None for leaf in plan.leaves):
         logger.warning(
             "exact blend with weight schedules (%s): each worker walks every position of the global stream, "
-            "about %d positions per sample (~20 us each with 16 datasets); on large jobs use blend_mode random, "
+            "about %d positions per sample (~2.5 us each with 16 datasets); on large jobs use blend_mode random, "
             "where a schedule costs nothing measurable (docs/guide/blending.md, 'Weights that change during a run')",
             plan.source or "the blend", workers,
         )
@@ -115,10 +120,6 @@ def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: Hooks) -> None:
     sets the task encoder's decoder to None; the decoder arguments replace the default decoder
     (a FutureWarning says to set the decoder instead) and must agree with a decoder the task
     encoder sets itself; ``handler`` is ignored for ``worker_config.global_error_handler``."""
-    import warnings
-
-    from ..decode import SampleDecoder
-
     auto_decode = kwargs.pop("auto_decode", True)
     decoder_args = {key: kwargs.pop(key) for key in _DEPRECATED_DECODER_KWARGS if key in kwargs}
     if "handler" in kwargs:
@@ -162,8 +163,6 @@ def _apply_deprecated_decoder_kwargs(kwargs: dict, task_encoder: Hooks) -> None:
 
 def _check_sample_type(spec: PipelineSpec, sample_type: Any) -> None:
     """Energon's ``sample_type`` argument: every dataset must yield that type (or a subclass)."""
-    from ..format.dataset_config import require_sample_type
-
     if not isinstance(sample_type, type):
         raise ConfigError(format_message("sample_type must be a class", found=repr(sample_type)[:80], fix="pass e.g. sample_type=CaptioningSample"))
     for leaf, dataset in zip(spec.plan.leaves, spec.datasets):
@@ -173,8 +172,6 @@ def _check_sample_type(spec: PipelineSpec, sample_type: Any) -> None:
 
 def _check_aux(spec: PipelineSpec) -> None:
     """``aux:`` sources are read by cookers: a dataset that is not crude would never read them."""
-    from ..samples import CrudeSample
-
     for leaf, dataset in zip(spec.plan.leaves, spec.datasets):
         if leaf.aux and dataset.yields is not CrudeSample:
             raise ConfigError(
@@ -240,8 +237,6 @@ def _dataset(spec: PipelineSpec, mock: Any = None) -> Recipe:
     """The dataset of a spec: the default pipeline, or what the task encoder's ``build_*`` overrides
     compose; with ``mock`` (the argument, else the YAML's ``mock:``) its first item per worker, again
     and again (``mock.py``)."""
-    from .mock import MockDataset, mock_mode
-
     from_yaml = mock is None
     mode = mock_mode(getattr(spec.plan, "mock", False) if from_yaml else mock, where=f"{spec.plan.source}: mock" if from_yaml else "mock=...")
     dataset = _real_dataset(spec)
@@ -365,8 +360,6 @@ _ENERGON_LOADER_ARGS = frozenset({
 
 def _make_loader(dataset: Recipe, prefetch_factor: int | None, energon_args: dict, ours: dict[str, Any]) -> SavableDataLoader:
     """``prefetch_factor`` None: the dataset's ``WorkerConfig.prefetch_factor``, else 2."""
-    import warnings
-
     unknown = sorted(set(energon_args) - _ENERGON_LOADER_ARGS)
     if unknown:
         raise ConfigError(format_message(f"unknown loader argument {unknown[0]!r}", expected=f"prefetch_factor or one of Energon's: {', '.join(sorted(_ENERGON_LOADER_ARGS))}", found=", ".join(unknown)))

@@ -37,6 +37,9 @@ from ..policy import PLAIN, Policy
 from ..pipeline.watchdog import StuckReports
 from .blend_report import blend_report
 from .dataset import PipelineDataset
+from .changed_data import continued_rank_state
+from .debug_log import LoaderLog
+from .elastic import elastic_rank_state, redistributed_rank_state
 from .handover.bundles import (
     MAX_BUNDLE_ITEMS,
     BundleLimits,
@@ -45,8 +48,8 @@ from .handover.bundles import (
 )
 from .handover.queues import DirectForkContext, direct_queues_from_env
 from .handover.slabs import SlabRing, slab_bytes_from_env
-from .rank_state import REDISTRIBUTED_FROM, RankState, check_saved_data, saved_manifest_step, saved_sample_skips
-from .env_settings import SKIPS_ENV, skips_from_env
+from .rank_state import REDISTRIBUTED_FROM, DataCheck, RankState, check_saved_data, saved_manifest_step, saved_sample_skips
+from .env_settings import DATA_CHANGE_ENV, JOIN_NEW_SHARDS_ENV, SKIPS_ENV, opt_in, skips_from_env
 from .grown import grown_states, prefix_records
 from .reweight import apply_weight_edit
 from .sample_skips import SkipList, resolve_skips
@@ -204,7 +207,6 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         #: Samples the default error handler skipped (logged here with key and reason, also when
         #: a worker process skipped them).
         self._skips = SkipLedger(num_workers)
-        from .debug_log import LoaderLog
 
         self.id = self.next_id()
         #: Batches delivered on this rank, restored progress included: the manifest's step.
@@ -392,12 +394,28 @@ class SavableDataLoader(torch.utils.data.DataLoader):
     def _current_worker_states(self) -> tuple[dict | None, ...]:
         return tuple(state_value(state) for state in self._worker_states)
 
-    def restore_state_rank(self, state: dict | None, *, allow_weight_edit: bool | None = None, skip_samples: Any = None, ignore_unknown_skips: bool = False) -> None:
+    def restore_state_rank(
+        self,
+        state: dict | None,
+        *,
+        allow_weight_edit: bool | None = None,
+        join_new_shards: bool | None = None,
+        allow_data_change: bool | None = None,
+        skip_samples: Any = None,
+        ignore_unknown_skips: bool = False,
+    ) -> None:
         """Continue from ``state`` (from :meth:`save_state_rank`); only before iterating.
 
         ``allow_weight_edit``: a state saved over a blend whose weights, weight schedules or
         datasets have changed since continues with the new mix (``reweight.py``; None: as
         ``ENERGON_LITE_ALLOW_WEIGHT_EDIT`` says); otherwise it is refused, naming the change.
+
+        Data that changed since the save (``changed_data.py``): shards appended join from the
+        next epoch, or with ``join_new_shards`` (None: ``ENERGON_LITE_JOIN_NEW_SHARDS``) the
+        running one; shards changed, removed or moved are refused, naming each, unless
+        ``allow_data_change`` (None: ``ENERGON_LITE_ALLOW_DATA_CHANGE``): then the running
+        epoch's undelivered samples of the shards still there (same name and sample count) are
+        delivered and the rest is counted in a log line.
 
         ``skip_samples``: samples to leave out from here on (a replay; ``sample_skips.py``: by
         ``__key__``, manifest entry or step, or position), dropped where they would enter
@@ -411,15 +429,40 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             raise StateError(format_message("restore_state_rank must be called before iterating the loader", fix="create a fresh loader, restore, then iterate"))
         check_nesting(state, "the loader state passed to restore_state_rank", StateError)
         (state,) = apply_weight_edit([state], self.savable_dataset.config(), self.savable_dataset.data_record(), allow=allow_weight_edit)
-        grown = check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), prefix_record=prefix_records(self.savable_dataset))
-        (state,) = grown_states([state], self.savable_dataset, grown)
+        found = self._check_saved_data([state], allow_data_change, every_rank=False)
+        if self._continue_changed([state], found, join_new_shards, skip_samples, ignore_unknown_skips):
+            return
+        (state,) = grown_states([state], self.savable_dataset, found.grown)
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
-            from .elastic import redistributed_rank_state
 
             restored = redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy)
             self._restore(dataclasses.replace(restored, manifest_step=saved_manifest_step(state), sample_skips=saved_sample_skips(state)), named)
             return
         self._restore(RankState.from_json(state, config=self.savable_dataset.config(), worker_config=self.worker_config, policy=self.policy), named)
+
+    def _check_saved_data(self, states: list[Any], allow_data_change: bool | None, *, every_rank: bool) -> DataCheck:
+        """How the data of ``states`` (one rank's, or ``every_rank``'s) differs from this loader's."""
+        allow = opt_in(allow_data_change, "allow_data_change", DATA_CHANGE_ENV)
+        found = DataCheck()
+        for rank, state in enumerate(states):
+            where = f"rank {rank}'s state" if every_rank else "the state"
+            found = found.merged(check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=where, prefix_record=prefix_records(self.savable_dataset), allow_change=allow))
+        return found
+
+    def _continue_changed(self, states: list[Any], found: DataCheck, join_new_shards: bool | None, skip_samples: Any, ignore_unknown_skips: bool) -> bool:
+        """Restores ``states`` over changed data (``changed_data.py``) when the data changed
+        (``allow_data_change`` given) or grew and the new shards join the running epoch; False
+        (nothing done) otherwise."""
+        join = opt_in(join_new_shards, "join_new_shards", JOIN_NEW_SHARDS_ENV)
+        if not (found.changed or (found.grown and join)):
+            return False
+        restored = continued_rank_state(states, self.savable_dataset, self.worker_config, self.policy, join=join)
+        saved = states[0]
+        self._restore(
+            dataclasses.replace(restored, manifest_step=saved_manifest_step(saved), sample_skips=saved_sample_skips(states if len(states) > 1 else saved)),
+            self._named_skips(skip_samples, ignore_unknown_skips),
+        )
+        return True
 
     def _named_skips(self, skip_samples: Any, ignore_unknown: bool) -> SkipList:
         if skip_samples is None:
@@ -469,12 +512,24 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         dist.gather_object(state, gathered, dst=global_dst_rank, group=group)
         return gathered
 
-    def restore_state_global(self, states: list[dict] | None, *, src_rank: int | None = None, allow_weight_edit: bool | None = None, skip_samples: Any = None, ignore_unknown_skips: bool = False) -> None:
+    def restore_state_global(
+        self,
+        states: list[dict] | None,
+        *,
+        src_rank: int | None = None,
+        allow_weight_edit: bool | None = None,
+        join_new_shards: bool | None = None,
+        allow_data_change: bool | None = None,
+        skip_samples: Any = None,
+        ignore_unknown_skips: bool = False,
+    ) -> None:
         """Restores from every rank's state (``save_state_global``; sent from ``src_rank`` when
         given).  Saved on the same topology, this rank takes its own entry; saved on another
         number of ranks or workers, the rest of the running epoch is divided over this topology
         (``elastic.py``: every sample not yet delivered comes once).  ``allow_weight_edit``,
-        ``skip_samples`` and ``ignore_unknown_skips``: as in :meth:`restore_state_rank`."""
+        ``join_new_shards``, ``allow_data_change``, ``skip_samples`` and
+        ``ignore_unknown_skips``: as in :meth:`restore_state_rank` (over changed data the rest
+        of the running epoch is divided over every rank, as on another topology)."""
         import torch.distributed as dist
 
         if src_rank is not None and dist.is_available() and dist.is_initialized():
@@ -487,21 +542,20 @@ class SavableDataLoader(torch.utils.data.DataLoader):
         check_nesting(states, "the loader states passed to restore_state_global", StateError)
         if isinstance(states, (list, tuple)):
             states = apply_weight_edit(states, self.savable_dataset.config(), self.savable_dataset.data_record(), allow=allow_weight_edit)
+            found = self._check_saved_data(list(states), allow_data_change, every_rank=True)
+            if self._continue_changed(list(states), found, join_new_shards, skip_samples, ignore_unknown_skips):
+                return
         wc = self.worker_config
         saved = [s.get("config") if isinstance(s, dict) and isinstance(s.get("config"), dict) else {} for s in states] if isinstance(states, (list, tuple)) else []
         same_topology = len(states) == wc.world_size and all(
             c.get("worker_config.world_size") == wc.world_size and c.get("worker_config.num_workers") == wc.num_workers for c in saved
         )
         if same_topology:
-            self.restore_state_rank(states[wc.rank], skip_samples=skip_samples, ignore_unknown_skips=ignore_unknown_skips)
+            self.restore_state_rank(states[wc.rank], join_new_shards=join_new_shards, allow_data_change=allow_data_change, skip_samples=skip_samples, ignore_unknown_skips=ignore_unknown_skips)
             return
-        from .elastic import elastic_rank_state
 
-        grown: dict[int, int] = {}
-        for rank, state in enumerate(states if isinstance(states, (list, tuple)) else ()):
-            grown.update(check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=f"rank {rank}'s state", prefix_record=prefix_records(self.savable_dataset)))
         if isinstance(states, (list, tuple)):
-            states = grown_states(states, self.savable_dataset, grown)
+            states = grown_states(states, self.savable_dataset, found.grown)
         step = saved_manifest_step(states[0]) if isinstance(states, (list, tuple)) and states else None
         restored = elastic_rank_state(states, self.savable_dataset, wc, self.policy)
         self._restore(dataclasses.replace(restored, manifest_step=step, sample_skips=saved_sample_skips(list(states))), self._named_skips(skip_samples, ignore_unknown_skips))

@@ -49,6 +49,7 @@ from .rank_state import (
 
 __all__ = [
     "Topology",
+    "carried_rank_state",
     "check_elastic",
     "elastic_rank_state",
     "even_share",
@@ -58,6 +59,8 @@ __all__ = [
     "redistribute",
     "redistributed_rank_state",
     "share_pooled",
+    "saved_remainder",
+    "schedule_rates",
     "share_remainder",
     "topology_of",
 ]
@@ -226,28 +229,47 @@ def elastic_rank_state(states: Sequence[dict], dataset: Recipe, worker_config: W
     moved = moved_states(states, wc.world_size, wc.num_workers)
     if moved is not None:
         return RankState.from_json(moved[wc.rank], config=current, worker_config=wc, policy=policy)
-    restart = not passes_continue(dataset)
+    pooled, loop_ended = saved_remainder(states, dataset, saved, seed_offset=worker_config.seed_offset)
+    return carried_rank_state(pooled, dataset, worker_config, pass_ended=loop_ended, rates=schedule_rates(dataset, wc, pooled))
+
+
+def saved_remainder(states: Sequence[dict], saved: Recipe, topology: Topology, *, seed_offset: int, first_rank: int = 0) -> tuple[Remainder, bool]:
+    """What the saved workers of ``states`` (ranks ``first_rank``, ``first_rank + 1``, ... of
+    ``topology``) had not delivered of the running epoch, pooled (:func:`pool_remainders`),
+    their pipelines built by ``saved`` (the dataset they were saved with); and whether every
+    one's loop had ended."""
+    restart = not passes_continue(saved)
     remainders: list[Remainder] = []
     loop_ended = True
-    for rank, state in enumerate(states):
-        old = WorkerConfig(rank=rank, world_size=saved.world_size, num_workers=saved.num_workers, seed_offset=worker_config.seed_offset)
+    for rank, state in enumerate(states, first_rank):
+        old = WorkerConfig(rank=rank, world_size=topology.world_size, num_workers=topology.num_workers, seed_offset=seed_offset)
         parsed = RankState.from_json(state, config=state.get("config", {}), worker_config=old)
         loop_ended = loop_ended and parsed.pass_ended
-        old_dataset = dataset.with_topology(old)
+        old_dataset = saved.with_topology(old)
         for local, worker_state in enumerate(parsed.worker_states):
             pipeline = check_elastic(on_top(old_dataset.build_worker(local), restart=restart))
             pipeline.reset(worker_state)  # None: the worker had not yielded; all its epoch is left
             remainders.append(pipeline.undelivered())
-    pooled = pool_remainders(remainders, ended=loop_ended)
+    return pool_remainders(remainders, ended=loop_ended), loop_ended
+
+
+def carried_rank_state(
+    pooled: Remainder, dataset: Recipe, worker_config: WorkerConfig, *, pass_ended: bool, rates: list[list[int]] | None = None, share: Any = None
+) -> RankState:
+    """This rank's state whose workers read their part of ``pooled`` first (``share(pooled,
+    global worker, global workers)``, by default :func:`share_pooled` with ``rates``), then
+    go on in ``dataset``'s own order."""
+    wc = worker_config
+    restart = not passes_continue(dataset)
     new_workers = wc.world_size * wc.workers_per_rank
-    rates = _schedule_rates(dataset, wc, pooled)
     worker_states = []
     for local in range(wc.workers_per_rank):
         pipeline = check_elastic(on_top(dataset.build_worker(local), restart=restart))
         pipeline.reset(None)
-        pipeline.carry_in(share_pooled(pooled, wc.rank * wc.workers_per_rank + local, new_workers, rates=rates))
+        worker = wc.rank * wc.workers_per_rank + local
+        pipeline.carry_in(share_pooled(pooled, worker, new_workers, rates=rates) if share is None else share(pooled, worker, new_workers))
         worker_states.append(pipeline.get_state())
-    return RankState(worker_states=tuple(worker_states), next_worker=0, pass_ended=loop_ended, config=current)
+    return RankState(worker_states=tuple(worker_states), next_worker=0, pass_ended=pass_ended, config=dataset.config())
 
 
 def check_elastic(pipeline: Node) -> Node:
@@ -322,7 +344,7 @@ def pool_remainders(remainders: Sequence[Remainder], *, ended: bool = False) -> 
     return Remainder(tuple(epochs), tuple(ranges), tuple([] for _ in range(count)), blend)
 
 
-def _schedule_rates(dataset: Recipe, worker_config: WorkerConfig, pooled: Remainder) -> list[list[int]] | None:
+def schedule_rates(dataset: Recipe, worker_config: WorkerConfig, pooled: Remainder) -> list[list[int]] | None:
     """Exact blends: per new global worker, how often its positions in the schedule take each
     dataset (from the global position where the saved stream stopped); None for other pipelines.
 

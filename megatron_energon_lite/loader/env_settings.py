@@ -11,20 +11,31 @@ from typing import Any
 from ..errors import ConfigError, format_message
 from ..policy import env_flag
 
-__all__ = ["SKIPS_ENV", "WEIGHT_EDIT_ENV", "nonnegative_number", "skips_from_env", "weight_edit_allowed"]
+__all__ = ["DATA_CHANGE_ENV", "JOIN_NEW_SHARDS_ENV", "SKIPS_ENV", "WEIGHT_EDIT_ENV", "nonnegative_number", "opt_in", "skips_from_env", "weight_edit_allowed"]
 
 #: Set to 1 to restore states into a blend whose weights or datasets changed (``reweight.py``),
 #: for programs that call ``restore_state_rank(state)`` without ``allow_weight_edit``.
 WEIGHT_EDIT_ENV = "ENERGON_LITE_ALLOW_WEIGHT_EDIT"
+#: Set to 1 to let shards appended since the save join the running epoch (``changed_data.py``),
+#: for programs that call ``restore_state_rank(state)`` without ``join_new_shards``.
+JOIN_NEW_SHARDS_ENV = "ENERGON_LITE_JOIN_NEW_SHARDS"
+#: Set to 1 to restore states into data whose shards changed, vanished or moved since the save,
+#: continuing by shard (``changed_data.py``), for programs that cannot pass ``allow_data_change``.
+DATA_CHANGE_ENV = "ENERGON_LITE_ALLOW_DATA_CHANGE"
+
+
+def opt_in(argument: bool | None, name: str, env: str) -> bool:
+    """A restore's opt-in argument ``name``, else (None) the environment's flag ``env``."""
+    if argument is None:
+        return env_flag(env)
+    if not isinstance(argument, bool):
+        raise ConfigError(format_message(f"{name} must be True, False or None", found=repr(argument)[:80], fix=f"pass True to allow, or leave it None to read {env}"))
+    return argument
 
 
 def weight_edit_allowed(argument: bool | None) -> bool:
     """The ``allow_weight_edit`` argument of a restore, else (None) the environment's flag."""
-    if argument is None:
-        return env_flag(WEIGHT_EDIT_ENV)
-    if not isinstance(argument, bool):
-        raise ConfigError(format_message("allow_weight_edit must be True, False or None", found=repr(argument)[:80], fix=f"pass True to allow, or leave it None to read {WEIGHT_EDIT_ENV}"))
-    return argument
+    return opt_in(argument, "allow_weight_edit", WEIGHT_EDIT_ENV)
 
 
 #: A JSON file with a skip list for code that cannot pass ``skip_samples`` (``sample_skips.py``).

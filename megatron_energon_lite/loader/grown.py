@@ -29,14 +29,15 @@ from ..pipeline.recipe import Watchdog, passes_continue
 from ..pipeline.source import SliceSource
 from ..worker import WorkerConfig
 from .dataset import PipelineDataset
+from .env_settings import JOIN_NEW_SHARDS_ENV
 from .rank_state import REDISTRIBUTED_FROM, PrefixRecord, TOPOLOGY_KEYS
 
-__all__ = ["grown_states", "prefix_records"]
+__all__ = ["cannot_carry", "grown_states", "pipeline_of", "prefix_records", "with_datasets"]
 
 logger = logging.getLogger("megatron_energon_lite.loader")
 
 
-def _pipeline_of(dataset: Any) -> PipelineDataset | None:
+def pipeline_of(dataset: Any) -> PipelineDataset | None:
     """The loader's own pipeline under the (transparent) watchdog; None for anything else."""
     while isinstance(dataset, Watchdog):
         dataset = dataset.dataset
@@ -47,7 +48,7 @@ def prefix_records(dataset: Any) -> PrefixRecord | None:
     """``(k, n)`` -> the data record of dataset ``k`` of ``dataset`` cut to its first ``n``
     shards (None when ``dataset`` is not the loader's own pipeline: nothing is recognised as
     appended)."""
-    dataset = _pipeline_of(dataset)
+    dataset = pipeline_of(dataset)
     if dataset is None:
         return None
     spec = dataset.spec
@@ -62,6 +63,24 @@ def prefix_records(dataset: Any) -> PrefixRecord | None:
     return record
 
 
+def cannot_carry(dataset: PipelineDataset) -> str | None:
+    """Why the running epoch of ``dataset`` cannot be carried over to data that changed since
+    the save (None: it can)."""
+    if dataset.composed:
+        return "the task encoder composes its own pipeline (build_* overrides)"
+    if dataset.spec.training and dataset.spec.plan.kind == "blend_epochized":
+        return "a blend_epochized pass mixes the datasets by their sizes"
+    return None
+
+
+def with_datasets(spec: Any, datasets: Sequence[Any]) -> Any:
+    """``spec`` reading ``datasets`` (the data as it was saved) instead of its own."""
+    saved_spec = dataclasses.replace(spec)
+    saved_spec.__dict__["datasets"] = tuple(datasets)
+    saved_spec.__dict__["hooks"] = spec.hooks
+    return saved_spec
+
+
 def grown_states(states: Sequence[Any], dataset: Any, grown: dict[int, int]) -> list[Any]:
     """``states`` (one rank's as a one-item list, or every rank's) rewritten so that the datasets
     in ``grown`` (``{dataset index: saved shard count}``) finish their running epoch on the saved
@@ -69,13 +88,9 @@ def grown_states(states: Sequence[Any], dataset: Any, grown: dict[int, int]) -> 
     states = list(states)
     if not grown:
         return states
-    dataset = _pipeline_of(dataset)  # prefix_records found it: grown is empty without one
+    dataset = pipeline_of(dataset)  # prefix_records found it: grown is empty without one
     spec = dataset.spec
-    why = None
-    if dataset.composed:
-        why = "the task encoder composes its own pipeline (build_* overrides)"
-    elif spec.training and spec.plan.kind == "blend_epochized":
-        why = "a blend_epochized pass mixes the datasets by their sizes"
+    why = cannot_carry(dataset)
     names = [f"{spec.plan.leaves[k].path} (split {spec.split_part})" for k in sorted(grown)]
     if why is not None:
         raise NotSupportedError(
@@ -84,9 +99,7 @@ def grown_states(states: Sequence[Any], dataset: Any, grown: dict[int, int]) -> 
                 fix="restore into the data the state was saved with, or start the epoch anew without this state",
             )
         )
-    saved_spec = dataclasses.replace(spec)
-    saved_spec.__dict__["datasets"] = tuple(shard_prefix(d, grown[k]) if k in grown else d for k, d in enumerate(spec.datasets))
-    saved_spec.__dict__["hooks"] = spec.hooks
+    saved_spec = with_datasets(spec, [shard_prefix(d, grown[k]) if k in grown else d for k, d in enumerate(spec.datasets)])
     rewritten = []
     for state in states:
         if isinstance(state, dict) and isinstance(state.get(REDISTRIBUTED_FROM), list):
@@ -97,7 +110,10 @@ def grown_states(states: Sequence[Any], dataset: Any, grown: dict[int, int]) -> 
         f"{name}: {len(spec.datasets[k].split.names) - grown[k]} shard(s) appended ({spec.datasets[k].total - saved_spec.datasets[k].total} samples)"
         for name, k in zip(names, sorted(grown))
     ]
-    logger.info("restoring into grown data: %s; the running epoch finishes on the shards the state was saved with, the new shards join from the next epoch", "; ".join(added))
+    logger.info(
+        "restoring into grown data: %s; the running epoch finishes on the shards the state was saved with, the new shards join from the next epoch "
+        "(join_new_shards=True or %s=1: they join the running one)", "; ".join(added), JOIN_NEW_SHARDS_ENV,
+    )
     return rewritten
 
 
@@ -114,11 +130,8 @@ def _rewrite(state: Any, dataset: PipelineDataset, saved_spec: Any) -> Any:
     now = dataset.with_topology(wc)
     worker_states = []
     for local, worker_state in enumerate(state["worker_states"]):
-        if worker_state is None:  # not started: it starts on the grown data
-            worker_states.append(None)
-            continue
         old = on_top(then.build_worker(local), restart=restart)
-        old.reset(worker_state)
+        old.reset(worker_state)  # None: not started; its whole first epoch is on the saved shards
         worker_states.append(_carried(old, on_top(now.build_worker(local), restart=restart), old.get_state()))
     return {**state, "worker_states": worker_states}
 

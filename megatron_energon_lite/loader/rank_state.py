@@ -15,7 +15,7 @@ fields, written only when they apply so that other states keep their shape: ``ma
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .._version import __version__
@@ -24,9 +24,10 @@ from ..policy import PLAIN, Policy, log_once
 from ..pipeline.passes import upgrade_v1_worker_state
 from ..pipeline.state_check import check_bool, check_index, invalid
 from ..worker import WorkerConfig
+from .env_settings import DATA_CHANGE_ENV
 from .sample_skips import SkipList
 
-__all__ = ["MOVED_FROM", "saved_manifest_step", "saved_sample_skips", "PrefixRecord", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
+__all__ = ["DataCheck", "MOVED_FROM", "saved_manifest_step", "saved_sample_skips", "PrefixRecord", "REDISTRIBUTED_FROM", "STATE_VERSION", "TOPOLOGY_KEYS", "RankState", "check_same_config", "check_saved_data"]
 
 STATE_VERSION = 3
 #: Versions this one reads (older ones are upgraded).
@@ -207,48 +208,65 @@ def check_same_config(saved: Any, current: dict, *, ignore: tuple[str, ...] = ()
 PrefixRecord = Callable[[int, int], dict]
 
 
-def check_saved_data(state: Any, current: list | None, config: dict, *, where: str = "the state", prefix_record: PrefixRecord | None = None) -> dict[int, int]:
+@dataclass(frozen=True)
+class DataCheck:
+    """How the data a state was saved against differs from the loader's."""
+
+    #: Datasets that only grew by appended shards: ``{dataset index: saved shard count}``.
+    grown: dict[int, int] = field(default_factory=dict)
+    #: Datasets that changed otherwise (only with ``allow_change``; else that is refused).
+    changed: frozenset[int] = frozenset()
+
+    def merged(self, other: DataCheck) -> DataCheck:
+        return DataCheck({**self.grown, **other.grown}, self.changed | other.changed)
+
+
+def check_saved_data(
+    state: Any, current: list | None, config: dict, *, where: str = "the state", prefix_record: PrefixRecord | None = None, allow_change: bool = False
+) -> DataCheck:
     """Refuses a state saved against other data than the loader reads now: shards removed,
     resized or reordered, or other sample excludes (a re-prepared dataset), which would repeat
-    and lose samples silently.  Returns the datasets that only grew by appended shards (every
-    saved shard unchanged, in its place, with its excludes: ``prefix_record`` tells), as
-    ``{dataset index: saved shard count}``; their running epoch can finish on the saved shards
-    (``loader/grown.py``).  A redistributed state is checked through the states it holds.  A
-    state of a version before :data:`DATA_RECORD_VERSION` is restored unchecked (a note says
-    so).  A state of another configuration (``config``: the loader's) is left to
-    :func:`check_same_config`, which names what differs (another window length changes the
-    sample counts too)."""
+    and lose samples silently, unless ``allow_change`` (``allow_data_change``: such datasets
+    are returned as ``changed``, for ``loader/changed_data.py``).  Returns the datasets that
+    only grew by appended shards (every saved shard unchanged, in its place, with its excludes:
+    ``prefix_record`` tells) as ``grown``, ``{dataset index: saved shard count}``; their
+    running epoch can finish on the saved shards (``loader/grown.py``).  A redistributed state
+    is checked through the states it holds.  A state of a version before
+    :data:`DATA_RECORD_VERSION` is restored unchecked (a note says so).  A state of another
+    configuration (``config``: the loader's) is left to :func:`check_same_config`, which names
+    what differs (another window length changes the sample counts too)."""
     if current is None or not isinstance(state, dict):
-        return {}
+        return DataCheck()
     if isinstance(state.get(REDISTRIBUTED_FROM), list):
-        grown: dict[int, int] = {}
+        found = DataCheck()
         for rank, saved in enumerate(state[REDISTRIBUTED_FROM]):
-            grown.update(check_saved_data(saved, current, config, where=f"rank {rank}'s state", prefix_record=prefix_record))
-        return grown
+            found = found.merged(check_saved_data(saved, current, config, where=f"rank {rank}'s state", prefix_record=prefix_record, allow_change=allow_change))
+        return found
     free = (*TOPOLOGY_KEYS, *_ENERGON_DOES_NOT_CHECK)
     saved_config = state.get("config")
     if not isinstance(saved_config, dict) or any(saved_config.get(k, "<missing>") != config.get(k, "<missing>") for k in set(saved_config) | set(config) if k not in free):
-        return {}
+        return DataCheck()
     saved, version = state.get("data"), state.get("version")
     if version not in READABLE_VERSIONS:
-        return {}  # RankState.from_json refuses it, saying which versions it reads
+        return DataCheck()  # RankState.from_json refuses it, saying which versions it reads
     if saved is None:
         if version < DATA_RECORD_VERSION:
             logger.warning("%s was saved by a loader version that did not record its data (state version %s): "
                            "it restores, but whether the dataset changed since (shards added or re-prepared) cannot be checked", where, version)
-            return {}
+            return DataCheck()
         raise invalid(("data",), "the data record of a version 3 state (a list, one entry per dataset)", saved)
     if not isinstance(saved, list) or len(saved) != len(current) or not all(isinstance(entry, dict) for entry in saved):
         raise invalid(("data",), f"a list of {len(current)} dataset record(s)", saved)
-    grown, changes = {}, []
+    grown, changed, changes = {}, set(), []
     for i, (old, new) in enumerate(zip(saved, current)):
         lines = _dataset_changes(i, old, new)
         appended = _appended_shards(i, old, new, prefix_record) if lines else None
         if appended is not None:
             grown[i] = appended
-        else:
+        elif lines:
+            changed.add(i)
             changes += lines
-    if changes:
+    if changes and not allow_change:
         raise StateError(
             format_message(
                 "the data changed since the state was saved: restoring it would repeat and lose samples",
@@ -256,10 +274,12 @@ def check_saved_data(state: Any, current: list | None, config: dict, *, where: s
                 found="\n" + "\n".join(f"    {line}" for line in changes[:20]) + (f"\n    ... and {len(changes) - 20} more" if len(changes) > 20 else ""),
                 fix="restore the state into the data it was saved against (the same shards, the same prepare); "
                 "shards appended after the saved ones are fine (the running epoch finishes on the saved shards); "
-                "for data that changed otherwise on purpose, start its epoch anew without this state",
+                "for data that changed otherwise on purpose, restore with allow_data_change=True (restore_state_rank / restore_state_global) "
+                f"or set {DATA_CHANGE_ENV}=1 to continue by shard (the saved epoch's undelivered samples of shards unchanged by name and "
+                "sample count are delivered, those of changed or removed shards are counted and logged), or start its epoch anew without this state",
             )
         )
-    return grown
+    return DataCheck(grown, frozenset(changed))
 
 
 def _appended_shards(i: int, old: dict, new: dict, prefix_record: PrefixRecord | None) -> int | None:

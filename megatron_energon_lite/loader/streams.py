@@ -28,6 +28,7 @@ from ..pipeline.runtime import Runtime
 from ..pipeline.skip import skipping
 from ..pipeline.state_check import nested
 from ..pipeline.watchdog import StuckReports
+from .debug_log import WorkerLog
 from .handover.bundles import Bundle, BundleLimits, bundled
 from .handover.slabs import SlabRing, dump_for_main, load_from_worker
 from .rank_state import RankState
@@ -74,7 +75,6 @@ class WorkerStreams(torch.utils.data.IterableDataset):
         self.bundles: tuple[BundleLimits, float] | None = None
         #: Set by the loader when its stall report is on: where each process's stage times go.
         self.stage_times: StageTimes | None = None
-        from .debug_log import WorkerLog
 
         self._debug_log = WorkerLog.create(dataset)  # None unless worker_log_level asks for it
 

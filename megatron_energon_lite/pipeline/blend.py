@@ -18,7 +18,8 @@ stream holds the weights within one sample at every step, not only each worker's
 
 Weight schedules (``format/weight_schedule.py``): the weights at each item are those at its
 global position (``clock``, derived from ``emitted`` and ``offset``, so saved with them); exact
-mode then uses :class:`ScheduledExactSchedule` (no period: a worker walks every position).
+mode then uses :class:`ScheduledExactSchedule` (no period: a worker walks every global position,
+a stretch of constant shares at a time).
 
 A source that ends is exhausted: its weight drops to 0 and the others go on; the blend ends when
 all are exhausted.  ``start_epoch`` starts every source's next epoch (``blend_epochized`` with
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from fractions import Fraction
 from functools import lru_cache
 from itertools import accumulate
@@ -272,6 +274,13 @@ class _ShiftedWeights:
     def next_point(self, position: int) -> float:
         return self._weights.next_point(position + self._origin) - self._origin
 
+    def holds_until(self, position: int) -> float:
+        return self._weights.holds_until(position + self._origin) - self._origin
+
+
+#: Lookahead spans a scheduled exact schedule keeps (shares and end, by start) before it forgets them.
+SPAN_MEMO = 1 << 12
+
 
 class ScheduledExactSchedule:
     """:class:`ExactSchedule` for weights that change with the position (``weight:`` schedules).
@@ -284,7 +293,9 @@ class ScheduledExactSchedule:
     too.  Deadlines are looked up span by span between schedule points (:meth:`_deadline`), so
     inside a linear or cosine ramp they are estimates: the bound is measured there, not proven
     (a hypothesis property in ``tests/pipeline/test_blend.py``; worst seen 0.93).  There is no
-    period: a worker walks every global position up to its own.
+    period: a worker walks every global position up to its own, a stretch of constant shares
+    at a time (:meth:`_walk`: the shares, and the spans deadlines look across, are computed once
+    per stretch, not per position).
 
     Cursor (the state): the next position, the counts before it and each source's lag (floats;
     JSON keeps them exact).
@@ -301,6 +312,11 @@ class ScheduledExactSchedule:
         self._weights_at = _ShiftedWeights(ScheduledWeights(self.weights, self.schedules), origin)
         self._ahead = _ShiftedWeights(ScheduledWeights(self.weights, self.schedules), origin)  # for deadlines (its own cache)
         self._threshold = 1 / (2 * len(self.weights) - 2) if len(self.weights) > 1 else 0.0
+        # The stretch of the cursor: [start, stop) where the shares hold, the shares, the next point.
+        self._stretch: tuple[int, float, list[float], float] = (0, 0, [], math.inf)
+        # Spans by their start: the shares, the next point and where the shares may change
+        # (functions of the clock), kept for the deadlines of later positions and the walk.
+        self._spans: dict[int, tuple[list[float], float, float]] = {}
         self.reset()
 
     def shares(self, position: int) -> list[float]:
@@ -333,6 +349,18 @@ class ScheduledExactSchedule:
     def get_state(self) -> dict:
         return {"position": self.position, "counts": self.counts, "lag": list(self._lag)}
 
+    def _span(self, at: int) -> tuple[list[float], float, float]:
+        """The shares at ``at``, the next point after it and the first position where the shares
+        may differ (kept: deadlines at many positions look across the same spans)."""
+        span = self._spans.get(at)
+        if span is None:
+            if len(self._spans) >= SPAN_MEMO:
+                self._spans.clear()
+            values = self._ahead.at(at)
+            total = sum(values)
+            span = self._spans[at] = ([v / total for v in values], self._ahead.next_point(at), self._ahead.holds_until(at))
+        return span
+
     def _deadline(self, source: int, lag: float, position: int) -> float:
         """The position at which ``source``'s lag (``lag`` after ``position``) reaches ``1 - d``:
         walked ahead span by span, a span running from one schedule point to the next at the
@@ -341,58 +369,68 @@ class ScheduledExactSchedule:
         need, start = 1 - self._threshold - lag, position + 1
         if need <= 0:
             return position + need
-        # The span's share, evaluated at ``at``: the current position's while no point lies at start.
-        weights, at = self._weights_at, position
-        if weights.next_point(position) <= start:
-            weights, at = self._ahead, start
+        # The first span is the current position's while no point lies at start.
+        at = position if self._span(position)[1] > start else start
         for _ in range(LOOKAHEAD_SPANS):
-            values = weights.at(at)
-            share = values[source] / sum(values)
-            end = weights.next_point(at)
+            shares, end, _ = self._span(at)
+            share = shares[source]
             if share > 0 and need <= share * (end - start):
                 return start - 1 + need / share
             if end == math.inf:
                 return math.inf
             need -= share * (end - start)
             start = at = int(end)
-            weights = self._ahead
         return math.inf
 
-    def _step(self) -> int:
-        position = self.position
-        shares = self.shares(position)
-        lag = [g + s for g, s in zip(self._lag, shares)]
-        best, best_deadline = 0, math.inf
-        if len(lag) > 1:
-            best = -1
-            # The shares hold until the next point: a deadline before it is one division (what
-            # _deadline's first span computes, without its lookups).
-            constant_for = self._weights_at.next_point(position) - position - 1
-            for i, (g, s) in enumerate(zip(lag, shares)):
-                if g < self._threshold:
-                    continue
-                need = 1 - self._threshold - g
-                if need <= 0:
-                    deadline = position + need
-                elif s > 0 and need <= s * constant_for:
-                    deadline = position + need / s
-                else:
-                    deadline = self._deadline(i, g, position)
-                if best < 0 or deadline < best_deadline:
-                    best, best_deadline = i, deadline
-        lag[best] -= 1
-        self._lag = lag
-        self._counts[best] += 1
-        self.position += 1
+    def _stretch_of(self, position: int) -> tuple[int, float, list[float], float]:
+        """The stretch of constant shares holding ``position``: (start, stop, shares, next point)."""
+        stretch = self._stretch
+        if not stretch[0] <= position < stretch[1]:
+            shares, next_point, stop = self._span(position)
+            stretch = self._stretch = (position, stop, shares, next_point)
+        return stretch
+
+    def _walk(self, last: int) -> int:
+        """Steps the cursor past ``last`` (>= the cursor); returns the source of ``last``."""
+        lag, counts, position = self._lag, self._counts, self.position
+        threshold, keep = self._threshold, 1 - self._threshold
+        best = 0
+        while position <= last:
+            _, stop, shares, next_point = self._stretch_of(position)
+            for position in range(position, int(min(stop, last + 1))):
+                lag = list(map(operator.add, lag, shares))
+                if len(lag) > 1:
+                    best, best_deadline = -1, math.inf
+                    # The shares hold until the next point: a deadline before it is one division
+                    # (what _deadline's first span computes, without its lookups).
+                    constant_for = next_point - position - 1
+                    for i, g in enumerate(lag):
+                        if g < threshold:
+                            continue
+                        need, s = keep - g, shares[i]
+                        if need <= 0:
+                            deadline = position + need
+                        elif s > 0 and need <= s * constant_for:
+                            deadline = position + need / s
+                        else:
+                            deadline = self._deadline(i, g, position)
+                        if best < 0 or deadline < best_deadline:
+                            best, best_deadline = i, deadline
+                    if best < 0:
+                        # Lags that add up to just under one (rounding; two datasets have d = 1/2)
+                        # can leave no candidate: the last dataset takes the position.
+                        best = len(lag) - 1
+                lag[best] -= 1
+                counts[best] += 1
+            position += 1
+        self._lag, self.position = lag, position
         return best
 
     def source_at(self, position: int) -> int:
         """The source of ``position`` (>= the cursor); walks the cursor past it."""
         if position < self.position:
             raise StateError(format_message("exact blend schedule asked for a past position", expected=f">= {self.position}", found=str(position)))
-        while self.position < position:
-            self._step()
-        return self._step()
+        return self._walk(position)
 
     def rates(self, first: int, bases: Sequence[int], stride: int, *, start: dict | None = None) -> list[int]:
         """How often the positions ``first + base + k * stride`` take each source over a window

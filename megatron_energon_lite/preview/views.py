@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..decode.av import AVData, AVDecoder
+from ..decode.av import AVData, AVDecoder, get_single_frames_uniform
 from ..samples import format_value
 
 __all__ = [
@@ -232,8 +232,6 @@ def _frames(clip: np.ndarray) -> tuple[Image.Image, ...]:
 
 
 def _av_view(decoder: AVDecoder) -> View:
-    from ..decode.av import get_single_frames_uniform
-
     meta = decoder.get_metadata(get_video_frame_count=True)
     if meta.video_width:
         w, h = meta.video_width, meta.video_height or meta.video_width

@@ -1,6 +1,8 @@
 """Run under torchrun (gloo): ``save`` reads some batches on each rank and gathers every rank's
 state on rank 0; ``restore`` gives the saved list to every rank (sent from rank 0) and reads to
-the end of the epoch.  Each rank writes the keys it delivered to OUT/<mode>_rank<r>.json.
+the end of the epoch (``restore-changed``: into data that changed since the save, with
+``allow_data_change`` and ``join_new_shards``).  Each rank writes the keys it delivered to
+OUT/<mode>_rank<r>.json.
 
 With a blend (DATASET ends with .yaml; training blends never end): one sample per batch, and the
 restoring ranks read until none of their datasets reads what it carried over, writing only the
@@ -41,7 +43,8 @@ def main(mode: str, dataset: str, out: str, workers: int) -> None:
             (out_dir / "states.json").write_text(json.dumps(states))
     else:
         states = json.loads((out_dir / "states.json").read_text()) if rank == 0 else None
-        loader.restore_state_global(states, src_rank=0)
+        changed = mode == "restore-changed"
+        loader.restore_state_global(states, src_rank=0, allow_data_change=changed, join_new_shards=changed)
         keys = _carried_keys(loader) if blend else [key for batch in loader for key in batch.__key__]
     (out_dir / f"{mode}_rank{rank}.json").write_text(json.dumps(keys))
     dist.barrier()

@@ -3,6 +3,7 @@
 blend of two datasets, every sample of each dataset's running epoch."""
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -41,6 +42,25 @@ def test_the_epoch_finishes_exactly_once_on_another_number_of_ranks(dataset: Pat
     counts = Counter(before + after)
     assert sorted(counts) == KEYS and max(counts.values()) == 1, (before, after)
     assert before and after
+
+
+def test_changed_data_continues_by_shard_over_ranks(dataset: Path, tmp_path: Path) -> None:
+    """2 ranks save; shard 1 is removed, shard 3 rewritten with one sample less and shard 5
+    appended; restored with allow_data_change and join_new_shards on 2 ranks (the rest divided
+    over both; tests/loader/test_changed_data.py restores on other topologies): every sample of the kept shards once over both runs, the new shard's within
+    the running epoch, nothing of the changed ones after the restore."""
+    root = tmp_path / "text"
+    shutil.copytree(dataset, root)
+    before = _torchrun("save", 2, root, tmp_path, 1)
+    (root / "shards/1.tar").unlink()
+    write_tar(root / "shards/3.tar", [(f"s3_{i:02d}", {"txt": f"3 {i}".encode()}) for i in range(SIZES[3] - 1)])
+    write_tar(root / "shards/5.tar", [(f"s5_{i:02d}", {"txt": f"5 {i}".encode()}) for i in range(3)])
+    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML, force_overwrite=True)
+    after = _torchrun("restore-changed", 2, root, tmp_path, 1)
+    kept = [key for key in KEYS if key[:2] not in ("s1", "s3")]
+    new = [f"s5_{i:02d}" for i in range(3)]
+    assert Counter(key for key in before + after if key[:2] not in ("s1", "s3")) == Counter(kept + new), (before, after)
+    assert not [key for key in after if key[:2] in ("s1", "s3")], after
 
 
 BLEND_SIZES = {"a": [5, 3, 6], "b": [7, 4, 8, 2]}

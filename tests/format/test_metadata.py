@@ -113,3 +113,14 @@ def test_a_malformed_split_file_of_20000_entries_names_the_line(tmp_path: Path, 
     with pytest.raises(ConfigError, match=rf"line {bad + 1}: '[^\n]*(broken|missing comma)") as info:
         load_structured(path)
     assert str(path) in str(info.value)
+
+
+def test_a_yaml_syntax_error_shows_the_line_the_parser_stopped_at_in_the_users_words(tmp_path: Path) -> None:
+    path = tmp_path / "mix.yaml"
+    path.write_text("splits:\n  train:\n    blend:\n      - weight: 1\n        path: a\n       - weight: 2\n        path: b\n")
+    with pytest.raises(ConfigError) as info:
+        load_structured(path)
+    message = str(info.value)
+    assert "line 6: '- weight: 2'" in message  # the misindented entry, not only where the list began
+    assert "(line 4, column 7)" in message and "(line 6, column 8)" in message
+    assert "<unicode string>" not in message  # PyYAML's name for a parsed string means nothing to a user

@@ -13,20 +13,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from energon_lite_dev.synthetic import write_tar
+from energon_lite_dev.synthetic import prepare_text as prepare
+from energon_lite_dev.synthetic import write_text_shard as shard
 
 from megatron_energon_lite import StateError, WorkerConfig, get_savable_loader, get_train_dataset
-from megatron_energon_lite.format.prepare import prepare_dataset
-
-TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
-
-
-def shard(root: Path, name: str, first: int, count: int) -> None:
-    write_tar(root / f"parts/{name}.tar", [(f"{i:05d}", {"txt": str(i).encode()}) for i in range(first, first + count)])
-
-
-def prepare(root: Path) -> None:
-    prepare_dataset(root, split_ratio=(1, 0, 0), progress=False, num_workers=1, dataset_yaml=TEXT_YAML, force_overwrite=True)
 
 
 def loader(root: Path, workers: int = 2, world_size: int = 1, shuffle: int | None = 8, rank: int = 0):

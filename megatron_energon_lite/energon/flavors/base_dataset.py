@@ -11,10 +11,11 @@ from __future__ import annotations
 import abc
 from typing import Any, Generic, TypeVar
 
+from ...cache.file_store import WebdatasetFileStore
 from ...energon_mode import current_policy
 from ...errors import NotSupportedError, format_message
 from ...format.dataset_config import DatasetFactory
-from ...samples import Sample
+from ...samples import Sample, _pin
 from ..wrappers.base import SavableDataset
 
 T_sample = TypeVar("T_sample")
@@ -29,8 +30,6 @@ class PinMemoryMixin:
     """
 
     def pin_memory(self) -> Any:
-        from ...samples import _pin
-
         return _pin(self)
 
 
@@ -56,8 +55,6 @@ class BaseCoreDatasetFactory(Generic[T_sample], DatasetFactory, abc.ABC):
     def as_file_store(self) -> Any:
         """This dataset as a random-access file store (the ``primary`` of a cooker), read by tar
         member name ``"<sample key>.<part>"``."""
-        from ...cache.file_store import WebdatasetFileStore
-
         path = getattr(self, "path", None)
         if path is None:
             raise NotSupportedError(

@@ -15,6 +15,7 @@ from typing import IO
 
 from ...errors import ConfigError, format_message
 from ...format.media_metadata import MediaFilter, MediaStrategy
+from ..epathlib import EPath
 from .metadata import MediaMetadataBase, extract_media_metadata
 
 __all__ = ["MediaFilterConfig", "MediaFilterStrategy", "SourceData"]
@@ -67,8 +68,6 @@ class MediaFilterConfig(MediaFilter):
         if isinstance(source, bytes):
             data = source
         elif isinstance(source, (str, os.PathLike)) or hasattr(source, "read_bytes"):
-            from ..epathlib import EPath
-
             path = source if isinstance(source, EPath) else EPath(source)
             data, filename = path.read_bytes(), filename or path.name
         else:

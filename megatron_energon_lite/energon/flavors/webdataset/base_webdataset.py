@@ -24,6 +24,8 @@ from ...epathlib import EPath
 from ....errors import ConfigError, NotSupportedError, format_message
 from ....format.dataset_config import DatasetConfig, load_dataset_config
 from ....format.metadataset import single_dataset_plan, with_subset
+from ....format.prepare import braceexpand, prepare_dataset
+from ....format.sqlite_index import part_counts
 from ....pipeline.build import (
     PipelineSpec,
     dataset_sizes,
@@ -231,8 +233,6 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
         """Indexes the tars ``paths`` (relative to ``parent_path``) and writes ``.nv-meta/``, as
         Energon's ``prepare_dataset``. Returns (the part names found, at most 50; (shard, samples)
         per shard). ``progress_fn`` is not called: progress shows as a bar on the terminal."""
-        from ....format.prepare import braceexpand, prepare_dataset
-
         if split_config != "split.yaml":
             raise NotSupportedError(format_message("prepare_dataset(split_config=...) other than split.yaml is not supported", found=repr(split_config), fix="prepare with split.yaml (the loader's split_config argument can name another file you write)"))
         if fix_duplicates:
@@ -251,20 +251,6 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
             media_filter=media_filter,
             shards=[shard for pattern in paths for shard in braceexpand(pattern)],  # Energon expands {0..9}
         )
-        parts = _found_parts(result.root)
+        parts = set(list(part_counts(result.root) or {})[:50])  # Energon returns at most 50 part names
         return parts, list(result.shard_counts.items())
 
-
-def _found_parts(root: Any, limit: int = 50) -> set[str]:
-    """Part names (extensions) in the dataset's index, at most ``limit`` (Energon's return value)."""
-    import contextlib
-    import sqlite3
-
-    from ....format.metadata import INDEX_SQLITE, meta_dir
-    from ....storage.paths import local_view
-
-    index = local_view(meta_dir(root) / INDEX_SQLITE)
-    if index is None:
-        return set()
-    with contextlib.closing(sqlite3.connect(f"file:{index}?mode=ro", uri=True)) as db:
-        return {row[0] for row in db.execute("SELECT DISTINCT part_name FROM sample_parts LIMIT ?", (limit,))}
