@@ -78,9 +78,15 @@ def main() -> None:
     parser.add_argument("--samples-per-shard", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--configs", default="1x1,1x2,2x1,2x1f", help="RANKSxWORKERS[f], comma-separated (f: --rank)")
+    parser.add_argument("--compare-with", default=None, metavar="DIR",
+                        help="Also run every configuration with the package of another checkout (e.g. a `git archive` of an "
+                        "earlier commit), alternating with this one's; its rows are marked 'before'.")
     args = parser.parse_args()
     configs = args.configs.split(",")
+    if args.compare_with:
+        configs = [variant for config in configs for variant in (config, f"{config}@before")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    before_env = {**env, "PYTHONPATH": os.pathsep.join([args.compare_with or "", env.get("PYTHONPATH", "")])}
     with tempfile.TemporaryDirectory(prefix="bench-prepare-ranks-") as tmp:
         source = Path(tmp) / "source"
         generate(source, args.shards, args.samples_per_shard)
@@ -92,18 +98,21 @@ def main() -> None:
                 shutil.rmtree(copy, ignore_errors=True)
                 subprocess.run(["cp", "-a", str(source), str(copy)], check=True)
                 start = time.perf_counter()
-                processes = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands(config, copy)]
+                shape, _, variant = config.partition("@")
+                run_env = before_env if variant else env
+                processes = [subprocess.Popen(c, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands(shape, copy)]
                 outputs = [p.communicate()[0] for p in processes]
                 elapsed = time.perf_counter() - start
                 if any(p.returncode != 0 for p in processes):
-                    sys.exit(f"{label(config)} failed:\n" + "\n".join(o[-2000:] for o in outputs))
+                    sys.exit(f"{config} failed:\n" + "\n".join(o[-2000:] for o in outputs))
                 times[config].append(elapsed)
     print(f"{args.shards} shards, {size / 1e6:.1f} MB, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"median of {args.repeats} (alternating)\n")
     print("| configuration | wall time (s) | all runs (s) |\n|---|---|---|")
     for config in configs:
         runs = ", ".join(f"{t:.2f}" for t in times[config])
-        print(f"| {label(config)} | {statistics.median(times[config]):.2f} | {runs} |")
+        shape, _, variant = config.partition("@")
+        print(f"| {label(shape)}{', before' if variant else ''} | {statistics.median(times[config]):.2f} | {runs} |")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,9 @@ def main() -> int:
     parser.add_argument("--energon", action="store_true", help="Also Energon 7.4.1 through the latency proxy (MSC).")
     parser.add_argument("--raw", action="store_true", help="Samples keep their bytes (no image decoding): times the reads alone.")
     parser.add_argument("--skip-no-read-ahead", action="store_true", help="Leave out the (slow) row with read-ahead off.")
+    parser.add_argument("--skip-prefetch-off", action="store_true", help="Leave out the row with prefetch off.")
+    parser.add_argument("--ceiling", action="store_true", help="Also what the S3 server and proxy serve with no loader: "
+                        "whole-shard GETs as fast as 1 and 2 processes of 8 threads ask for them (requests/s).")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-s3-"))
@@ -159,7 +162,10 @@ def main() -> int:
         cells = [("local disk", "ours", None, None, {})]
         cells.append(("S3 (moto)", "ours", "plain", server.options("plain"), {}))
         cells.append((f"{slow}/request", "ours", "slow", server.options("slow"), {}))
-        cells.append((f"{slow}, prefetch off", "ours", "slow", server.options("slow"), {"ENERGON_LITE_PREFETCH_SLICES": "0"}))
+        # Small shards read through their .tar.idx (two requests each) instead of whole (one).
+        cells.append((f"{slow}, whole-shard GET off", "ours", "slow", server.options("slow"), {"ENERGON_LITE_WHOLE_SHARD_BYTES": "0"}))
+        if not args.skip_prefetch_off:
+            cells.append((f"{slow}, prefetch off", "ours", "slow", server.options("slow"), {"ENERGON_LITE_PREFETCH_SLICES": "0"}))
         if not args.skip_no_read_ahead:
             cells.append((f"{slow}, no read-ahead, prefetch off", "ours", "slow", server.options("slow"), {"ENERGON_LITE_BLOCK_SIZE": "0", "ENERGON_LITE_PREFETCH_SLICES": "0"}))
         if args.energon:
@@ -188,6 +194,8 @@ def main() -> int:
                     results.setdefault((label, workers), []).append((speed, requests, fetched))
                     bar.update()
         bar.close()
+        if args.ceiling:
+            ceilings = {(proxy, processes): serving_ceiling(url, server.options(proxy), args.shards, processes) for proxy in ("plain", "slow") for processes in (1, 2)}
         rows = []
         for (label, workers), runs in results.items():
             speeds = [r[0] for r in runs]
@@ -217,7 +225,58 @@ def main() -> int:
         for message in failed:
             print(f"\n{label}, {workers} workers, crashed: {message}")
     print("\nGETs and bytes count everything the proxy served during the run (index files and listings included).")
+    if args.ceiling:
+        print("\nThe store alone (no loader): whole-shard GETs through s3fs, 8 threads per process, for "
+              f"{CEILING_S:g} s after 1 s of warm-up\n")
+        print("| proxy | processes | GETs/s | samples/s at one GET per shard |")
+        print("| --- | ---: | ---: | ---: |")
+        for (proxy, processes), rate in ceilings.items():
+            label = "S3 (moto)" if proxy == "plain" else f"S3 + {args.latency_ms:g} ms"
+            print(f"| {label} | {processes} | {rate:,.0f} | {rate * args.samples_per_shard:,.0f} |")
     return 0
+
+
+CEILING_S = 5.0
+
+
+def _get_shards(url: str, options: dict, shards: int, seconds: float, results) -> None:
+    """One process: 8 threads GET whole shards round-robin; puts the GETs done in ``seconds``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from megatron_energon_lite.storage import RemotePath
+
+    names = list(RemotePath(f"{url}/shards", options).glob("*.tar"))[:shards]
+    done = [0]
+    stop_at = [0.0]
+
+    def loop(offset: int) -> None:
+        i = offset
+        while time.perf_counter() < stop_at[0]:
+            names[i % len(names)].read_bytes()
+            done[0] += 1
+            i += 8
+
+    for warm in (True, False):
+        stop_at[0] = time.perf_counter() + (1.0 if warm else seconds)
+        done[0] = 0
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(loop, range(8)))
+    results.put(done[0] / seconds)
+
+
+def serving_ceiling(url: str, options: dict, shards: int, processes: int) -> float:
+    """GETs/s the server and proxy serve to ``processes`` processes asking as fast as they can."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    workers = [context.Process(target=_get_shards, args=(url, options, shards, CEILING_S, results)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    rate = sum(results.get() for _ in workers)
+    for worker in workers:
+        worker.join()
+    return rate
 
 
 def write_msc_config(work: Path, info: dict) -> Path:

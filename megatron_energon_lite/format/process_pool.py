@@ -43,14 +43,16 @@ def scan_in_order(
     desc: str,
     unit: str,
     max_chunk: int = 16,
+    in_process: bool = True,
 ) -> Iterator[R]:
     """``task(job)`` for each of ``jobs``, in parallel processes (``num_workers``; None: one per
-    core) with a progress bar, yielded in the order of ``jobs``; in this process for one worker.
+    core) with a progress bar, yielded in the order of ``jobs``; in this process for one worker
+    unless not ``in_process`` (this process has other work meanwhile).
     ``task`` must be a module-level function (it is pickled to the workers)."""
     workers = min(num_workers or os.cpu_count() or 1, max(1, len(jobs)))
     bar = tqdm(total=len(jobs), desc=desc, unit=unit, disable=not progress)
     try:
-        if workers <= 1:
+        if workers <= 1 and in_process:
             for job in jobs:
                 result = task(job)
                 bar.update()  # before the yield: a consumer that stops after the last result (zip) never resumes us

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import os
 import threading
 import weakref
@@ -22,9 +23,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..errors import DatasetError
 from ..policy import PLAIN, Policy
 from ..storage import (
     AnyPath,
+    FileStat,
     LocalFilePool,
     RemoteFilePool,
     as_path,
@@ -40,8 +43,10 @@ from .metadata import (
     resolve_split,
 )
 from .recorded_keys import RecordedKeys
-from .tar_index import TAR_TRAILER_MAX, read_tar_index
+from .tar_index import TAR_TRAILER_MAX, index_from_tar, read_tar_index
 from .tar_reader import parse_sample
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -88,6 +93,10 @@ class SplitReader:
         self._pool = pool or file_pool(self.root)
         self._recorded_keys = RecordedKeys(self.root)
         self._reads_ahead = isinstance(self._pool, RemoteFilePool)  # local: the page cache does
+        # Shards of unknown size read whole are first asked for whole (see _index_from_whole_tar),
+        # until one turns out bigger than whole_shard_bytes: a dataset's shards are mostly alike.
+        self._probe_whole = True
+        self._refused: dict[int, DatasetError] = {}  # shards read whole that differ from their metadata
         self._start_process()
 
     def _start_process(self) -> None:
@@ -173,10 +182,19 @@ class SplitReader:
         does not give (a split from the start-up summary) cost no HEAD: the index is read whole,
         and the read of the tar's end-of-archive blocks states the tar's size; for a plan that
         reads the whole shard (``whole``) and a shard of about a block, that read is the one GET
-        of its samples and trailer."""
+        of its samples and trailer; a shard of at most ``whole_shard_bytes`` read whole needs no
+        index read at all (:meth:`_index_from_whole_tar`)."""
         name = self.split.names[shard]
         path = self.shard_path(shard)
         stat = self.split.stats.get(name)
+        refused = self._refused.get(shard)
+        if refused is not None:
+            raise refused
+        if whole and self._reads_ahead:
+            offsets = self._index_from_whole_tar(shard, stat)
+            if offsets is not None:
+                self._pool.limit_release(path, int(offsets[-1]))
+                return offsets
         sized_read = None
         if stat is None and self._reads_ahead:
             sized_read = functools.partial(self._read_sized, path, whole=whole)
@@ -195,6 +213,43 @@ class SplitReader:
         if self._reads_ahead:  # before any sample read can use it: see _prefetch_shard
             self._pool.limit_release(path, int(offsets[-1]))
         return offsets
+
+    def _index_from_whole_tar(self, shard: int, stat: FileStat | None) -> np.ndarray | None:
+        """A shard read whole and no bigger than ``whole_shard_bytes``: its tar in one GET, held
+        for the reads of its samples, and its index from the tar's headers, checked against the
+        split's sample count (:func:`index_from_tar`): no ``.tar.idx`` request. None for a bigger
+        shard (its ``.tar.idx`` is read then). Of unknown size (a split from the start-up
+        summary), the GET asks for the first ``whole_shard_bytes`` and its reply states the size;
+        a shard found bigger lets those bytes go and ends the asking for this reader."""
+        pool: RemoteFilePool = self._pool  # type: ignore[assignment]
+        limit = pool.settings.whole_shard_bytes
+        if stat is not None:
+            if not 0 < stat.size <= limit:
+                return None
+            limit = stat.size
+        elif not self._probe_whole or limit <= 0:
+            return None
+        path = self.shard_path(shard)
+        entry = pool.prefetch(path, 0, limit, sized=True)
+        try:
+            data, size = pool.read_sized(path, 0, limit)
+        except FileNotFoundError:
+            raise missing_shard_error(path) from None
+        if size > limit:
+            if entry is not None:
+                pool.release(path, entry)
+            self._probe_whole = False
+            logger.debug("%s: %d bytes, over ENERGON_LITE_WHOLE_SHARD_BYTES (%d): shards of this reader are read through their .tar.idx", path, size, limit)
+            return None
+        try:
+            return index_from_tar(data, path, expected_samples=self.split.counts[shard])
+        except DatasetError as exc:
+            if entry is not None:
+                pool.release(path, entry)
+            # Kept: a later read of the shard must not go round it through the .tar.idx, which
+            # describes a tar that is no longer there (a sample renamed in place reads fine there).
+            self._refused[shard] = exc
+            raise
 
     def _read_sized(self, path: AnyPath, data_end: int, size: int, *, whole: bool) -> tuple[bytes, int]:
         """The tar's bytes ``[data_end, data_end + size)`` (cut at its end) and its size; a shard
@@ -256,7 +311,8 @@ class SplitReader:
         stat = self.split.stats.get(self.split.names[shard])
         try:
             whole = first == 0 and last == self.split.counts[shard]
-            if whole and self._indexes[shard] is None and stat is not None and stat.size <= pool.settings.block_size + TAR_TRAILER_MAX:
+            # (a shard of at most whole_shard_bytes is read whole by the index read itself)
+            if whole and self._indexes[shard] is None and stat is not None and pool.settings.whole_shard_bytes < stat.size <= pool.settings.block_size + TAR_TRAILER_MAX:
                 pool.prefetch(path, 0, stat.size)
             offsets = self._index(shard, whole=whole)
         except Exception:

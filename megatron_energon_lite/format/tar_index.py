@@ -32,6 +32,7 @@ from ..storage import (
 # metadata, which lists shards with their indexes; prepare and lint import it from here.
 from .metadata import index_name  # noqa: F401
 from .sqlite_index import shard_sample_keys
+from .tar_reader import TarFormatError, sample_offsets
 
 INDEX_DTYPE = np.dtype("<u8")
 
@@ -127,6 +128,40 @@ def read_tar_index(
     if tar_size is not None:
         _check_fresh(offsets, tar_size, tar_path, read)
     return offsets
+
+
+def index_from_tar(data: bytes, tar_path: str | os.PathLike, *, expected_samples: int) -> np.ndarray:
+    """The index of a whole tar held in memory (``data``), from its headers as ``prepare`` reads
+    them: for a shard small enough to fetch whole in one GET, whose ``.tar.idx`` is then not read.
+
+    The tar may have changed since prepare, and nothing else here says what prepare found: it must
+    parse, hold the sample count the dataset's metadata gives, and end as that index would (only
+    end-of-archive blocks after its last sample); else :class:`DatasetError` names the shard. A
+    sample renamed in place (same count, same offsets) is not seen here, as a read through the
+    ``.tar.idx`` does not see it either."""
+    where = str(as_path(tar_path))
+    try:
+        keys, bounds = sample_offsets(data, where=where)
+    except TarFormatError as exc:
+        raise _differs_from_prepare(where, expected_samples, f"a tar that does not parse ({str(exc).splitlines()[0]})") from None
+    if len(keys) != expected_samples:
+        named = f" (keys {keys[0]!r}..{keys[-1]!r})" if keys else ""
+        raise _differs_from_prepare(where, expected_samples, f"{len(keys)} samples{named}")
+    offsets = np.asarray(bounds, dtype=INDEX_DTYPE)
+    _check_fresh(offsets, len(data), tar_path, lambda offset, size: data[offset : offset + size])
+    return offsets
+
+
+def _differs_from_prepare(where: str, expected_samples: int, found: str) -> DatasetError:
+    return DatasetError(
+        format_message(
+            "the shard does not hold the samples the dataset's metadata counts (it changed after prepare)",
+            where=where,
+            expected=f"{expected_samples} samples (as .nv-meta/.info.json or the start-up summary counts them)",
+            found=found,
+            fix="run `energon-lite prepare` on the dataset again",
+        )
+    )
 
 
 def _missing_index(path: AnyPath) -> DatasetError:

@@ -339,6 +339,18 @@ def group_samples(members: Iterable[TarMember]) -> Iterator[SampleEntry]:
         yield current
 
 
+def sample_offsets(buf: bytes | memoryview, *, where: str) -> tuple[list[str], list[int]]:
+    """The keys of the samples of the whole tar in ``buf`` and their offsets as ``prepare``
+    indexes them: each sample's first header, then where the archive ends (a ``.tar.idx``)."""
+    end: list[int] = []
+
+    def members() -> Iterator[TarMember]:
+        end.append((yield from iter_members(buf, where=where, verify_checksums=True)))
+
+    samples = list(group_samples(members()))
+    return [s.key for s in samples], [s.offset for s in samples] + end
+
+
 def parse_sample(
     buf: bytes,
     *,

@@ -81,11 +81,15 @@ class RemoteSettings:
     (``ENERGON_LITE_CACHE_DIR``, default ``~/.cache/megatron_energon_lite``).  ``prefetch_slices``:
     how many slices past the ones it is reading a worker requests in the background (index and
     data; ``ENERGON_LITE_PREFETCH_SLICES``, ``0``: none), within ``readahead_bytes``.
+    ``whole_shard_bytes``: a shard read whole (with prefetch) that is at most this big is fetched
+    in one GET and its samples found from its tar headers, with no ``.tar.idx`` request
+    (``ENERGON_LITE_WHOLE_SHARD_BYTES``, ``0``: never); each such GET holds up to this many bytes.
     """
 
     block_size: int = 4 * MiB
     readahead_bytes: int = 64 * MiB
     prefetch_slices: int = 8
+    whole_shard_bytes: int = 1 * MiB
     max_attempts: int = 8
     backoff_s: float = 0.05
     max_backoff_s: float = 5.0
@@ -99,6 +103,7 @@ class RemoteSettings:
             max_attempts=_env_number("ENERGON_LITE_MAX_ATTEMPTS", cls.max_attempts, int),
             backoff_s=_env_number("ENERGON_LITE_BACKOFF_S", cls.backoff_s, float),
             prefetch_slices=_env_number("ENERGON_LITE_PREFETCH_SLICES", cls.prefetch_slices, int),
+            whole_shard_bytes=_env_number("ENERGON_LITE_WHOLE_SHARD_BYTES", cls.whole_shard_bytes, int),
             cache_dir=os.environ.get("ENERGON_LITE_CACHE_DIR"),
         )
 
@@ -758,6 +763,10 @@ class RemoteFilePool:
             for entry in self._prefetched.get(path.url, ()):
                 if entry.start < data_end < entry.release_at:
                     entry.release_at = data_end
+
+    def release(self, path: RemotePath, entry: Prefetched) -> None:
+        """Lets go of a range read ahead that no read will use."""
+        self._release(path.url, entry)
 
     def _release(self, url: str, entry: Prefetched) -> None:
         with self._lock:

@@ -2,8 +2,14 @@
 through the dataset folder.  The torchrun runs are in tests/distributed/test_prepare_ranks.py."""
 
 import io
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +130,33 @@ def test_the_merge_reads_the_parts_instead_of_scanning(tmp_path: Path) -> None:
     assert result.shard_counts[shares[1][0]] == SIZES[int(shard.stem[1:])]
 
 
+def test_rank0_merges_the_parts_there_are_while_a_rank_is_still_out(tmp_path: Path) -> None:
+    """Rank 0 does not wait for every rank before it merges: with rank 1 not started, it has
+    indexed its share and begun the merge (its scratch index exists), yet installed nothing;
+    once rank 1 has run, the merge ends with what one process writes."""
+    single, ranked = _copies(tmp_path)
+    prepare_dataset(single, **OPTIONS)
+    outcome: list = []
+    rank0 = threading.Thread(target=lambda: outcome.append(prepare_across_ranks(ranked, FileRanks(0, 2, 120), **OPTIONS)))
+    rank0.start()
+    try:
+        meta = ranked / ".nv-meta"
+
+        def merging() -> list[str]:
+            return [p.name for p in meta.glob("*") if p.name != PARTS_DIR]
+
+        deadline = time.monotonic() + 60
+        while not merging() and rank0.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = merging()
+        assert started and all(name.startswith(".") and "index.sqlite" in name for name in started), started
+        assert not (meta / "index.sqlite").exists() and not (meta / ".info.json").exists()
+    finally:
+        assert prepare_across_ranks(ranked, FileRanks(1, 2, 30), **OPTIONS) is None
+        rank0.join()
+    assert outcome and prepared_content(ranked) == prepared_content(single)
+
+
 def test_rank0_gives_up_after_the_timeout_naming_the_missing_ranks(tmp_path: Path) -> None:
     root = _dataset(tmp_path / "d")
     with pytest.raises(DatasetError) as info:
@@ -235,6 +268,56 @@ def test_a_rank_killed_midway_resumes_its_share(tmp_path: Path) -> None:
     prepare_across_ranks(ranked, FileRanks(0, 2, 30), **OPTIONS)
     prepare_dataset(single, **OPTIONS)
     assert prepared_content(ranked) == prepared_content(single)
+
+
+#: A rank that stalls after its first part file, to be killed by a signal there (a real
+#: process and a real SIGKILL; the stall only makes "mid-prepare" a fixed point).
+_STALLING_RANK = """
+import sys, time
+from megatron_energon_lite.cli.main import cli
+from megatron_energon_lite.format.prepare import nodes
+scan = nodes._part_task
+def scan_then_stall(job):
+    scan(job)
+    time.sleep(600)
+nodes._part_task = scan_then_stall
+cli(sys.argv[1:])
+"""
+
+
+def test_a_rank_killed_by_a_signal_leaves_nothing_merged_and_a_rerun_reuses_its_parts(tmp_path: Path) -> None:
+    single, ranked = _copies(tmp_path)
+    flags = ["--split-ratio", "6,2,1", "--sample-type", "TextSample", "--field-map", '{"text": "txt"}', "--no-progress", "--num-workers", "1"]
+    assert _cli(str(single), "--non-interactive", *flags).exit_code == 0
+    share = _shares(ranked, 2)[1]
+    assert len(share) >= 2
+    script = tmp_path / "stalling_rank.py"
+    script.write_text(_STALLING_RANK)
+    rank1 = subprocess.Popen([sys.executable, str(script), "prepare", str(ranked), "--rank", "1", "--world-size", "2", *flags])
+    try:
+        deadline = time.monotonic() + 120
+        while not _parts(ranked) and rank1.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        written = _parts(ranked)
+        assert len(written) == 1, (written, rank1.poll())
+    finally:
+        rank1.send_signal(signal.SIGKILL)
+        rank1.wait()
+    assert rank1.returncode == -signal.SIGKILL
+    # rank 0 gives up on the dead rank: nothing merged, no metadata half-written
+    with pytest.raises(DatasetError) as waited:
+        prepare_across_ranks(ranked, FileRanks(0, 2, 0.0), **OPTIONS)
+    assert f"rank 1: {len(share) - 1} shard(s) not indexed" in str(waited.value) and "nothing was merged" in str(waited.value)
+    assert sorted(p.name for p in (ranked / ".nv-meta").iterdir()) == [PARTS_DIR]
+    for part in (ranked / ".nv-meta" / PARTS_DIR).iterdir():  # only whole part files (rank 0's too)
+        json.loads(part.read_text())
+    # the re-run reuses the part the killed rank finished and merges what one process writes
+    assert _cli(str(ranked), "--rank", "1", "--world-size", "2", *flags).exit_code == 0
+    again = _parts(ranked)
+    assert all(again[name] == stamp for name, stamp in written.items())
+    assert _cli(str(ranked), "--rank", "0", "--world-size", "2", *flags).exit_code == 0
+    assert prepared_content(ranked) == prepared_content(single)
+    assert not (ranked / ".nv-meta" / PARTS_DIR).exists()
 
 
 @pytest.mark.parametrize("garbage", [b"", b"{not json", b'{"version": 1}', b"[1, 2]"])

@@ -6,8 +6,11 @@ loader let go mid-epoch leaves no thread behind, and that save/restore is unchan
 
 from __future__ import annotations
 
+import copy
 import gc
+import io
 import multiprocessing
+import tarfile
 import threading
 
 import pytest
@@ -20,7 +23,7 @@ from megatron_energon_lite.format.split_reader import SplitReader
 from megatron_energon_lite.pipeline.load import SampleLoader
 from megatron_energon_lite.pipeline.source import SliceSource
 from megatron_energon_lite.storage import RemotePath
-from megatron_energon_lite.storage.remote import read_counters
+from megatron_energon_lite.storage.remote import RemoteFilePool, read_counters
 
 SHARDS, PER_SHARD = 6, 10
 
@@ -45,35 +48,54 @@ def _read_all(reader: SplitReader) -> list:
     return [reader.read(i, read_until=end) for start, end in ranges for i in range(start, end)]
 
 
-@pytest.mark.parametrize("prefetch", ["8", "0"])
-def test_requests_per_slice_in_steady_state(remote, monkeypatch, prefetch: str) -> None:
-    """With prefetch, a shard read as one slice costs its index and one GET of its bytes and
-    trailer: the end-of-archive check needs no request of its own. Without: three."""
-    local, url = remote
+# (ENERGON_LITE_PREFETCH_SLICES, ENERGON_LITE_WHOLE_SHARD_BYTES or None for its default, requests per shard)
+READ_MODES = {
+    # a small shard read whole: its tar in one GET, its index from the tar's headers
+    "whole": ("8", None, 1),
+    # its .tar.idx and one GET of its bytes and trailer (the end-of-archive check needs no request)
+    "ranged": ("8", "0", 2),
+    # its .tar.idx, the 512-byte end-of-archive check, its bytes
+    "no prefetch": ("0", None, 3),
+}
+
+
+def _set_mode(monkeypatch, mode: str) -> int:
+    prefetch, whole_bytes, per_shard = READ_MODES[mode]
     monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", prefetch)
+    if whole_bytes is not None:
+        monkeypatch.setenv("ENERGON_LITE_WHOLE_SHARD_BYTES", whole_bytes)
+    return per_shard
+
+
+@pytest.mark.parametrize("mode", READ_MODES)
+def test_requests_per_slice_in_steady_state(remote, monkeypatch, mode: str) -> None:
+    """With prefetch, a small shard read as one slice costs one GET (no .tar.idx), else its index
+    and one GET of its bytes and trailer. Without prefetch: three."""
+    local, url = remote
+    per_shard = _set_mode(monkeypatch, mode)
     reader = SplitReader(url, "train")
     try:
         before = read_counters.requests
         reader.prefetch(_shard_ranges(reader))
         samples = _read_all(reader)
         requests = read_counters.requests - before
+        assert reader._pool.prefetched_bytes == 0  # all that was read ahead was read and let go
     finally:
         reader.close()
     expected = SplitReader(local, "train")
     assert [(s.key, s.parts) for s in samples] == [(expected.read(i).key, expected.read(i).parts) for i in range(len(expected))]
-    # its .tar.idx and its bytes with the trailer, or: its .tar.idx, the 512-byte check, its bytes
-    per_shard = 2 if prefetch != "0" else 3
     assert requests == SHARDS * per_shard
 
 
-@pytest.mark.parametrize("prefetch", ["8", "0"])
-def test_requests_per_shard_when_the_summary_gives_no_sizes(remote, s3_server, fault_proxy, monkeypatch, prefetch: str) -> None:
+@pytest.mark.parametrize("mode", READ_MODES)
+def test_requests_per_shard_when_the_summary_gives_no_sizes(remote, s3_server, fault_proxy, monkeypatch, mode: str) -> None:
     """Built from the start-up summary (no listing: the store has stated no shard's size), a shard
-    costs what it costs with a listing and no HEAD: with prefetch its .tar.idx (a plain GET, its
-    length is its size) and one GET of its bytes and trailer, whose Content-Range gives the tar's
-    size for the stale-index check; without, the 512-byte end-of-archive check states the size."""
+    costs what it costs with a listing and no HEAD: read whole, one GET of up to
+    ENERGON_LITE_WHOLE_SHARD_BYTES, whose Content-Range states the tar's size; else its .tar.idx (a
+    plain GET, its length is its size) and one GET of its bytes and trailer, whose Content-Range
+    gives the size for the stale-index check; without prefetch, the 512-byte check states it."""
     local, url = remote
-    monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", prefetch)
+    per_shard = _set_mode(monkeypatch, mode)
     proxy = fault_proxy()
     path = RemotePath(url, s3_server.storage_options(proxy.endpoint_url))
     split = cached_split(path, "train", None)
@@ -89,17 +111,101 @@ def test_requests_per_shard_when_the_summary_gives_no_sizes(remote, s3_server, f
     expected = SplitReader(local, "train")
     assert [(s.key, s.parts) for s in samples] == [(expected.read(i).key, expected.read(i).parts) for i in range(len(expected))]
     assert (stats["requests_head"], stats["requests_list"]) == (0, 0), stats
-    per_shard = 2 if prefetch != "0" else 3
     assert stats["requests"] == SHARDS * per_shard, stats
 
 
-@pytest.mark.parametrize("prefetch", ["8", "0"])
-@pytest.mark.parametrize("change", ["appended", "grown", "truncated", "missing"])
-def test_a_changed_shard_is_caught_when_the_summary_gives_no_sizes(remote, s3_server, monkeypatch, prefetch: str, change: str) -> None:
-    """The size the reads state is checked against the index as a listed size is: a member
-    appended where the archive ended, a tar grown past its trailer, one cut short, one gone."""
+def test_a_shard_over_the_whole_shard_size_is_read_through_its_index(remote, s3_server, fault_proxy, monkeypatch) -> None:
+    """Shards bigger than ENERGON_LITE_WHOLE_SHARD_BYTES keep the ranged path: with their sizes
+    known, at no extra request; from the summary, the first GETs find them too big (at most one
+    per planning thread before the reader stops asking), their bytes let go."""
     local, url = remote
-    monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", prefetch)
+    sizes = [(local / name).stat().st_size for name in SplitReader(local, "train").split.names]
+    monkeypatch.setenv("ENERGON_LITE_PREFETCH_SLICES", "8")
+    monkeypatch.setenv("ENERGON_LITE_WHOLE_SHARD_BYTES", str(min(sizes) - 1))
+    proxy = fault_proxy()
+    path = RemotePath(url, s3_server.storage_options(proxy.endpoint_url))
+    expected = SplitReader(local, "train")
+    expected_samples = [(expected.read(i).key, expected.read(i).parts) for i in range(len(expected))]
+    for split in (None, cached_split(path, "train", None)):
+        reader = SplitReader(path, "train", split=split)
+        proxy.reset_stats()  # the reads only (a reader built without a split lists the folder)
+        try:
+            reader.prefetch(_shard_ranges(reader))
+            samples = _read_all(reader)
+            assert reader._pool.prefetched_bytes == 0
+        finally:
+            reader.close()
+        assert [(s.key, s.parts) for s in samples] == expected_samples
+        requests = proxy.stats["requests"]
+        if split is None:  # sizes from the listing
+            assert requests == SHARDS * 2
+        else:
+            assert SHARDS * 2 < requests <= SHARDS * 2 + RemoteFilePool.PLAN_THREADS, dict(proxy.stats)
+            assert not reader._probe_whole
+
+
+def _tampered(tar: bytes, change: str) -> bytes:
+    """``tar`` rewritten as if a sample was added, removed or one member renamed after prepare,
+    or with a header spoiled (its checksum no longer fits)."""
+    with tarfile.open(fileobj=io.BytesIO(tar)) as source:
+        members = [(m, source.extractfile(m).read()) for m in source.getmembers()]
+    if change == "spoiled":
+        at = members[3][0].offset + 100  # the mode field of a header mid-archive
+        return tar[:at] + b"\xff" * 8 + tar[at + 8 :]
+    if change == "added":
+        first, data = members[0]
+        extra = copy.copy(first)
+        extra.name = "zz_added." + first.name.split(".", 1)[1]
+        members.append((extra, data))
+    elif change == "removed":
+        key = members[-1][0].name.split(".", 1)[0]
+        members = [(m, d) for m, d in members if m.name.split(".", 1)[0] != key]
+    else:  # "renamed": one part of a sample under another key
+        member = members[3][0]
+        member.name = "renamed_" + member.name
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as target:
+        for member, data in members:
+            target.addfile(member, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("change", ["added", "removed", "renamed", "spoiled"])
+def test_a_small_shard_read_whole_that_changed_after_prepare_is_refused(remote, s3_server, monkeypatch, change: str) -> None:
+    """A shard read whole in one GET is indexed from its own headers: it must hold the sample
+    count the summary gives, or the read stops naming the shard instead of handing out samples
+    that are not the ones prepared."""
+    local, url = remote
+    _set_mode(monkeypatch, "whole")
+    split = cached_split(RemotePath(url), "train", None)
+    assert split is not None and not split.stats
+    name = split.names[2]
+    s3_server.put_bytes(f"{url}/{name}", _tampered((local / name).read_bytes(), change))
+    reader = SplitReader(url, "train", split=split)
+    try:
+        reader.prefetch(_shard_ranges(reader))
+        starts = reader.shard_starts
+        assert [reader.read(i, read_until=starts[2]).key for i in range(starts[2])]  # the shards before it read fine
+        with pytest.raises(DatasetError, match="changed after prepare") as caught:
+            reader.read(starts[2], read_until=starts[3])
+        message = str(caught.value)
+        assert name in message and f"{PER_SHARD} samples" in message and "prepare" in message
+        if change == "spoiled":
+            assert "a tar that does not parse" in message
+        else:
+            assert f"{PER_SHARD + (1 if change != 'removed' else -1)} samples" in message
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("mode", ["whole", "ranged", "no prefetch"])
+@pytest.mark.parametrize("change", ["appended", "grown", "truncated", "missing"])
+def test_a_changed_shard_is_caught_when_the_summary_gives_no_sizes(remote, s3_server, monkeypatch, mode: str, change: str) -> None:
+    """The size the reads state is checked against the index as a listed size is: a member
+    appended where the archive ended, a tar grown past its trailer, one cut short, one gone.
+    A shard read whole is checked against its sample count and its own end of archive."""
+    local, url = remote
+    _set_mode(monkeypatch, mode)
     split = cached_split(RemotePath(url), "train", None)
     assert split is not None and not split.stats
     name = split.names[2]
@@ -115,6 +221,8 @@ def test_a_changed_shard_is_caught_when_the_summary_gives_no_sizes(remote, s3_se
         }[change]
         s3_server.put_bytes(f"{url}/{name}", changed)
     message = {"appended": ".tar.idx is stale", "grown": ".tar.idx is stale", "truncated": "truncated", "missing": "missing"}[change]
+    if mode == "whole" and change == "appended":
+        message = "changed after prepare"  # read whole, the appended member is a sample more
     reader = SplitReader(url, "train", split=split)
     try:
         reader.prefetch(_shard_ranges(reader))

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -161,7 +162,8 @@ def _column(values: object, field: str, wanted: type, length: int | None = None)
 
 
 def _read_part(path: AnyPath, name: str, stamp: list | None) -> tuple[_ShardColumns, MediaScan | None] | None:
-    """A part file's scan, or None when it is missing or not the scan of ``name`` at ``stamp``."""
+    """A part file's scan, or None when it is not the scan of ``name`` at ``stamp``; a missing
+    part raises ``FileNotFoundError``."""
     try:
         record = parse_json(path.read_bytes(), str(path))
         if not isinstance(record, dict) or record.get("version") != PART_VERSION:
@@ -185,16 +187,18 @@ def _read_part(path: AnyPath, name: str, stamp: list | None) -> tuple[_ShardColu
             entry_keys, types, texts = (_column(column, "media", str, len(rows[0])) for column in rows)
             media = MediaScan([MediaRow(*row) for row in zip(entry_keys, types, texts)], _column(media["failures"], "media", str))
     except FileNotFoundError:
-        return None
+        raise  # not written (yet): the caller decides
     except (OSError, ValueError, KeyError, TypeError) as exc:  # ValueError: also bad JSON, _BadPart
         logger.warning("%s: ignoring this part file of %s (the shard is scanned again): %s", path, name, exc)
         return None
     return columns, media
 
 
-def _part_scans(root: AnyPath, media_filter: MediaFilter | None) -> ShardScans:
+def _part_scans(root: AnyPath, media_filter: MediaFilter | None, share: _ShareInBackground) -> ShardScans:
     """The merge's scans: each changed shard's part file as :func:`~.scan._scan_task` would
-    have scanned it; a shard without a valid part is scanned here."""
+    have scanned it, waited for while ``share`` (rank 0's share and the ranks' report) is under
+    way; a shard without a valid part once it is over is scanned here. The scans end only
+    after ``share`` has, raising its error if it failed: the merge installs nothing then."""
 
     def scans(jobs: list[tuple]) -> Iterator[_Scanned]:
         stamps = _stamps(root, [job[1] for job in jobs])
@@ -202,15 +206,32 @@ def _part_scans(root: AnyPath, media_filter: MediaFilter | None) -> ShardScans:
         for job in jobs:
             _root, name, shard_id, _filter, owner = job
             stamp = stamps.get(name)
-            found = _read_part(_parts_folder(root) / _part_name(name, stamp, media_filter), name, stamp)
+            found = _awaited_part(_parts_folder(root) / _part_name(name, stamp, media_filter), name, stamp, share)
             if found is None:
                 logger.warning("%s: no part file from its rank; scanning it on rank 0", root / name)
                 yield _scan_task(job)
                 continue
             columns, media = found
             yield _scanned(root, name, shard_id, owner, columns, media, stamp if local else None)
+        while not share.finished(timeout=_MAX_POLL_SECONDS):
+            pass
 
     return scans
+
+
+def _awaited_part(path: AnyPath, name: str, stamp: list | None, share: _ShareInBackground) -> tuple[_ShardColumns, MediaScan | None] | None:
+    """:func:`_read_part` of a part that may not be written yet: looked for again (soon, then
+    less often) until it is there or ``share`` is over; None when it is unusable or still missing."""
+    pause = _FIRST_POLL_SECONDS
+    while True:
+        over = share.finished(timeout=0)
+        try:
+            return _read_part(path, name, stamp)
+        except FileNotFoundError:
+            if over:
+                return None
+        share.finished(timeout=pause)
+        pause = min(pause * 2, _MAX_POLL_SECONDS)
 
 
 def _remove_parts(root: AnyPath) -> None:
@@ -407,15 +428,47 @@ def prepare_across_ranks(
     )
     meta_dir(root).mkdir(exist_ok=True)
     plan = _make_plan(root, names, media_filter, ranks.world_size)
-    share = plan.shares[ranks.rank]
     _parts_folder(root).mkdir(exist_ok=True)
     ranks.begin(root)
+    if ranks.rank != 0:
+        _index_share(root, ranks, plan, num_workers=num_workers, progress=progress)
+        return None
+    # Rank 0 merges while it indexes its share: the merge takes the parts in shard order as they
+    # appear, and installs nothing until the share is done and every rank reported success.
+    share = _ShareInBackground(root, ranks, plan, num_workers=num_workers, progress=progress)
+    try:
+        result = prepare_dataset(
+            root,
+            split_ratio=split_ratio,
+            split_parts=split_parts,
+            exclude=exclude,
+            num_workers=num_workers,
+            progress=progress,
+            tar_index_only=tar_index_only,
+            shuffle_tars=shuffle_tars,
+            force_overwrite=True,  # checked above, before any rank scanned: the merge itself replaces the metadata
+            dataset_yaml=dataset_yaml,
+            dataset_yaml_name=dataset_yaml_name,
+            media_filter=plan.media_filter,
+            shard_scans=_part_scans(root, plan.media_filter, share),
+        )
+    finally:
+        share.join()  # a merge that failed first still lets the share and its report to the others end
+    _remove_parts(root)
+    return result
+
+
+def _index_share(root: AnyPath, ranks: Ranks, plan: _Plan, *, num_workers: int | None, progress: bool) -> None:
+    """Scans this rank's share into part files, then reports to the others (:meth:`Ranks.end_share`:
+    raises when any rank failed; on rank 0 returns once every part is there). Rank 0 scans in
+    worker processes even with one worker: its own process merges meanwhile."""
+    share = plan.shares[ranks.rank]
     try:
         done = _existing_parts(root, plan, share)
         jobs = [(root, name, plan.media_filter, plan.stamps.get(name), plan.parts[name]) for name in share if name not in done]
         logger.info("rank %d of %d: %d shard(s) to index, %d indexed before", ranks.rank, ranks.world_size, len(jobs), len(done))
         desc = f"Indexing shards (rank {ranks.rank})"
-        for _ in scan_in_order(_part_task, jobs, num_workers=num_workers, progress=progress, desc=desc, unit="shard"):
+        for _ in scan_in_order(_part_task, jobs, num_workers=num_workers, progress=progress, desc=desc, unit="shard", in_process=ranks.rank != 0):
             pass
         if not isinstance(root, RemotePath):
             _sync_files([os.path.join(os.fspath(_parts_folder(root)), job[-1]) for job in jobs])
@@ -423,22 +476,29 @@ def prepare_across_ranks(
         ranks.end_share(root, plan, f"{type(exc).__name__}: {exc}")
         raise
     ranks.end_share(root, plan, None)
-    if ranks.rank != 0:
-        return None
-    result = prepare_dataset(
-        root,
-        split_ratio=split_ratio,
-        split_parts=split_parts,
-        exclude=exclude,
-        num_workers=num_workers,
-        progress=progress,
-        tar_index_only=tar_index_only,
-        shuffle_tars=shuffle_tars,
-        force_overwrite=True,  # checked above, before any rank scanned: the merge itself replaces the metadata
-        dataset_yaml=dataset_yaml,
-        dataset_yaml_name=dataset_yaml_name,
-        media_filter=plan.media_filter,
-        shard_scans=_part_scans(root, plan.media_filter),
-    )
-    _remove_parts(root)
-    return result
+
+
+class _ShareInBackground:
+    """Rank 0's :func:`_index_share` on a thread of its own, while the merge runs."""
+
+    def __init__(self, root: AnyPath, ranks: Ranks, plan: _Plan, *, num_workers: int | None, progress: bool) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(root, ranks, plan, num_workers, progress), name="energon-lite-prepare-share")
+        self._thread.start()
+
+    def _run(self, root: AnyPath, ranks: Ranks, plan: _Plan, num_workers: int | None, progress: bool) -> None:
+        try:
+            _index_share(root, ranks, plan, num_workers=num_workers, progress=progress)
+        except BaseException as exc:  # handed to the merge, which raises it
+            self._error = exc
+
+    def finished(self, timeout: float | None = None) -> bool:
+        """Whether the share and the ranks' report are over (waiting up to ``timeout``); raises
+        the error that ended them (a failed rank: nothing may be merged)."""
+        self._thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
