@@ -472,13 +472,17 @@ def plot(results: dict, path: Path) -> None:
 
     names = list(LOADERS) + list(CEILINGS)
     labels = {**LOADERS, **CEILINGS}
-    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(5 * len(VARIANTS), 4.5), sharey=False)
-    for ax, variant in zip(axes, VARIANTS):
-        for offset, workers in enumerate((0, 2)):
+    variants = [v for v in VARIANTS if any(key[0] == v for key in results)]  # only what was run
+    worker_counts = sorted({key[2] for key in results})
+    width = 0.8 / len(worker_counts)
+    fig, axes = plt.subplots(1, len(variants), figsize=(5 * len(variants), 4.5), sharey=False, squeeze=False)
+    axes = axes[0]
+    for ax, variant in zip(axes, variants):
+        for offset, workers in enumerate(worker_counts):
             values = [results.get((variant, name, workers), float("nan")) for name in names]
-            positions = [i + offset * 0.4 for i in range(len(names))]
-            ax.bar(positions, values, width=0.4, label=f"{workers} workers (ceilings: {max(1, workers)} process{'es' if workers > 1 else ''})")
-        ax.set_xticks([i + 0.2 for i in range(len(names))], [labels[n] for n in names], rotation=35, ha="right", fontsize=8)
+            positions = [i + offset * width for i in range(len(names))]
+            ax.bar(positions, values, width=width, label=f"{workers} workers (ceilings: {max(1, workers)} process{'es' if workers > 1 else ''})")
+        ax.set_xticks([i + width * (len(worker_counts) - 1) / 2 for i in range(len(names))], [labels[n] for n in names], rotation=35, ha="right", fontsize=8)
         ax.set_title(f"variant {variant}")
         ax.set_ylabel("images/s")
     axes[0].legend(fontsize=8)
