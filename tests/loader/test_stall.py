@@ -91,8 +91,10 @@ def test_the_stages_add_up_and_the_slow_hook_dominates(root: Path, workers: int)
     assert 0 < d["waited_s"] <= d["wall_s"] and d["waited_share"] == pytest.approx(d["waited_s"] / d["wall_s"])
     if workers:
         assert "hand-over" in stages  # pickling in the worker
-    else:  # without workers the loop waits for all of the loader's work
-        assert d["waited_s"] >= stages["encode_sample"]["s"]
+    else:  # without workers the loop waits for all of the loader's work, its sleeps included
+        # (a bound the sleeps guarantee; the stage's own figure is one batch in 8 scaled up, which
+        # a loaded machine can push above what the loop waited)
+        assert d["waited_s"] >= 12 * 4 * SLOW_HOOK_S
     assert report.summary().startswith(f"loader waited {d['waited_share']:.0%} of ") and "encode_sample" in report.summary()
     del loader
     gc.collect()
