@@ -434,7 +434,6 @@ class SavableDataLoader(torch.utils.data.DataLoader):
             return
         (state,) = grown_states([state], self.savable_dataset, found.grown)
         if isinstance(state, dict) and REDISTRIBUTED_FROM in state:  # energon-lite checkpoint redist
-
             restored = redistributed_rank_state(state, self.savable_dataset, self.worker_config, self.policy)
             self._restore(dataclasses.replace(restored, manifest_step=saved_manifest_step(state), sample_skips=saved_sample_skips(state)), named)
             return

@@ -79,6 +79,11 @@ def _weight(entry: Any) -> str:
     return f"{entry.get('weight')!r}" + (f" x schedule {json.dumps(schedule, sort_keys=True)}" if schedule is not None else "")
 
 
+def _target_share(entry: Any) -> str:
+    share = entry.get("target_share") if isinstance(entry, dict) else None
+    return f"{share:.4g}" if isinstance(share, (int, float)) else repr(share)
+
+
 def find_blend_edit(saved: dict, current: dict) -> BlendEdit | None:
     """The edit from the blend of configuration ``saved`` to that of ``current`` (None: the
     same datasets with the same weights, or no blend on either side)."""
@@ -98,6 +103,8 @@ def find_blend_edit(saved: dict, current: dict) -> BlendEdit | None:
             changes.append(f"{_name(entry)}: added (share {_weight(entry)})")
         elif _weight(old[i]) != _weight(entry):
             changes.append(f"{_name(entry)}: share {_weight(old[i])} -> {_weight(entry)}")
+        elif _target_share(old[i]) != _target_share(entry):  # same weights, other sizes (blend_epochized: shares follow the data)
+            changes.append(f"{_name(entry)}: target share {_target_share(old[i])} -> {_target_share(entry)} (the datasets' sample counts changed)")
     changes += [f"{_name(old[i])}: removed (share {_weight(old[i])})" for i in unused]
     kept = [i for i in saved_index if i is not None]
     if kept != sorted(kept):
@@ -142,7 +149,7 @@ def apply_weight_edit(states: Sequence[Any], current: dict, current_data: list |
     where = f"the blend of {current.get('path')} (split {current.get('split_part')})"
     if reason is not None:
         raise _refusal(f"the blend changed since the state was saved, and this change cannot be applied at resume: {reason}", edit, where,
-                       "restore into the blend the state was saved with (the saved weights and datasets)")
+                       "restore into the blend and the data the state was saved with (the saved weights, datasets and shards)")
     if not weight_edit_allowed(allow):
         raise _refusal(
             "the blend's weights or datasets changed since the state was saved", edit, where,

@@ -223,8 +223,9 @@ def test_blend_epochized_is_refused_with_the_reason(tmp_path: Path) -> None:
     state = run.save_state_rank()
     (a / "parts/data-1.tar").unlink()
     prepare_text(a)
-    with pytest.raises((NotSupportedError, StateError), match="blend_epochized pass"):
+    with pytest.raises((NotSupportedError, StateError), match="blend_epochized pass") as info:
         make().restore_state_rank(state, allow_data_change=True)
+    assert "target share 0.5 -> 0.3333 (the datasets' sample counts changed)" in str(info.value)  # what changed, not only that something did
 
 
 @pytest.mark.parametrize("mode", ["random", "exact"])

@@ -318,7 +318,7 @@ def test_blend_epochized_refuses_an_edit_with_the_reason(blends) -> None:
         paths.append(path)
     saving = _loader(paths[0], workers=0, mode="random")
     _run(saving, 2)
-    with pytest.raises(StateError, match="(?s)a blend_epochized pass reads each dataset a fixed number of times.*restore into the blend the state was saved with"):
+    with pytest.raises(StateError, match="(?s)a blend_epochized pass reads each dataset a fixed number of times.*restore into the blend and the data the state was saved with"):
         _loader(paths[1], workers=0, mode="random").restore_state_rank(saving.save_state_rank(), allow_weight_edit=True)
 
 
