@@ -52,6 +52,7 @@ from typing import Any, Sequence
 from ..errors import NotSupportedError, StateError, format_message
 from ..format.resolved import RECORDED_SHARDS, as_recorded
 from ..pipeline.node import Remainder
+from ..pipeline.pack import holds_open_pack
 from ..pipeline.state_check import invalid
 from ..policy import PLAIN, Policy
 from ..rng import rng_for
@@ -193,7 +194,7 @@ def continued_rank_state(states: Sequence[Any], dataset: Any, worker_config: Wor
         if state.get("data") != saved_record:
             raise StateError(format_message("the rank states record different data", where=f"rank {rank}'s state", expected="the data record of rank 0's state (one save_state_global() call)", fix="pass the states of one save"))
     maps = _shard_maps(saved_record, pipeline.data_record(), pipeline)
-    if not all(m.all_kept for m in maps.values()) and any(_packing_open(s) for s in states):
+    if not all(m.all_kept for m in maps.values()) and any(holds_open_pack(s) for s in states):
         raise StateError(
             format_message(
                 "shards changed or vanished since the state was saved, and it was saved with a packing buffer open: the buffer "
@@ -230,13 +231,6 @@ def continued_rank_state(states: Sequence[Any], dataset: Any, worker_config: Wor
     restored = carried_rank_state(mapped, pipeline, wc, pass_ended=ended, share=share)
     logger.info("restoring into data that changed since the save, the running epoch continued by shard: %s", "; ".join(lines))
     return restored
-
-
-def _packing_open(state: Any) -> bool:
-    """Whether ``state`` holds a packing buffer caught open (anywhere in its pipelines)."""
-    if isinstance(state, dict):
-        return bool(state.get("stage") == "Pack" and state.get("open")) or any(_packing_open(v) for v in state.values())
-    return isinstance(state, list) and any(_packing_open(v) for v in state)
 
 
 def _pieces(ranges: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]]:

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from ..errors import NotSupportedError, StateError, format_message
 from ..format.resolved import data_record, shard_prefix
 from ..pipeline.node import Node
+from ..pipeline.pack import is_open_pack
 from ..pipeline.passes import on_top
 from ..pipeline.recipe import Watchdog, passes_continue
 from ..pipeline.source import SliceSource
@@ -143,7 +144,7 @@ def _carried(old: Node, new: Node, state: Any) -> Any:
         return old.running_epoch_carried(len(new.slices))
     if not isinstance(state, dict):
         return state
-    if state.get("stage") == "Pack" and state.get("open"):
+    if is_open_pack(state):
         raise StateError(
             format_message(
                 "shards were appended since the state was saved, and it was saved with a packing buffer open: the buffer "

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import StateError, format_message
+from ..pipeline.pack import is_open_pack
 from ..pipeline.recipe import global_position
 from ..pipeline.state_check import invalid
 from ..rng import dataset_seed
@@ -238,7 +239,7 @@ def _rewrite_stage(node: Any, edit: BlendEdit, mix_from: int | None, dropped: Co
     if stage == _BLEND:
         return _rewrite_blend(node, edit, mix_from, worker_seed)
     out = dict(node)
-    if stage == "Pack" and node.get("open"):
+    if is_open_pack(node):
         raise StateError(
             format_message(
                 "a weight edit at resume cannot be applied to a state saved with a packing buffer open: the buffer is replayed "

@@ -68,7 +68,7 @@ from .node import (
 )
 from .state_check import check_bool, check_count, check_stage, invalid, nested
 
-__all__ = ["PackNode"]
+__all__ = ["PackNode", "holds_open_pack", "is_open_pack"]
 
 logger = logging.getLogger(__name__)
 
@@ -326,3 +326,18 @@ class PackNode(OneSourceNode[Any], ForwardsElastic):
                 next(result)
             result = next(result)
         return set_restore_key(result, key)
+
+
+def is_open_pack(state: Any) -> bool:
+    """Whether ``state`` is a Pack stage's state caught with its buffer open: its restore
+    replays the buffer from an earlier state of its sources, so those sources must read what
+    they read then."""
+    return isinstance(state, dict) and state.get("stage") == PackNode.tag and bool(state.get("open"))
+
+
+def holds_open_pack(state: Any) -> bool:
+    """Whether an open Pack stage's state is anywhere in ``state`` (a pipeline's, a rank's)."""
+    if is_open_pack(state):
+        return True
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, list) else ()
+    return any(holds_open_pack(v) for v in values)
