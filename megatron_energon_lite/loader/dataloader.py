@@ -442,10 +442,12 @@ class SavableDataLoader(torch.utils.data.DataLoader):
     def _check_saved_data(self, states: list[Any], allow_data_change: bool | None, *, every_rank: bool) -> DataCheck:
         """How the data of ``states`` (one rank's, or ``every_rank``'s) differs from this loader's."""
         allow = opt_in(allow_data_change, "allow_data_change", DATA_CHANGE_ENV)
+        dataset = self.savable_dataset
+        current, config, prefix_record = dataset.data_record(), dataset.config(), prefix_records(dataset)
         found = DataCheck()
         for rank, state in enumerate(states):
             where = f"rank {rank}'s state" if every_rank else "the state"
-            found = found.merged(check_saved_data(state, self.savable_dataset.data_record(), self.savable_dataset.config(), where=where, prefix_record=prefix_records(self.savable_dataset), allow_change=allow))
+            found = found.merged(check_saved_data(state, current, config, where=where, prefix_record=prefix_record, allow_change=allow))
         return found
 
     def _continue_changed(self, states: list[Any], found: DataCheck, join_new_shards: bool | None, skip_samples: Any, ignore_unknown_skips: bool) -> bool:
